@@ -1,0 +1,226 @@
+"""Lineage records and the root / continuation / fork decision.
+
+A *lineage* is one conversation as the upstream sees it.  Its record (small, JSON)
+holds what later requests need: the session identity and system skeleton that
+tell a continuation from another session, the pinned values, the tool order of
+its first request, and references (content hashes) to the system and tools[] it
+last forwarded, which a fork of it reuses.
+
+``classify`` is pure: it gets the request's analysis and what the store found
+(the lineages owning the deepest recorded link this request extends) and
+returns a :class:`Decision`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import orjson
+
+Role = Literal["root", "continuation", "fork"]
+Kind = Literal["root", "fork"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """What the prefix predictor needs of a forwarded request (sizes in bytes)."""
+
+    model: str | None = None
+    params: str = ""
+    system_blocks: tuple[str, ...] = ()
+    system_len: int = 0
+    tools: str = ""
+    tools_len: int = 0
+    n_messages: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "m": self.model,
+            "p": self.params,
+            "sb": list(self.system_blocks),
+            "sl": self.system_len,
+            "t": self.tools,
+            "tl": self.tools_len,
+            "n": self.n_messages,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Fingerprint:
+        return cls(
+            model=d.get("m"),
+            params=d.get("p", ""),
+            system_blocks=tuple(d.get("sb", ())),
+            system_len=int(d.get("sl", 0)),
+            tools=d.get("t", ""),
+            tools_len=int(d.get("tl", 0)),
+            n_messages=int(d.get("n", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LineageRecord:
+    """The stored state of one lineage (see module docstring)."""
+
+    id: str
+    kind: Kind = "root"
+    parent: str | None = None
+    identity: tuple[str, ...] = ()
+    skeleton: str = ""
+    head: str = ""
+    pins: dict[str, str] = field(default_factory=dict)
+    tool_order: tuple[str, ...] = ()
+    own_tools: tuple[str, ...] = ()
+    system_ref: str | None = None
+    tools_ref: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    fingerprint: Fingerprint | None = None
+    requests: int = 0
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "k": self.kind,
+                "p": self.parent,
+                "i": list(self.identity),
+                "s": self.skeleton,
+                "h": self.head,
+                "pin": self.pins,
+                "to": list(self.tool_order),
+                "ot": list(self.own_tools),
+                "sr": self.system_ref,
+                "tr": self.tools_ref,
+                "par": self.params,
+                "fp": self.fingerprint.to_json() if self.fingerprint else None,
+                "n": self.requests,
+            }
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | str) -> LineageRecord:
+        d = orjson.loads(raw)
+        fp = d.get("fp")
+        return cls(
+            id=d["id"],
+            kind=d.get("k", "root"),
+            parent=d.get("p"),
+            identity=tuple(d.get("i", ())),
+            skeleton=d.get("s", ""),
+            head=d.get("h", ""),
+            pins=dict(d.get("pin", {})),
+            tool_order=tuple(d.get("to", ())),
+            own_tools=tuple(d.get("ot", ())),
+            system_ref=d.get("sr"),
+            tools_ref=d.get("tr"),
+            params=dict(d.get("par", {})),
+            fingerprint=Fingerprint.from_json(fp) if fp else None,
+            requests=int(d.get("n", 0)),
+        )
+
+    def evolve(self, **changes: Any) -> LineageRecord:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What the store found for a request's chain.
+
+    ``depth`` is how many of the request's links are recorded (0: none);
+    ``candidates`` are the lineages owning the deepest of them, most recent first;
+    ``declared`` is the lineage named by ``x-prefixpin-parent``, if it exists.
+    """
+
+    depth: int = 0
+    candidates: tuple[LineageRecord, ...] = ()
+    declared: LineageRecord | None = None
+
+
+EMPTY_LOOKUP = Lookup()
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPolicy:
+    """The ``fork`` config section, as the pure core needs it."""
+
+    enabled: bool = True
+    min_depth: int = 2
+    markers: tuple[re.Pattern[str], ...] = ()
+    inherit_params: tuple[str, ...] = ("chat_template_kwargs", "reasoning_effort")
+    guard_tools: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """The facts about one request that classification looks at."""
+
+    depth: int
+    first_assistant: int | None  # index of the first assistant message in the history
+    identity: tuple[str, ...]
+    skeleton: str
+    head: str
+    tools: tuple[str, ...]
+    last_user_index: int | None
+    last_user_text: str
+    declared_parent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    role: Role
+    parent: LineageRecord | None = None  # continuation: its lineage; fork: the parent
+    signal: str | None = None  # tools_subset | header | marker (forks)
+    fork_disabled: bool = False  # a fork was recognised but fork.enabled is false
+
+
+def same_session(sig: Signals, rec: LineageRecord) -> bool:
+    """Identity spans equal when both have them, else equal masked system skeletons."""
+    if sig.identity and rec.identity:
+        return sig.identity == rec.identity
+    return sig.skeleton == rec.skeleton
+
+
+def _fork_signal(sig: Signals, rec: LineageRecord, policy: ForkPolicy) -> str | None:
+    if sig.declared_parent is not None and sig.declared_parent == rec.id:
+        return "header"
+    if set(sig.tools) < set(rec.own_tools):
+        return "tools_subset"
+    # A marker counts only on a new message: the fork's own tool loop replays it.
+    if sig.last_user_index is not None and sig.last_user_index >= sig.depth:
+        for marker in policy.markers:
+            if marker.search(sig.last_user_text):
+                return "marker"
+    return None
+
+
+def _replays_parent(sig: Signals, policy: ForkPolicy) -> bool:
+    return (
+        sig.depth >= max(policy.min_depth, 1)
+        and sig.first_assistant is not None
+        and sig.first_assistant < sig.depth
+    )
+
+
+def classify(sig: Signals, lookup: Lookup, policy: ForkPolicy) -> Decision:
+    """Root, continuation of a recorded lineage, or fork of one."""
+    candidates = list(lookup.candidates)
+    if lookup.declared is not None and all(c.id != lookup.declared.id for c in candidates):
+        candidates.append(lookup.declared)
+    if sig.depth == 0:
+        return Decision("root")
+    replays = _replays_parent(sig, policy)
+    disabled = False
+    for rec in candidates:
+        if rec.kind == "fork" and same_session(sig, rec):
+            return Decision("continuation", rec)
+        signal = _fork_signal(sig, rec, policy) if replays else None
+        # Safety: a fork reuses its parent's system prompt, so it must start like
+        # it (same skeleton head) unless the client declared the parent itself.
+        if signal is not None and (signal == "header" or sig.head == rec.head):
+            if policy.enabled:
+                return Decision("fork", rec, signal)
+            disabled = True
+        if same_session(sig, rec):
+            return Decision("continuation", rec, fork_disabled=disabled)
+    return Decision("root", fork_disabled=disabled)

@@ -1,0 +1,29 @@
+"""Agent-independent rules.
+
+- ``generic.iso_datetime`` pins ISO-8601 datetimes that carry a time part
+  (``2026-05-14T14:30:00Z``, ``2026-05-14 14:30``) in system text.  A pin only ever
+  restores the value the same line had at the lineage's first request, so a
+  datetime that belongs to changed content (a new line) is left alone.
+
+Canonical tool serialisation (stable key order inside ``parameters``) is part of
+every pipeline that enables this pack; see :mod:`canonicalize.tools`.
+"""
+
+from __future__ import annotations
+
+from canonicalize.packs._pack import Pack
+from canonicalize.rules import compile_rule
+
+TOOL_KEY_ORDER = "generic.tool_key_order"
+
+PACK = Pack(
+    name="generic",
+    rules=(
+        compile_rule(
+            "generic.iso_datetime",
+            r"(?<![\d-])\d{4}-[01]\d-[0-3]\d[T ][0-2]\d:[0-5]\d(?::[0-5]\d(?:\.\d{1,9})?)?"
+            r"(?:Z|[+-][0-2]\d:?[0-5]\d)?(?![\d:])",
+            "pin",
+        ),
+    ),
+)

@@ -1,0 +1,16 @@
+"""openclaw/openclaw.
+
+The system ``Runtime: agent=… | model=… | channel=… | thinking=…`` line changes per
+turn type (heartbeat / cron turns) and on model fallback: pinned.  Conversation
+info and message envelopes live in user messages and are left alone.
+"""
+
+from __future__ import annotations
+
+from canonicalize.packs._pack import Pack
+from canonicalize.rules import compile_rule
+
+PACK = Pack(
+    name="openclaw",
+    rules=(compile_rule("openclaw.runtime", r"^Runtime: (?P<v>(?:[\w_]+=[^|\n]+(?: \| )?)+)$", "pin"),),
+)

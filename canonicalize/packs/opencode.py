@@ -1,0 +1,22 @@
+"""anomalyco/opencode (sst/opencode).
+
+``Today's date: Thu Jan 01 2026`` in the system ``<env>`` block is recomputed per
+request and changes at local midnight in the middle of a session: pinned.
+"""
+
+from __future__ import annotations
+
+from canonicalize.packs._pack import Pack
+from canonicalize.rules import compile_rule
+
+PACK = Pack(
+    name="opencode",
+    rules=(
+        compile_rule(
+            "opencode.todays_date",
+            r"Today's date: (?P<v>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep"
+            r"|Oct|Nov|Dec) \d{2} \d{4})",
+            "pin",
+        ),
+    ),
+)

@@ -1,0 +1,95 @@
+"""Pinned spans: find them, key them by their line, restore recorded values.
+
+A pin is keyed by its rule and the *line it sits on with the span masked*, so a
+value is only ever restored into the same line it was recorded from.  A line that
+is new (changed content, a new memory entry with a datetime) has no recorded
+value and is forwarded as sent: pins never move a value between contexts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from canonicalize.rules import Rule
+from canonicalize.shape import Slot
+
+MASK = "\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    rule: Rule
+    slot: int  # index into the slot list
+    start: int
+    end: int
+    key: str  # rule name + hash of the masked line
+    value: str
+
+
+def _line_key(rule: Rule, text: str, start: int, end: int) -> str:
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    if line_end < 0:
+        line_end = len(text)
+    masked = text[line_start:start] + MASK + text[end:line_end]
+    return f"{rule.name}:{xxhash.xxh64_hexdigest(masked.encode('utf-8', 'surrogatepass'))}"
+
+
+def find_spans(rules: Sequence[Rule], slots: Sequence[Slot]) -> list[Span]:
+    """Every span of every pin rule in ``slots`` (in slot, then position order)."""
+    spans: list[Span] = []
+    for i, (container, key) in enumerate(slots):
+        text = container[key]
+        for rule in rules:
+            for start, end in rule.spans(text):
+                spans.append(Span(rule, i, start, end, _line_key(rule, text, start, end), text[start:end]))
+    spans.sort(key=lambda s: (s.slot, s.start))
+    return spans
+
+
+def skeleton(slots: Sequence[Slot], spans: Sequence[Span]) -> str:
+    """The slots' text with every pinned span masked, joined by a record separator."""
+    by_slot: dict[int, list[Span]] = {}
+    for span in spans:
+        by_slot.setdefault(span.slot, []).append(span)
+    parts = []
+    for i, (container, key) in enumerate(slots):
+        text: str = container[key]
+        pos, out = 0, []
+        for span in by_slot.get(i, ()):
+            if span.start < pos:  # overlapping spans of two rules: the first wins
+                continue
+            out.append(text[pos : span.start])
+            out.append(MASK)
+            pos = span.end
+        out.append(text[pos:])
+        parts.append("".join(out))
+    return "\x1e".join(parts)
+
+
+def restore(slots: Sequence[Slot], spans: Sequence[Span], recorded: dict[str, str]) -> list[str]:
+    """Put recorded values back in place; returns the names of the rules that changed text."""
+    changed: list[str] = []
+    by_slot: dict[int, list[Span]] = {}
+    for span in spans:
+        value = recorded.get(span.key)
+        if value is not None and value != span.value:
+            by_slot.setdefault(span.slot, []).append(span)
+    for i, slot_spans in by_slot.items():
+        container, key = slots[i]
+        text: str = container[key]
+        pos, out = 0, []
+        for span in slot_spans:
+            if span.start < pos:
+                continue
+            out.append(text[pos : span.start])
+            out.append(recorded[span.key])
+            pos = span.end
+            if span.rule.name not in changed:
+                changed.append(span.rule.name)
+        out.append(text[pos:])
+        container[key] = "".join(out)
+    return changed

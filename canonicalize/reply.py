@@ -1,0 +1,343 @@
+"""Responses, streamed or not: usage, the fork tool-call guard, the reply message.
+
+Pure state machines fed event by event.  For each upstream response they
+
+- read usage (counted once, see :mod:`canonicalize.usage`);
+- for a fork, remove tool calls to tools the fork did not itself offer: a
+  streamed call's deltas are held until its name is known, the remaining calls
+  are renumbered, and when none remain ``finish_reason`` becomes ``stop``
+  (Anthropic: the ``tool_use`` block is dropped, blocks renumbered,
+  ``stop_reason`` becomes ``end_turn``);
+- drop the usage-only chunk prefixpin asked for when the client did not;
+- rebuild the assistant message *as the client received it*, so the next turn,
+  which replays it, extends the recorded chain.
+
+An event nobody changed is forwarded as its original bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from canonicalize.sse import Event, encode
+from canonicalize.usage import UsageAccumulator
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+@dataclass(slots=True)
+class _Call:
+    name: str | None = None
+    allowed: bool | None = None
+    index: int = -1
+    pending: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _merge_deltas(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    args = []
+    for d in deltas:
+        for k, v in d.items():
+            if k == "function" and isinstance(v, dict):
+                fn = out.setdefault("function", {})
+                for fk, fv in v.items():
+                    if fk == "arguments":
+                        args.append(fv or "")
+                    elif fv is not None:
+                        fn[fk] = fv
+            elif v is not None:
+                out.setdefault(k, v)
+    if args:
+        out.setdefault("function", {})["arguments"] = "".join(args)
+    return out
+
+
+class ChatReply:
+    """OpenAI chat completions: one instance per response."""
+
+    def __init__(self, *, offered: frozenset[str] | None = None, drop_usage_chunk: bool = False) -> None:
+        self.offered = offered
+        self.drop_usage_chunk = drop_usage_chunk
+        self.usage = UsageAccumulator()
+        self.blocked = 0
+        self.first_token = False  # a content/tool delta has been forwarded
+        self._calls: dict[int, _Call] = {}
+        self._next = 0
+        self._content: list[str] = []
+        self._tool_calls: dict[int, dict[str, Any]] = {}
+        self._saw_choice = False
+
+    # -- streamed --------------------------------------------------------------
+    def feed(self, event: Event) -> bytes | None:
+        """Bytes to forward for ``event`` (its own raw bytes if unchanged), or None to drop it."""
+        if event.data is None or event.data.strip() == b"[DONE]":
+            return event.raw
+        obj = _loads(event.data)
+        if not isinstance(obj, dict):
+            return event.raw
+        self.usage.feed(obj)
+        choices = obj.get("choices")
+        if self.drop_usage_chunk and choices == [] and obj.get("usage") is not None:
+            return None
+        changed = False
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                    changed |= self._choice(choice)
+        return encode(orjson.dumps(obj)) if changed else event.raw
+
+    def _choice(self, choice: dict[str, Any]) -> bool:
+        self._saw_choice = True
+        delta = choice.get("delta")
+        changed = False
+        if isinstance(delta, dict):
+            if isinstance(delta.get("content"), str):
+                self._content.append(delta["content"])
+                if delta["content"]:
+                    self.first_token = True
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                kept = self._guard(calls) if self.offered is not None else calls
+                if kept is not calls:
+                    changed = True
+                    if kept:
+                        delta["tool_calls"] = kept
+                    else:
+                        del delta["tool_calls"]
+                for d in kept:
+                    self._collect(d)
+        if self.offered is not None and choice.get("finish_reason") == "tool_calls" and self._next == 0:
+            choice["finish_reason"] = "stop"
+            changed = True
+        return changed
+
+    def _guard(self, calls: list[Any]) -> list[Any]:
+        assert self.offered is not None
+        out: list[Any] = []
+        for d in calls:
+            if not isinstance(d, dict):
+                continue
+            st = self._calls.setdefault(int(d.get("index", 0) or 0), _Call())
+            fn = d.get("function")
+            if st.name is None and isinstance(fn, dict) and fn.get("name"):
+                st.name = str(fn["name"])
+            if st.allowed is None:
+                if st.name is None:
+                    st.pending.append(d)
+                    continue
+                st.allowed = st.name in self.offered
+                if not st.allowed:
+                    self.blocked += 1
+                    st.pending.clear()
+                    continue
+                st.index = self._next
+                self._next += 1
+                merged = _merge_deltas([*st.pending, d])
+                st.pending.clear()
+                merged["index"] = st.index
+                out.append(merged)
+            elif st.allowed:
+                out.append({**d, "index": st.index})
+        return out
+
+    def _collect(self, d: Any) -> None:
+        if not isinstance(d, dict):
+            return
+        self.first_token = True
+        call = self._tool_calls.setdefault(int(d.get("index", 0) or 0), {"args": []})
+        if d.get("id"):
+            call["id"] = d["id"]
+        if d.get("type"):
+            call["type"] = d["type"]
+        fn = d.get("function")
+        if isinstance(fn, dict):
+            if fn.get("name"):
+                call["name"] = fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                call["args"].append(fn["arguments"])
+
+    # -- not streamed ------------------------------------------------------------
+    def complete(self, obj: Any) -> bool:
+        """Process a whole response in place; True if it was changed."""
+        if not isinstance(obj, dict):
+            return False
+        self.usage.feed(obj)
+        changed = False
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return False
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            msg = choice.get("message")
+            if not isinstance(msg, dict):
+                continue
+            calls = msg.get("tool_calls")
+            if self.offered is not None and isinstance(calls, list) and calls:
+                kept = [c for c in calls if _call_name(c) in self.offered]
+                if len(kept) != len(calls):
+                    self.blocked += len(calls) - len(kept)
+                    changed = True
+                    if kept:
+                        msg["tool_calls"] = kept
+                    else:
+                        del msg["tool_calls"]
+                        if choice.get("finish_reason") == "tool_calls":
+                            choice["finish_reason"] = "stop"
+            if choice.get("index", 0) == 0:
+                self._saw_choice = True
+                if isinstance(msg.get("content"), str):
+                    self._content = [msg["content"]]
+                for i, c in enumerate(msg.get("tool_calls") or ()):
+                    if isinstance(c, dict):
+                        fn = c.get("function") or {}
+                        self._tool_calls[i] = {
+                            "id": c.get("id"),
+                            "type": c.get("type", "function"),
+                            "name": fn.get("name"),
+                            "args": [fn.get("arguments") or ""],
+                        }
+        return changed
+
+    def message(self) -> dict[str, Any] | None:
+        """The assistant message the client received (None if there was none)."""
+        if not self._saw_choice:
+            return None
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}
+        if self._tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": c.get("id"),
+                    "type": c.get("type", "function"),
+                    "function": {"name": c.get("name"), "arguments": "".join(c["args"])},
+                }
+                for _, c in sorted(self._tool_calls.items())
+            ]
+        return msg
+
+
+def _call_name(call: Any) -> str | None:
+    if isinstance(call, dict):
+        fn = call.get("function")
+        if isinstance(fn, dict):
+            return fn.get("name")
+    return None
+
+
+class MessagesReply:
+    """Anthropic messages: one instance per response."""
+
+    def __init__(self, *, offered: frozenset[str] | None = None) -> None:
+        self.offered = offered
+        self.usage = UsageAccumulator()
+        self.blocked = 0
+        self.first_token = False
+        self._dropped: set[int] = set()
+        self._renumber: dict[int, int] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+        self._kept_tool_use = 0
+        self._saw = False
+
+    def feed(self, event: Event) -> bytes | None:
+        if event.data is None:
+            return event.raw
+        obj = _loads(event.data)
+        if not isinstance(obj, dict):
+            return event.raw
+        self.usage.feed(obj)
+        kind = obj.get("type")
+        changed = False
+        if kind == "message_start":
+            self._saw = True
+        elif kind in ("content_block_start", "content_block_delta", "content_block_stop"):
+            index = int(obj.get("index", 0) or 0)
+            if kind == "content_block_start":
+                block = obj.get("content_block") or {}
+                if (
+                    self.offered is not None
+                    and isinstance(block, dict)
+                    and block.get("type") == "tool_use"
+                    and block.get("name") not in self.offered
+                ):
+                    self._dropped.add(index)
+                    self.blocked += 1
+                    return None
+                self._renumber[index] = len(self._renumber)
+                if isinstance(block, dict):
+                    self._blocks[self._renumber[index]] = dict(block)
+                    if block.get("type") == "tool_use":
+                        self._kept_tool_use += 1
+            if index in self._dropped:
+                return None
+            new = self._renumber.get(index, index)
+            if new != index:
+                obj["index"] = new
+                changed = True
+            if kind == "content_block_delta":
+                self.first_token = True
+                self._collect(new, obj.get("delta") or {})
+        elif kind == "message_delta" and self.offered is not None:
+            delta = obj.get("delta")
+            if isinstance(delta, dict) and delta.get("stop_reason") == "tool_use" and self._kept_tool_use == 0:
+                delta["stop_reason"] = "end_turn"
+                changed = True
+        if not changed:
+            return event.raw
+        return b"event: " + str(kind).encode() + b"\n" + encode(orjson.dumps(obj))
+
+    def _collect(self, index: int, delta: dict[str, Any]) -> None:
+        block = self._blocks.setdefault(index, {"type": "text", "text": ""})
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            block["text"] = block.get("text", "") + str(delta.get("text", ""))
+        elif dtype == "input_json_delta":
+            self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
+        elif dtype == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+        elif dtype == "signature_delta":
+            block["signature"] = str(delta.get("signature", ""))
+
+    def complete(self, obj: Any) -> bool:
+        if not isinstance(obj, dict):
+            return False
+        self.usage.feed(obj)
+        content = obj.get("content")
+        if not isinstance(content, list):
+            return False
+        self._saw = True
+        changed = False
+        if self.offered is not None:
+            kept = [
+                b for b in content
+                if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") not in self.offered)
+            ]  # fmt: skip
+            if len(kept) != len(content):
+                self.blocked += len(content) - len(kept)
+                obj["content"] = content = kept
+                changed = True
+                if obj.get("stop_reason") == "tool_use" and not any(
+                    isinstance(b, dict) and b.get("type") == "tool_use" for b in kept
+                ):
+                    obj["stop_reason"] = "end_turn"
+        self._blocks = {i: b for i, b in enumerate(content) if isinstance(b, dict)}
+        return changed
+
+    def message(self) -> dict[str, Any] | None:
+        if not self._saw:
+            return None
+        blocks = []
+        for i, block in sorted(self._blocks.items()):
+            block = dict(block)
+            if i in self._json:
+                block["input"] = _loads("".join(self._json[i]).encode() or b"{}")
+            blocks.append(block)
+        return {"role": "assistant", "content": blocks}

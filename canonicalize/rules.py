@@ -1,0 +1,122 @@
+"""Rules: small frozen objects that rewrite one kind of volatile span.
+
+A rule has a ``name`` (used in metrics and the ``x-prefixpin-rewrites`` header), a
+compiled ``pattern``, an ``action`` and a ``scope``:
+
+- ``strip``  removes the span;
+- ``mask``   replaces the span with a constant (``replacement``, default ``<masked>``);
+- ``date``   keeps only the pattern's ``date`` group of the span (drops the time);
+- ``pin``    replaces the span with the value recorded at the lineage's first
+  request (see :mod:`canonicalize.pins`); a pin rule with ``identity=True`` also
+  names the session (hermes ``Session ID: …``).
+
+The span is the pattern's named group ``v`` when it has one, else the whole match,
+so a rule can anchor on context it does not change
+(``^MEMORY \\(your personal notes\\)(?P<v> \\[49% — …\\])$``).
+
+Rules never touch anything their pattern does not match: no whitespace or number
+normalisation happens anywhere in prefixpin.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+Action = Literal["pin", "strip", "mask", "date"]
+Scope = Literal["system", "tools", "all"]
+
+ACTIONS: tuple[Action, ...] = ("pin", "strip", "mask", "date")
+SCOPES: tuple[Scope, ...] = ("system", "tools", "all")
+
+
+class RuleError(ValueError):
+    """A rule definition is invalid; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rewrite of volatile spans. ``apply`` is pure; pins go through ``pin``."""
+
+    name: str
+    pattern: re.Pattern[str]
+    action: Action
+    scope: Scope = "system"
+    identity: bool = False
+    replacement: str = "<masked>"
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise RuleError(f"action must be one of {', '.join(ACTIONS)}, not {self.action!r}")
+        if self.scope not in SCOPES:
+            raise RuleError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
+        if self.action == "date" and "date" not in self.pattern.groupindex:
+            raise RuleError("action 'date' needs a named group (?P<date>...) in the pattern")
+        if self.identity and self.action != "pin":
+            raise RuleError("identity: true is only meaningful on a pin rule")
+
+    @property
+    def static(self) -> bool:
+        """True for rules that need no lineage state (everything but ``pin``)."""
+        return self.action != "pin"
+
+    def apply(self, text: str) -> str:
+        """Return ``text`` with every span of a static rule rewritten."""
+        if self.action == "strip":
+            return self._sub(text, lambda m: "")
+        if self.action == "mask":
+            return self._sub(text, lambda m: self.replacement)
+        if self.action == "date":
+            return self._sub(text, lambda m: m.group("date") or "")
+        return text
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Start/end of every span this rule matches in ``text``."""
+        grp = "v" if "v" in self.pattern.groupindex else 0
+        return [m.span(grp) for m in self.pattern.finditer(text) if m.start(grp) >= 0]
+
+    def _sub(self, text: str, new: Callable[[re.Match[str]], str]) -> str:
+        if "v" not in self.pattern.groupindex:
+            return self.pattern.sub(new, text)
+
+        def repl(m: re.Match[str]) -> str:
+            whole, base = m.group(0), m.start()
+            s, e = m.span("v")
+            if s < 0:
+                return whole
+            return whole[: s - base] + new(m) + whole[e - base :]
+
+        return self.pattern.sub(repl, text)
+
+
+def compile_rule(
+    name: str,
+    pattern: str,
+    action: str,
+    scope: str = "system",
+    *,
+    identity: bool = False,
+    replacement: str = "<masked>",
+    flags: int = re.MULTILINE,
+) -> Rule:
+    """Build a rule from plain values (config or pack data); raises RuleError."""
+    if not name or not isinstance(name, str):
+        raise RuleError("a rule needs a non-empty name")
+    try:
+        compiled = re.compile(pattern, flags)
+    except re.error as exc:
+        raise RuleError(f"pattern does not compile: {exc}") from None
+    if compiled.match("") is not None and compiled.pattern:
+        # A pattern that matches the empty string would fire everywhere.
+        if compiled.fullmatch(""):
+            raise RuleError("pattern matches the empty string")
+    return Rule(
+        name=name,
+        pattern=compiled,
+        action=action,  # type: ignore[arg-type]
+        scope=scope,  # type: ignore[arg-type]
+        identity=identity,
+        replacement=replacement,
+    )

@@ -1,0 +1,122 @@
+"""Prompt / cached / cache-write token counts from every upstream's usage shape.
+
+``Usage.prompt`` is always the *whole* prompt (cached included), whatever the
+shape calls it, so ``cached / prompt`` is the hit ratio everywhere:
+
+- OpenAI, vLLM, SGLang, llama.cpp: ``usage.prompt_tokens`` and
+  ``usage.prompt_tokens_details.cached_tokens`` (cache writes: OpenRouter's
+  ``cache_write_tokens``, vLLM's ``created_cache_tokens``);
+- llama.cpp ``timings.cache_n`` / ``timings.prompt_n`` when usage is absent;
+- Anthropic: ``input_tokens`` *excludes* ``cache_read_input_tokens`` and
+  ``cache_creation_input_tokens``, so the prompt is their sum;
+- DeepSeek: ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``;
+- Responses API: ``input_tokens`` and ``input_tokens_details.cached_tokens``.
+
+:class:`UsageAccumulator` is fed every event of a stream and reports once: later
+values of a field replace earlier ones (Anthropic repeats cumulative counts in
+``message_delta``; OpenAI sends one final chunk), so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt: int
+    cached: int
+    cache_write: int = 0
+
+
+def _int(d: Any, *path: str) -> int | None:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    if isinstance(d, bool) or not isinstance(d, int | float):
+        return None
+    return int(d)
+
+
+def _fields(obj: dict[str, Any]) -> dict[str, int]:
+    """Raw counts found in one response object or stream event, by field."""
+    out: dict[str, int] = {}
+    usage = obj.get("usage")
+    if obj.get("type") == "message_start" and isinstance(obj.get("message"), dict):
+        usage = obj["message"].get("usage")
+    if obj.get("type") == "response.completed" and isinstance(obj.get("response"), dict):
+        usage = obj["response"].get("usage")
+    if isinstance(usage, dict):
+        for name, path in (
+            ("prompt_tokens", ("prompt_tokens",)),
+            ("cached_tokens", ("prompt_tokens_details", "cached_tokens")),
+            ("cache_write_tokens", ("prompt_tokens_details", "cache_write_tokens")),
+            ("cache_write_tokens", ("cache_write_tokens",)),
+            ("created_cache_tokens", ("prompt_tokens_details", "created_cache_tokens")),
+            ("created_cache_tokens", ("created_cache_tokens",)),
+            ("input_tokens", ("input_tokens",)),
+            ("cache_read_input_tokens", ("cache_read_input_tokens",)),
+            ("cache_creation_input_tokens", ("cache_creation_input_tokens",)),
+            ("input_cached_tokens", ("input_tokens_details", "cached_tokens")),
+            ("prompt_cache_hit_tokens", ("prompt_cache_hit_tokens",)),
+            ("prompt_cache_miss_tokens", ("prompt_cache_miss_tokens",)),
+        ):
+            value = _int(usage, *path)
+            if value is not None:
+                out[name] = value
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        for name in ("cache_n", "prompt_n"):
+            value = _int(timings, name)
+            if value is not None:
+                out["timings_" + name] = value
+    return out
+
+
+def _resolve(f: dict[str, int]) -> Usage | None:
+    write = f.get("cache_write_tokens", f.get("created_cache_tokens", 0))
+    if "cache_read_input_tokens" in f or "cache_creation_input_tokens" in f:  # Anthropic
+        read = f.get("cache_read_input_tokens", 0)
+        created = f.get("cache_creation_input_tokens", 0)
+        return Usage(f.get("input_tokens", 0) + read + created, read, created)
+    if "prompt_cache_hit_tokens" in f:  # DeepSeek
+        hit = f["prompt_cache_hit_tokens"]
+        prompt = f.get("prompt_tokens", hit + f.get("prompt_cache_miss_tokens", 0))
+        return Usage(prompt, hit, write)
+    if "prompt_tokens" in f:
+        cached = f.get("cached_tokens")
+        if cached is None and "timings_cache_n" in f:
+            cached = f["timings_cache_n"]
+        return Usage(f["prompt_tokens"], cached or 0, write)
+    if "timings_prompt_n" in f:  # llama.cpp without usage
+        cache_n = f.get("timings_cache_n", 0)
+        return Usage(f["timings_prompt_n"] + cache_n, cache_n, 0)
+    if "input_tokens" in f:  # Responses API (or Anthropic without cache fields)
+        return Usage(f["input_tokens"], f.get("input_cached_tokens", 0), write)
+    return None
+
+
+def parse_usage(obj: Any) -> Usage | None:
+    """Usage of one complete (non-streamed) response body."""
+    return _resolve(_fields(obj)) if isinstance(obj, dict) else None
+
+
+class UsageAccumulator:
+    """Feed every parsed stream event; ``result`` is the usage, counted once."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self) -> None:
+        self._fields: dict[str, int] = {}
+
+    def feed(self, obj: Any) -> None:
+        if isinstance(obj, dict):
+            found = _fields(obj)
+            if found:
+                self._fields.update(found)
+
+    @property
+    def result(self) -> Usage | None:
+        return _resolve(self._fields)

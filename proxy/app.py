@@ -1,0 +1,155 @@
+"""The ASGI app: ``create_app(config)`` wires routes to services opened in the lifespan.
+
+    POST /v1/chat/completions   canonicalize -> forward (proxy.chat)
+    POST /v1/messages           the same, Anthropic dialect
+    GET  /metrics               Prometheus exposition (per-app registry)
+    GET  /healthz               200 while the process serves
+    GET  /readyz                200 when the store and the upstream answer, else 503 + reason
+    *    anything else          forwarded unchanged, streaming preserved (proxy.forward)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from canonicalize import Canonicalizer
+from proxy.chat import ChatRoute, Services, read_body
+from proxy.config import Config
+from proxy.errors import PrefixpinError, StoreError, UpstreamError, from_httpx
+from proxy.forward import make_client, passthrough, upstream_url
+from proxy.metrics import Metrics
+from proxy.store import Store, open_store
+from proxy.store.guard import StoreGuard
+
+log = logging.getLogger("prefixpin")
+
+
+def create_app(
+    config: Config,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    store: Store | None = None,
+) -> Starlette:
+    """Build the app.  ``transport`` and ``store`` replace the real ones in unit tests."""
+    canon = Canonicalizer(config.settings())
+    metrics = Metrics(config.metrics.models, config.metrics.max_models)
+    holder: dict[str, Services] = {}
+
+    def services() -> Services:
+        return holder["s"]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        client = make_client(config.upstream)
+        if transport is not None:
+            client = httpx.AsyncClient(transport=transport, timeout=client.timeout, trust_env=False)
+        the_store = store or open_store(
+            config.store.backend, redis_url=config.store.redis_url, ttl_s=config.store.ttl_s,
+            max_entries=config.store.max_entries, timeout_ms=config.store.timeout_ms,
+        )  # fmt: skip
+        s = Services(
+            canon=canon,
+            store=the_store,
+            guard=StoreGuard(timeout_s=config.store.timeout_ms / 1000),
+            client=client,
+            metrics=metrics,
+            upstream=config.upstream.url,
+            max_body_bytes=config.limits.max_body_bytes,
+            trust_tenant_header=config.tenancy.trust_header,
+        )
+        holder["s"] = s
+        app.state.services = s
+        try:
+            yield
+        finally:
+            if s.tasks:  # let pending records land
+                await asyncio.wait(list(s.tasks), timeout=5)
+            await client.aclose()
+            await the_store.close()
+
+    routes = {name: _LazyRoute(name, services) for name in ("chat_completions", "messages")}
+
+    async def chat(request: Request) -> Response:
+        return await routes["chat_completions"](request)
+
+    async def messages(request: Request) -> Response:
+        return await routes["messages"](request)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        s = services()
+        problems = []
+        try:
+            await asyncio.wait_for(s.store.ping(), 2)
+        except (StoreError, OSError, TimeoutError) as exc:
+            problems.append(f"store: {exc or type(exc).__name__}")
+        try:
+            r = await s.client.get(upstream_url(s.upstream, "/health"), timeout=2)
+            if r.status_code >= 500:
+                problems.append(f"upstream: {s.upstream} answered {r.status_code}")
+        except httpx.HTTPError as exc:
+            problems.append(f"upstream: {from_httpx(exc, s.upstream)}")
+        if problems:
+            return JSONResponse({"status": "not ready", "reasons": problems}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def metrics_endpoint(request: Request) -> Response:
+        if not config.metrics.enabled:
+            return JSONResponse({"error": {"message": "metrics are disabled", "type": "not_found",
+                                           "code": "metrics_disabled"}}, status_code=404)  # fmt: skip
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def other(request: Request) -> Response:
+        s = services()
+        try:
+            body = await read_body(request, s.max_body_bytes)
+            response = await passthrough(request, s.client, s.upstream, body)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except PrefixpinError as exc:
+            if isinstance(exc, UpstreamError):
+                metrics.upstream_errors.labels(exc.metric_kind).inc()
+            metrics.requests.labels("passthrough", "bypass", str(exc.status)).inc()
+            return exc.response()
+        metrics.requests.labels("passthrough", "bypass", str(response.status_code)).inc()
+        return response
+
+    all_methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/chat/completions", chat, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET", "HEAD"]),
+            Route("/readyz", readyz, methods=["GET", "HEAD"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/{path:path}", other, methods=all_methods),
+        ],
+        lifespan=lifespan,
+    )
+
+
+class _LazyRoute:
+    """A ChatRoute built on first use (services exist only inside the lifespan)."""
+
+    def __init__(self, name: str, services: object) -> None:
+        self.name = name
+        self.services = services
+        self.route: ChatRoute | None = None
+
+    async def __call__(self, request: Request) -> Response:
+        if self.route is None:
+            self.route = ChatRoute(self.name, self.services())  # type: ignore[operator]
+        return await self.route(request)

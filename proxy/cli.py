@@ -1,0 +1,140 @@
+"""``prefixpin`` command line: serve, check-config, audit, replay."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from proxy.config import Config, ConfigError, load
+
+
+def _load_or_exit(path: str | None, overrides: dict[str, object] | None = None) -> Config:
+    try:
+        return load(path, overrides=overrides)
+    except ConfigError as exc:
+        print(f"prefixpin: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proxy.app import create_app
+
+    config = _load_or_exit(
+        args.config,
+        {"upstream.url": args.upstream, "listen.host": args.host, "listen.port": args.port},
+    )
+    logging.basicConfig(
+        level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    app = create_app(config)
+    log = logging.getLogger("prefixpin")
+    log.info(
+        "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
+        config.listen.host, config.listen.port, config.upstream.url, config.store.backend,
+        ",".join(config.canonicalize.packs),
+    )  # fmt: skip
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    uvicorn.run(
+        app,
+        host=config.listen.host,
+        port=config.listen.port,
+        loop=loop,
+        http="httptools",
+        log_level=config.log.level,
+        access_log=config.log.access,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load_or_exit(args.path)
+    data = config.public_dict()
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from proxy.audit import run_audit
+
+    config = _load_or_exit(args.config)
+    return run_audit(args.trace, config, as_json=args.json, progress=not args.no_progress)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from proxy.replay import run_replay
+
+    return run_replay(
+        args.trace, upstream=args.upstream, via=args.via, as_json=args.json,
+        progress=not args.no_progress, api_key=args.api_key, timeout_s=args.timeout,
+        honor_timing=args.timing,
+    )  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefixpin",
+        description="OpenAI-compatible reverse proxy that keeps LLM prefix caches hitting.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="YAML config file (default: $PREFIXPIN_CONFIG, else built-in defaults)")
+    serve.add_argument("--upstream", help="upstream base URL, e.g. http://127.0.0.1:8080")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8787)")
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check-config", help="validate a config and print the effective one")
+    check.add_argument("path")
+    check.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    check.set_defaults(func=cmd_check_config)
+
+    audit = sub.add_parser("audit", help="offline: predicted cacheable prefix before/after, breaks by cause")
+    audit.add_argument("trace", help="trace file (JSON Lines)")
+    audit.add_argument("--config", help="YAML config file")
+    audit.add_argument("--json", action="store_true", help="machine-readable output")
+    audit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    audit.set_defaults(func=cmd_audit)
+
+    replay = sub.add_parser("replay", help="send a trace to an upstream (or through prefixpin) and report")
+    replay.add_argument("trace", help="trace file (JSON Lines)")
+    replay.add_argument("--upstream", required=True, help="upstream base URL")
+    replay.add_argument("--via", help="a running prefixpin to send through (its base URL)")
+    replay.add_argument("--json", action="store_true", help="machine-readable output")
+    replay.add_argument("--no-progress", action="store_true", help="no progress bar")
+    replay.add_argument("--api-key", help="Authorization bearer key for requests without one")
+    replay.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    replay.add_argument("--timing", action="store_true", help="honour the trace's \"t\" offsets")
+    replay.set_defaults(func=cmd_replay)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

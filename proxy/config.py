@@ -1,0 +1,333 @@
+"""Configuration: a frozen dataclass tree, loaded once, validated loudly.
+
+Precedence: built-in defaults < YAML file (``--config`` or ``PREFIXPIN_CONFIG``) <
+environment (``PREFIXPIN_UPSTREAM``, ``PREFIXPIN_REDIS_URL``) < command-line
+flags.  Every error names the key and the problem, e.g.
+``store.backend: must be one of memory, redis (got 'mongo')``.  Environment
+variables are read here and nowhere else.  Secrets (a password in
+``store.redis_url``) never appear in ``repr`` or in ``check-config`` output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+
+from canonicalize import ForkPolicy, Rule, RuleError, Settings, compile_rule
+from canonicalize.packs import PACKS
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; ``str()`` names the key and the problem."""
+
+
+def _hide_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 8787
+
+
+@dataclass(frozen=True)
+class Upstream:
+    url: str = "http://127.0.0.1:8080"
+    kind: str = "openai"
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_connections: int = 512
+
+
+@dataclass(frozen=True)
+class Store:
+    backend: str = "memory"
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    ttl_s: int = 86400
+    max_entries: int = 200_000
+    timeout_ms: int = 250
+
+    def __repr__(self) -> str:
+        return (
+            f"Store(backend={self.backend!r}, redis_url={_hide_password(self.redis_url)!r}, "
+            f"ttl_s={self.ttl_s}, max_entries={self.max_entries}, timeout_ms={self.timeout_ms})"
+        )
+
+
+@dataclass(frozen=True)
+class UserRule:
+    name: str
+    pattern: str
+    action: str
+    scope: str = "system"
+    identity: bool = False
+    replacement: str = "<masked>"
+
+
+@dataclass(frozen=True)
+class Canonicalize:
+    packs: tuple[str, ...] = ("generic", "hermes")
+    rules: tuple[UserRule, ...] = ()
+    disable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fork:
+    enabled: bool = True
+    min_depth: int = 2
+    markers: tuple[str, ...] = ()
+    inherit_params: tuple[str, ...] = ("chat_template_kwargs", "reasoning_effort")
+    guard_tools: bool = True
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    trust_header: bool = False
+
+
+@dataclass(frozen=True)
+class Metrics:
+    enabled: bool = True
+    models: tuple[str, ...] = ()
+    max_models: int = 50
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str = "info"
+    access: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: Listen = field(default_factory=Listen)
+    upstream: Upstream = field(default_factory=Upstream)
+    store: Store = field(default_factory=Store)
+    canonicalize: Canonicalize = field(default_factory=Canonicalize)
+    fork: Fork = field(default_factory=Fork)
+    tenancy: Tenancy = field(default_factory=Tenancy)
+    metrics: Metrics = field(default_factory=Metrics)
+    limits: Limits = field(default_factory=Limits)
+    log: Log = field(default_factory=Log)
+
+    def settings(self) -> Settings:
+        """The pure core's view of this config (compiled rules and fork policy)."""
+        rules = []
+        for i, r in enumerate(self.canonicalize.rules):
+            try:
+                rules.append(compile_rule(r.name, r.pattern, r.action, r.scope, identity=r.identity,
+                                          replacement=r.replacement))  # fmt: skip
+            except RuleError as exc:
+                raise ConfigError(f"canonicalize.rules[{i}] ({r.name}): {exc}") from None
+        return Settings(
+            packs=self.canonicalize.packs,
+            rules=tuple(rules),
+            disabled=self.canonicalize.disable,
+            fork=ForkPolicy(
+                enabled=self.fork.enabled,
+                min_depth=self.fork.min_depth,
+                markers=tuple(re.compile(m) for m in self.fork.markers),
+                inherit_params=self.fork.inherit_params,
+                guard_tools=self.fork.guard_tools,
+            ),
+        )
+
+    def public_dict(self) -> dict[str, Any]:
+        """The effective config as plain data, secrets hidden (for check-config)."""
+        out = _to_plain(self)
+        out["store"]["redis_url"] = _hide_password(self.store.redis_url)
+        return out
+
+
+def _to_plain(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, tuple):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+# -- loading ------------------------------------------------------------------
+
+_ENUMS = {
+    "upstream.kind": ("openai", "litellm"),
+    "store.backend": ("memory", "redis"),
+    "log.level": ("debug", "info", "warning", "error"),
+}
+_POSITIVE = {"listen.port", "upstream.timeout_s", "upstream.connect_timeout_s", "upstream.max_connections",
+             "store.ttl_s", "store.max_entries", "store.timeout_ms", "limits.max_body_bytes",
+             "metrics.max_models"}  # fmt: skip
+
+
+def _check_scalar(key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false (got {value!r})")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: must be an integer (got {value!r})")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: must be a number (got {value!r})")
+        value = float(value)
+    elif isinstance(default, str):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: must be a non-empty string (got {value!r})")
+    if key in _POSITIVE and value <= 0:
+        raise ConfigError(f"{key}: must be greater than 0 (got {value!r})")
+    if key in _ENUMS and value not in _ENUMS[key]:
+        raise ConfigError(f"{key}: must be one of {', '.join(_ENUMS[key])} (got {value!r})")
+    return value
+
+
+def _str_list(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}: must be a list of strings (got {value!r})")
+    return tuple(value)
+
+
+def _rules(value: Any) -> tuple[UserRule, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"canonicalize.rules: must be a list of rules (got {value!r})")
+    out = []
+    known = {f.name for f in fields(UserRule)}
+    for i, item in enumerate(value):
+        key = f"canonicalize.rules[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{key}: must be a mapping with name, pattern, action (got {item!r})")
+        for k in item:
+            if k not in known:
+                raise ConfigError(f"{key}.{k}: unknown key (known: {', '.join(sorted(known))})")
+        for required in ("name", "pattern", "action"):
+            if not isinstance(item.get(required), str) or not item.get(required):
+                raise ConfigError(f"{key}.{required}: is required and must be a non-empty string")
+        rule = UserRule(**dict(item))
+        try:
+            compile_rule(rule.name, rule.pattern, rule.action, rule.scope, identity=bool(rule.identity),
+                         replacement=str(rule.replacement))  # fmt: skip
+        except RuleError as exc:
+            raise ConfigError(f"{key} ({rule.name}): {exc}") from None
+        out.append(rule)
+    names = [r.name for r in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"canonicalize.rules: duplicate rule name(s): {', '.join(sorted(dup))}")
+    return tuple(out)
+
+
+def _section(name: str, cls: Any, data: Any) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{name}: must be a mapping (got {data!r})")
+    defaults = cls()
+    known = {f.name: f for f in fields(cls)}
+    values: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{name}.{k}"
+        if k not in known:
+            raise ConfigError(f"{key}: unknown key (known: {', '.join(known)})")
+        default = getattr(defaults, k)
+        if key == "canonicalize.rules":
+            values[k] = _rules(v)
+        elif isinstance(default, tuple):
+            values[k] = _str_list(key, v)
+        else:
+            values[k] = _check_scalar(key, v, default)
+    return replace(defaults, **values)
+
+
+def from_mapping(data: Any) -> Config:
+    """Build and validate a Config from parsed YAML (or any mapping)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config: the top level must be a mapping (got {type(data).__name__})")
+    sections = {f.name: f for f in fields(Config)}
+    values = {}
+    for k, v in data.items():
+        if k not in sections:
+            raise ConfigError(f"{k}: unknown key (known: {', '.join(sections)})")
+        values[k] = _section(k, sections[k].default_factory, v)  # type: ignore[misc]
+    config = Config(**values)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Cross-field checks, shared by every way a Config is built."""
+    unknown = [p for p in config.canonicalize.packs if p not in PACKS]
+    if unknown:
+        raise ConfigError(
+            f"canonicalize.packs: unknown pack(s) {', '.join(unknown)} (built-in: {', '.join(PACKS)})"
+        )
+    for i, m in enumerate(config.fork.markers):
+        try:
+            re.compile(m)
+        except re.error as exc:
+            raise ConfigError(f"fork.markers[{i}]: does not compile: {exc}") from None
+    if config.fork.min_depth < 1:
+        raise ConfigError(f"fork.min_depth: must be at least 1 (got {config.fork.min_depth})")
+    url = urlsplit(config.upstream.url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
+    if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in (
+        "redis", "rediss", "unix"
+    ):  # fmt: skip
+        raise ConfigError("store.redis_url: must be a redis://, rediss:// or unix:// URL")
+    config.settings()  # compiles user rules; raises ConfigError naming the rule
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Defaults < file < environment < ``overrides`` (dotted keys, from the CLI)."""
+    env = os.environ if env is None else env
+    path = path or env.get("PREFIXPIN_CONFIG") or None
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"config file {str(p)!r}: cannot be read: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(p)!r}: is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, Mapping):
+            raise ConfigError(f"config file {str(p)!r}: the top level must be a mapping")
+        data = dict(loaded or {})
+    dotted: dict[str, Any] = {}
+    if env.get("PREFIXPIN_UPSTREAM"):
+        dotted["upstream.url"] = env["PREFIXPIN_UPSTREAM"]
+    if env.get("PREFIXPIN_REDIS_URL"):
+        dotted["store.redis_url"] = env["PREFIXPIN_REDIS_URL"]
+        dotted["store.backend"] = "redis"
+    dotted.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for key, value in dotted.items():
+        section, _, name = key.partition(".")
+        current = data.get(section)
+        data[section] = {**(current if isinstance(current, Mapping) else {}), name: value}
+    return from_mapping(data)

@@ -1,0 +1,95 @@
+"""Talking to the upstream: one pooled httpx client, header hygiene, passthrough.
+
+Streaming follows httpx's proxy recipe: ``client.send(request, stream=True)`` and
+the response body is relayed chunk by chunk, never buffered; when the client
+goes away the generator is closed and so is the upstream response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from urllib.parse import urlsplit
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.config import Upstream
+from proxy.errors import from_httpx
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+    }
+)  # fmt: skip
+OWN_HEADERS = ("x-prefixpin-",)
+
+
+def make_client(cfg: Upstream) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(cfg.timeout_s, connect=min(cfg.connect_timeout_s, cfg.timeout_s)),
+        limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
+        trust_env=False,  # never route through a proxy from the environment
+        follow_redirects=False,
+    )
+
+
+def upstream_url(base: str, path: str, query: str = "") -> str:
+    """Join the upstream base URL and a request path (``.../v1`` + ``/v1/x`` -> ``.../v1/x``)."""
+    base = base.rstrip("/")
+    if urlsplit(base).path.endswith("/v1") and (path == "/v1" or path.startswith("/v1/")):
+        path = path[3:]
+    return base + path + (f"?{query}" if query else "")
+
+
+def request_headers(headers: Iterable[tuple[str, str]], *, identity: bool = False) -> list[tuple[str, str]]:
+    """Client headers fit to forward: hop-by-hop and ``x-prefixpin-*`` removed."""
+    out = [
+        (k, v) for k, v in headers
+        if k.lower() not in HOP_BY_HOP and not k.lower().startswith(OWN_HEADERS)
+        and not (identity and k.lower() == "accept-encoding")
+    ]  # fmt: skip
+    if identity:
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def response_headers(headers: httpx.Headers, *, drop: Iterable[str] = ()) -> dict[str, str]:
+    skip = HOP_BY_HOP | {d.lower() for d in drop}
+    out: dict[str, str] = {}
+    for k, v in headers.multi_items():
+        lk = k.lower()
+        if lk in skip:
+            continue
+        out[lk] = f"{out[lk]}, {v}" if lk in out and lk != "set-cookie" else v
+    return out
+
+
+async def passthrough(request: Request, client: httpx.AsyncClient, base: str, body: bytes) -> Response:
+    """Forward any request unchanged: method, path, query, body bytes, streaming."""
+    url = upstream_url(base, request.url.path, request.url.query)
+    req = client.build_request(
+        request.method, url, headers=request_headers(request.headers.items()), content=body
+    )
+    try:
+        resp = await client.send(req, stream=True)
+    except httpx.HTTPError as exc:
+        raise from_httpx(exc, base) from exc
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        except httpx.HTTPError:
+            return  # the upstream cut the body: end ours cleanly
+        finally:
+            await resp.aclose()
+
+    headers = response_headers(resp.headers)
+    if "content-length" in resp.headers and "transfer-encoding" not in resp.headers:
+        headers["content-length"] = resp.headers["content-length"]
+    return StreamingResponse(
+        relay(), status_code=resp.status_code, headers=headers, background=BackgroundTask(resp.aclose)
+    )

@@ -1,0 +1,102 @@
+"""Every metric prefixpin exports, on a per-app registry (names: SPEC section 6).
+
+Label values are bounded: ``model`` is the request's model only for models named
+in ``metrics.models`` or among the first ``metrics.max_models`` seen, else
+``other``; rule names come from the loaded config; no label ever carries a
+session, lineage, tenant or user value.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_OVERHEAD = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+_RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 1.0)
+
+ROUTES = ("chat_completions", "messages", "passthrough", "metrics", "health")
+
+
+class ModelLabels:
+    """Maps model names to a bounded label set."""
+
+    def __init__(self, named: Iterable[str] = (), limit: int = 50) -> None:
+        self._named = frozenset(named)
+        self._seen: set[str] = set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, model: object) -> str:
+        if not isinstance(model, str) or not model:
+            return "unknown"
+        if model in self._named or model in self._seen:
+            return model
+        with self._lock:
+            if len(self._seen) < self._limit:
+                self._seen.add(model)
+                return model
+        return "other"
+
+
+class Metrics:
+    """The metric families of one app."""
+
+    def __init__(self, models: Iterable[str] = (), max_models: int = 50) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.model_label = ModelLabels(models, max_models)
+        self.requests = Counter(
+            "prefixpin_requests_total", "Requests handled", ("route", "role", "status"), registry=r
+        )
+        self.prompt_tokens = Counter(
+            "prefixpin_prompt_tokens_total", "Prompt tokens reported by the upstream (cached included)",
+            ("model", "role"), registry=r,
+        )  # fmt: skip
+        self.cached_tokens = Counter(
+            "prefixpin_cached_tokens_total", "Prompt tokens the upstream served from its prefix cache",
+            ("model", "role"), registry=r,
+        )  # fmt: skip
+        self.cache_write_tokens = Counter(
+            "prefixpin_cache_write_tokens_total", "Prompt tokens the upstream wrote to its cache",
+            ("model", "role"), registry=r,
+        )  # fmt: skip
+        self.rewrites = Counter("prefixpin_rewrites_total", "Requests changed, by rule", ("rule",), registry=r)
+        self.forks = Counter("prefixpin_forks_total", "Fork handling, by action", ("action",), registry=r)
+        self.blocked_tool_calls = Counter(
+            "prefixpin_blocked_tool_calls_total", "Tool calls removed from fork responses", registry=r
+        )
+        self.prefix_breaks = Counter(
+            "prefixpin_prefix_breaks_total", "Prefix breaks against the parent request, by cause",
+            ("cause",), registry=r,
+        )  # fmt: skip
+        self.fail_open = Counter(
+            "prefixpin_fail_open_total", "Requests forwarded unchanged after an internal failure",
+            ("stage",), registry=r,
+        )  # fmt: skip
+        self.upstream_errors = Counter(
+            "prefixpin_upstream_errors_total", "Upstream failures, by kind", ("kind",), registry=r
+        )
+        self.request_duration = Histogram(
+            "prefixpin_request_duration_seconds", "Request duration to the last byte", ("route",),
+            buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            "prefixpin_overhead_seconds", "Time prefixpin itself adds on the request path",
+            buckets=_OVERHEAD, registry=r,
+        )  # fmt: skip
+        self.upstream_ttft = Histogram(
+            "prefixpin_upstream_ttft_seconds", "Upstream time to first token (streamed) or to response",
+            buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.predicted_prefix_ratio = Histogram(
+            "prefixpin_predicted_prefix_ratio", "Share of the prompt identical to the parent request's prefix",
+            buckets=_RATIO, registry=r,
+        )  # fmt: skip
+        # Known label values exist from the start, so dashboards show zeros, not gaps.
+        for cause in ("system_changed", "tools_changed", "history_rewritten", "params_changed", "model_changed"):
+            self.prefix_breaks.labels(cause)
+        for stage in ("parse", "canonicalize", "store", "record", "response"):
+            self.fail_open.labels(stage)
+        self.blocked_tool_calls.inc(0)

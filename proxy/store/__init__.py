@@ -1,0 +1,60 @@
+"""Where lineages live: a small protocol and two structural backends.
+
+One lookup per request (one Redis round trip): the deepest recorded link of the
+request's chain, the lineages owning it, and the lineage named by
+``x-prefixpin-parent``.  A fork additionally reads its parent's system and
+tools[] blobs.  After the response, one write records the new links, the
+response's link, the lineage record and any new blobs.  Everything is namespaced
+by tenant and expires after ``store.ttl_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from canonicalize import LineageRecord, Lookup
+
+Links = Sequence[tuple[bytes, Sequence[str]]]
+
+
+class Store(Protocol):
+    """The storage contract; backends raise :class:`proxy.errors.StoreError`."""
+
+    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup: ...
+
+    async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]: ...
+
+    async def record(
+        self,
+        tenant: str,
+        record: LineageRecord | None,
+        links: Links,
+        blobs: dict[str, bytes],
+        touch: Sequence[str],
+    ) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def parse_ids(raw: bytes | str | None) -> list[str]:
+    if not raw:
+        return []
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return [i for i in text.split(",") if i]
+
+
+def open_store(backend: str, *, redis_url: str, ttl_s: int, max_entries: int, timeout_ms: int) -> Store:
+    """The factory the app calls from its lifespan."""
+    if backend == "redis":
+        from proxy.store.redis import RedisStore
+
+        return RedisStore(redis_url, ttl_s=ttl_s, timeout_s=timeout_ms / 1000)
+    from proxy.store.memory import MemoryStore
+
+    return MemoryStore(ttl_s=ttl_s, max_entries=max_entries)
+
+
+__all__ = ["Store", "open_store", "parse_ids"]

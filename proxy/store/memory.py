@@ -1,0 +1,80 @@
+"""The embedded store: one bounded LRU dict, TTL on every entry, clock injected."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from canonicalize import LineageRecord, Lookup
+from proxy.store import Links
+
+Key = tuple[str, str, Any]
+
+
+class MemoryStore:
+    """Bounded by ``max_entries`` (least recently used go first) and ``ttl_s``."""
+
+    def __init__(self, *, ttl_s: int = 86400, max_entries: int = 200_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._data: OrderedDict[Key, tuple[float, Any]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def _get(self, key: Key) -> Any:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        expires, value = item
+        if expires <= self.clock():
+            del self._data[key]
+            return None
+        self._data.move_to_end(key)
+        return value
+
+    def _set(self, key: Key, value: Any) -> None:
+        self._data[key] = (self.clock() + self.ttl_s, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    def _touch(self, key: Key) -> None:
+        value = self._get(key)
+        if value is not None:
+            self._set(key, value)
+
+    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
+        depth, owners = 0, []
+        for i in range(len(links) - 1, -1, -1):
+            ids = self._get((tenant, "l", links[i]))
+            if ids is not None:
+                depth, owners = i + 1, ids
+                break
+        candidates = tuple(r for r in (self._get((tenant, "g", i)) for i in owners) if r is not None)
+        found = self._get((tenant, "g", declared)) if declared else None
+        return Lookup(depth, candidates, found)
+
+    async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
+        return [self._get((tenant, "b", ref)) for ref in refs]
+
+    async def record(self, tenant: str, record: LineageRecord | None, links: Links,
+                     blobs: dict[str, bytes], touch: Sequence[str]) -> None:  # fmt: skip
+        for link, ids in links:
+            self._set((tenant, "l", link), list(ids))
+        if record is not None:
+            self._set((tenant, "g", record.id), record)
+        for ref, raw in blobs.items():
+            self._set((tenant, "b", ref), raw)
+        for ref in touch:
+            self._touch((tenant, "b", ref))
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._data.clear()
