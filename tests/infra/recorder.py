@@ -1,0 +1,224 @@
+"""A small real upstream that records what it receives and answers as told.
+
+Run as ``python -m tests.infra.recorder --port N``.  It speaks OpenAI chat
+completions and Anthropic messages, streamed and not, and can be told (``POST
+/_control``) to answer with tool calls, an error status, a delay, or a stream that
+is cut mid-way.  ``GET /_requests`` returns every request received, with its raw
+body, so tests can check the exact bytes prefixpin forwarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+STATE: dict[str, Any] = {"requests": [], "control": {}}
+
+
+def _record(request: Request, raw: bytes) -> None:
+    STATE["requests"].append(
+        {
+            "method": request.method,
+            "path": request.url.path,
+            "query": request.url.query,
+            "headers": {k: v for k, v in request.headers.items()},
+            "body_b64": base64.b64encode(raw).decode(),
+        }
+    )
+
+
+def _usage(raw: bytes) -> dict[str, Any]:
+    prompt = max(1, len(raw) // 4)
+    ctl = STATE["control"]
+    return ctl.get("usage") or {
+        "prompt_tokens": prompt,
+        "completion_tokens": 3,
+        "total_tokens": prompt + 3,
+        "prompt_tokens_details": {"cached_tokens": ctl.get("cached", 0)},
+    }
+
+
+def _calls() -> list[dict[str, Any]]:
+    return [
+        {"id": f"call_{i}", "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "{}")}}
+        for i, c in enumerate(STATE["control"].get("tool_calls", []))
+    ]
+
+
+async def _preamble(ctl: dict[str, Any]) -> Response | None:
+    if ctl.get("delay_s"):
+        await asyncio.sleep(float(ctl["delay_s"]))
+    if ctl.get("status"):
+        return JSONResponse(
+            {"error": {"message": "told to fail", "type": "test", "code": ctl["status"]}},
+            status_code=int(ctl["status"]),
+            headers={"x-recorder": "error"},
+        )
+    return None
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def chat(request: Request) -> Response:
+    raw = await request.body()
+    _record(request, raw)
+    ctl = STATE["control"]
+    early = await _preamble(ctl)
+    if early is not None:
+        return early
+    body = json.loads(raw)
+    content = ctl.get("content", "ok")
+    calls = _calls()
+    finish = "tool_calls" if calls else "stop"
+    base = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": body.get("model", "m")}
+    if not body.get("stream"):
+        msg: dict[str, Any] = {"role": "assistant", "content": content if not calls else None}
+        if calls:
+            msg["tool_calls"] = calls
+        return JSONResponse(
+            {**base, "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": _usage(raw)}
+        )
+    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+
+    async def gen() -> AsyncIterator[bytes]:
+        chunk = {**base, "object": "chat.completion.chunk"}
+        yield _sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        if not calls:
+            for piece in (content[: len(content) // 2], content[len(content) // 2 :]):
+                yield _sse({**chunk, "choices": [{"index": 0, "delta": {"content": piece}}]})
+                if ctl.get("cut"):
+                    raise RuntimeError("cut the stream")
+        for i, c in enumerate(calls):
+            first = {"index": i, "id": c["id"], "type": "function",
+                     "function": {"name": c["function"]["name"], "arguments": ""}}  # fmt: skip
+            yield _sse({**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [first]}}]})
+            args = c["function"]["arguments"]
+            for part in (args[: len(args) // 2], args[len(args) // 2 :]):
+                delta = {"tool_calls": [{"index": i, "function": {"arguments": part}}]}
+                yield _sse({**chunk, "choices": [{"index": 0, "delta": delta}]})
+        yield _sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        if include_usage:
+            yield _sse({**chunk, "choices": [], "usage": _usage(raw)})
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+async def messages(request: Request) -> Response:
+    raw = await request.body()
+    _record(request, raw)
+    ctl = STATE["control"]
+    early = await _preamble(ctl)
+    if early is not None:
+        return early
+    body = json.loads(raw)
+    calls = STATE["control"].get("tool_calls", [])
+    usage = ctl.get("usage") or {
+        "input_tokens": 10, "output_tokens": 3,
+        "cache_read_input_tokens": ctl.get("cached", 0), "cache_creation_input_tokens": 0,
+    }  # fmt: skip
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": ctl.get("content", "ok")}]
+    blocks += [
+        {"type": "tool_use", "id": f"toolu_{i}", "name": c["name"], "input": json.loads(c.get("arguments", "{}"))}
+        for i, c in enumerate(calls)
+    ]
+    stop = "tool_use" if calls else "end_turn"
+    msg = {"id": "msg_1", "type": "message", "role": "assistant", "model": body.get("model", "m")}
+    if not body.get("stream"):
+        return JSONResponse({**msg, "content": blocks, "stop_reason": stop, "usage": usage})
+
+    async def gen() -> AsyncIterator[bytes]:
+        def ev(kind: str, obj: dict[str, Any]) -> bytes:
+            return f"event: {kind}\n".encode() + _sse({"type": kind, **obj})
+
+        yield ev("message_start", {"message": {**msg, "content": [], "stop_reason": None, "usage": usage}})
+        for i, b in enumerate(blocks):
+            if b["type"] == "text":
+                yield ev("content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}})
+                yield ev("content_block_delta", {"index": i, "delta": {"type": "text_delta", "text": b["text"]}})
+            else:
+                start = {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}
+                yield ev("content_block_start", {"index": i, "content_block": start})
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(b["input"])}
+                yield ev("content_block_delta", {"index": i, "delta": delta})
+            yield ev("content_block_stop", {"index": i})
+        yield ev("message_delta", {"delta": {"stop_reason": stop}, "usage": {"output_tokens": 3}})
+        yield ev("message_stop", {})
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+async def control(request: Request) -> Response:
+    STATE["control"] = await request.json()
+    return JSONResponse({"ok": True})
+
+
+async def requests_(request: Request) -> Response:
+    return JSONResponse(STATE["requests"])
+
+
+async def reset(request: Request) -> Response:
+    STATE["requests"].clear()
+    STATE["control"] = {}
+    return JSONResponse({"ok": True})
+
+
+async def echo(request: Request) -> Response:
+    raw = await request.body()
+    _record(request, raw)
+    return Response(raw, media_type=request.headers.get("content-type", "application/octet-stream"),
+                    headers={"x-echo-method": request.method})  # fmt: skip
+
+
+async def chunks(request: Request) -> Response:
+    _record(request, await request.body())
+    n = int(request.query_params.get("n", "5"))
+    delay = float(request.query_params.get("delay", "0"))
+
+    async def gen() -> AsyncIterator[bytes]:
+        for i in range(n):
+            yield f"chunk {i}\n".encode()
+            await asyncio.sleep(delay)
+
+    return StreamingResponse(gen(), media_type="text/plain")
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+app = Starlette(
+    routes=[
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/_control", control, methods=["POST"]),
+        Route("/_requests", requests_, methods=["GET"]),
+        Route("/_reset", reset, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/chunks", chunks, methods=["GET", "POST"]),
+        Route("/{path:path}", echo, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
+    ]
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args()
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
