@@ -128,13 +128,19 @@ class Lookup:
     """What the store found for a request's chain.
 
     ``depth`` is how many of the request's links are recorded (0: none);
-    ``candidates`` are the lineages owning the deepest of them, most recent first;
-    ``declared`` is the lineage named by ``x-prefixpin-parent``, if it exists.
+    ``candidates`` are the lineages owning the deepest of them (most recent first),
+    then those owning shallower links, each with ``depths[i]``, the deepest link of
+    this request it owns; ``declared`` is the lineage named by
+    ``x-prefixpin-parent``, if it exists.
     """
 
     depth: int = 0
     candidates: tuple[LineageRecord, ...] = ()
     declared: LineageRecord | None = None
+    depths: tuple[int, ...] = ()
+
+    def depth_of(self, i: int) -> int:
+        return self.depths[i] if i < len(self.depths) else self.depth
 
 
 EMPTY_LOOKUP = Lookup()
@@ -174,53 +180,51 @@ class Decision:
     fork_disabled: bool = False  # a fork was recognised but fork.enabled is false
 
 
-def same_session(sig: Signals, rec: LineageRecord) -> bool:
-    """Identity spans equal when both have them, else equal masked system skeletons."""
+def same_session(sig: Signals, rec: LineageRecord, depth: int) -> bool:
+    """Identity spans equal when both have them; else equal masked system skeletons
+    *and* a replayed reply: two sessions that merely share a first user message
+    are two roots."""
     if sig.identity and rec.identity:
         return sig.identity == rec.identity
-    return sig.skeleton == rec.skeleton
+    return sig.skeleton == rec.skeleton and _has_reply(sig, depth)
 
 
-def _fork_signal(sig: Signals, rec: LineageRecord, policy: ForkPolicy) -> str | None:
+def _has_reply(sig: Signals, depth: int) -> bool:
+    return sig.first_assistant is not None and sig.first_assistant < depth
+
+
+def _fork_signal(sig: Signals, rec: LineageRecord, depth: int, policy: ForkPolicy) -> str | None:
     if sig.declared_parent is not None and sig.declared_parent == rec.id:
         return "header"
     if set(sig.tools) < set(rec.own_tools):
         return "tools_subset"
     # A marker counts only on a new message: the fork's own tool loop replays it.
-    if sig.last_user_index is not None and sig.last_user_index >= sig.depth:
+    if sig.last_user_index is not None and sig.last_user_index >= depth:
         for marker in policy.markers:
             if marker.search(sig.last_user_text):
                 return "marker"
     return None
 
 
-def _replays_parent(sig: Signals, policy: ForkPolicy) -> bool:
-    return (
-        sig.depth >= max(policy.min_depth, 1)
-        and sig.first_assistant is not None
-        and sig.first_assistant < sig.depth
-    )
-
-
 def classify(sig: Signals, lookup: Lookup, policy: ForkPolicy) -> Decision:
     """Root, continuation of a recorded lineage, or fork of one."""
-    candidates = list(lookup.candidates)
-    if lookup.declared is not None and all(c.id != lookup.declared.id for c in candidates):
-        candidates.append(lookup.declared)
-    if sig.depth == 0:
+    if lookup.depth == 0:
         return Decision("root")
-    replays = _replays_parent(sig, policy)
+    candidates = [(rec, lookup.depth_of(i)) for i, rec in enumerate(lookup.candidates)]
+    if lookup.declared is not None and all(c.id != lookup.declared.id for c, _ in candidates):
+        candidates.append((lookup.declared, lookup.depth))
     disabled = False
-    for rec in candidates:
-        if rec.kind == "fork" and same_session(sig, rec):
+    for rec, depth in candidates:
+        if rec.kind == "fork" and same_session(sig, rec, depth):
             return Decision("continuation", rec)
-        signal = _fork_signal(sig, rec, policy) if replays else None
+        replays = depth >= max(policy.min_depth, 1) and _has_reply(sig, depth)
+        signal = _fork_signal(sig, rec, depth, policy) if replays else None
         # Safety: a fork reuses its parent's system prompt, so it must start like
         # it (same skeleton head) unless the client declared the parent itself.
         if signal is not None and (signal == "header" or sig.head == rec.head):
             if policy.enabled:
                 return Decision("fork", rec, signal)
             disabled = True
-        if same_session(sig, rec):
+        if same_session(sig, rec, depth):
             return Decision("continuation", rec, fork_disabled=disabled)
     return Decision("root", fork_disabled=disabled)

@@ -33,7 +33,9 @@ from canonicalize.shape import Dialect, Slot
 
 HEAD_CHARS = 256
 BLOCK_BYTES = 256
-LINKS_PER_KEY = 4  # lineages remembered per link (sessions sharing a history)
+LINKS_PER_KEY = 8  # lineages remembered per link (sessions sharing a history)
+CANDIDATES = 8  # lineages a lookup returns at most
+SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,7 @@ class Outcome:
     role: Role
     rewrites: list[str]
     record: LineageRecord
-    links: list[tuple[bytes, list[str]]]  # (link, lineage ids) to write
+    links: list[bytes]  # links the lineage now owns (stores prepend its id)
     blobs: dict[str, bytes]  # content hash -> bytes, to store once
     touch: list[str]  # blob refs that already exist and must stay alive
     offered: frozenset[str] | None  # fork tool guard: tools the request itself offered
@@ -331,13 +333,10 @@ class Canonicalizer:
         )
 
     @staticmethod
-    def _links_to_write(prep: Prepared, lookup: Lookup, lineage_id: str) -> list[tuple[bytes, list[str]]]:
-        out = [(link, [lineage_id]) for link in prep.links[lookup.depth :]]
-        if prep.links and lookup.depth == len(prep.links):
-            owners = [c.id for c in lookup.candidates]
-            if lineage_id not in owners:
-                out.append((prep.links[-1], [lineage_id, *owners][:LINKS_PER_KEY]))
-        return out
+    def _links_to_write(prep: Prepared, lookup: Lookup, lineage_id: str) -> list[bytes]:
+        # The deepest recorded link gets this lineage too (another session may own
+        # it), then every new one.
+        return prep.links[max(lookup.depth - 1, 0) :]
 
 
 def _apply_static(rules: Sequence[Rule], slots: Iterable[Slot], rewrites: list[str]) -> None:

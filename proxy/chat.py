@@ -327,7 +327,7 @@ class ChatRoute:
             return
         links = list(outcome.links)
         if message is not None:
-            links.append((chain.extend(prep.dialect, prep.links, message), [outcome.record.id]))
+            links.append(chain.extend(prep.dialect, prep.links, message))
         try:
             await s.guard.call(
                 lambda: s.store.record(plan.tenant, outcome.record, links, outcome.blobs, outcome.touch)

@@ -15,7 +15,9 @@ from typing import Protocol
 
 from canonicalize import LineageRecord, Lookup
 
-Links = Sequence[tuple[bytes, Sequence[str]]]
+from canonicalize.pipeline import CANDIDATES, LINKS_PER_KEY, SCAN_UP
+
+Links = Sequence[bytes]
 
 
 class Store(Protocol):
@@ -28,11 +30,14 @@ class Store(Protocol):
     async def record(
         self,
         tenant: str,
-        record: LineageRecord | None,
+        record: LineageRecord,
         links: Links,
         blobs: dict[str, bytes],
         touch: Sequence[str],
-    ) -> None: ...
+    ) -> None:
+        """Save ``record``; add its id in front of each link's owners (deduped,
+        at most LINKS_PER_KEY); store new blobs once; keep ``touch`` blobs alive."""
+        ...
 
     async def ping(self) -> None: ...
 
@@ -57,4 +62,4 @@ def open_store(backend: str, *, redis_url: str, ttl_s: int, max_entries: int, ti
     return MemoryStore(ttl_s=ttl_s, max_entries=max_entries)
 
 
-__all__ = ["Store", "open_store", "parse_ids"]
+__all__ = ["CANDIDATES", "LINKS_PER_KEY", "SCAN_UP", "Store", "open_store", "parse_ids"]

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from canonicalize import LineageRecord, Lookup
-from proxy.store import Links
+from proxy.store import CANDIDATES, LINKS_PER_KEY, SCAN_UP, Links
 
 Key = tuple[str, str, Any]
 
@@ -49,25 +49,39 @@ class MemoryStore:
             self._set(key, value)
 
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
-        depth, owners = 0, []
+        depth = 0
+        seen: set[str] = set()
+        candidates: list[LineageRecord] = []
+        depths: list[int] = []
         for i in range(len(links) - 1, -1, -1):
-            ids = self._get((tenant, "l", links[i]))
-            if ids is not None:
-                depth, owners = i + 1, ids
+            if depth and (depth - 1 - i > SCAN_UP or len(candidates) >= CANDIDATES):
                 break
-        candidates = tuple(r for r in (self._get((tenant, "g", i)) for i in owners) if r is not None)
+            ids = self._get((tenant, "l", links[i]))
+            if ids is None:
+                continue
+            depth = depth or i + 1
+            for lineage_id in ids:
+                if lineage_id in seen:
+                    continue
+                seen.add(lineage_id)
+                rec = self._get((tenant, "g", lineage_id))
+                if rec is not None and len(candidates) < CANDIDATES:
+                    candidates.append(rec)
+                    depths.append(i + 1)
         found = self._get((tenant, "g", declared)) if declared else None
-        return Lookup(depth, candidates, found)
+        return Lookup(depth, tuple(candidates), found, tuple(depths))
 
     async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
         return [self._get((tenant, "b", ref)) for ref in refs]
 
-    async def record(self, tenant: str, record: LineageRecord | None, links: Links,
+    async def record(self, tenant: str, record: LineageRecord, links: Links,
                      blobs: dict[str, bytes], touch: Sequence[str]) -> None:  # fmt: skip
-        for link, ids in links:
-            self._set((tenant, "l", link), list(ids))
-        if record is not None:
-            self._set((tenant, "g", record.id), record)
+        for link in links:
+            owners = self._get((tenant, "l", link)) or []
+            if not owners or owners[0] != record.id:
+                owners = [record.id, *(o for o in owners if o != record.id)][:LINKS_PER_KEY]
+            self._set((tenant, "l", link), owners)
+        self._set((tenant, "g", record.id), record)
         for ref, raw in blobs.items():
             self._set((tenant, "b", ref), raw)
         for ref in touch:

@@ -20,29 +20,62 @@ from redis.exceptions import RedisError
 
 from canonicalize import LineageRecord, Lookup
 from proxy.errors import StoreError
-from proxy.store import Links, parse_ids
+from proxy.store import CANDIDATES, LINKS_PER_KEY, SCAN_UP, Links, parse_ids
 
+# KEYS: the request's link keys in chain order.  ARGV: n, lineage key prefix,
+# declared parent id, max candidates, links to scan past the deepest.
+# Returns {deepest depth, declared record or '', depth1, record1, depth2, ...}.
 _LOOKUP = """
 local n = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local declared = ARGV[3]
-local depth, owners = 0, nil
-for i = n, 1, -1 do
-  local v = redis.call('GET', KEYS[i])
-  if v then depth = i; owners = v; break end
-end
-local out = {depth, ''}
+local max_candidates = tonumber(ARGV[4])
+local scan_up = tonumber(ARGV[5])
+local out = {0, ''}
 if declared ~= '' then
   local d = redis.call('GET', prefix .. declared)
   if d then out[2] = d end
 end
-if owners then
-  for id in string.gmatch(owners, '[^,]+') do
-    local rec = redis.call('GET', prefix .. id)
-    if rec then table.insert(out, rec) end
+local depth = 0
+local seen = {}
+local found = 0
+for i = n, 1, -1 do
+  if depth > 0 and (depth - 1 - i > scan_up or found >= max_candidates) then break end
+  local v = redis.call('GET', KEYS[i])
+  if v then
+    if depth == 0 then depth = i end
+    for id in string.gmatch(v, '[^,]+') do
+      if not seen[id] and found < max_candidates then
+        seen[id] = true
+        local rec = redis.call('GET', prefix .. id)
+        if rec then
+          table.insert(out, i)
+          table.insert(out, rec)
+          found = found + 1
+        end
+      end
+    end
   end
 end
+out[1] = depth
 return out
+"""
+
+# KEYS: link keys.  ARGV: lineage id, ttl, max owners per link.
+# Puts the id in front of each link's owner list (deduped, capped), atomically.
+_OWN = """
+local id, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+for _, key in ipairs(KEYS) do
+  local v = redis.call('GET', key)
+  local owners = {id}
+  if v then
+    for o in string.gmatch(v, '[^,]+') do
+      if o ~= id and #owners < cap then table.insert(owners, o) end
+    end
+  end
+  redis.call('SET', key, table.concat(owners, ','), 'EX', ttl)
+end
+return #KEYS
 """
 
 
@@ -58,6 +91,7 @@ class RedisStore:
             decode_responses=False,
         )
         self._lookup = self._redis.register_script(_LOOKUP)
+        self._own = self._redis.register_script(_OWN)
 
     @staticmethod
     def _prefix(tenant: str) -> str:
@@ -67,13 +101,16 @@ class RedisStore:
         p = self._prefix(tenant)
         keys = [f"{p}l:{link.hex()}" for link in links]
         try:
-            out = await self._lookup(keys=keys, args=[len(keys), p + "g:", declared or ""])
+            out = await self._lookup(
+                keys=keys, args=[len(keys), p + "g:", declared or "", CANDIDATES, SCAN_UP]
+            )
         except RedisError as exc:
             raise StoreError(f"redis lookup failed: {type(exc).__name__}") from exc
         depth = int(out[0])
         found = LineageRecord.from_bytes(out[1]) if out[1] else None
-        candidates = tuple(LineageRecord.from_bytes(raw) for raw in out[2:])
-        return Lookup(depth, candidates, found)
+        depths = tuple(int(d) for d in out[2::2])
+        candidates = tuple(LineageRecord.from_bytes(raw) for raw in out[3::2])
+        return Lookup(depth, candidates, found, depths)
 
     async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
         p = self._prefix(tenant)
@@ -83,14 +120,14 @@ class RedisStore:
             raise StoreError(f"redis blob read failed: {type(exc).__name__}") from exc
         return list(values)
 
-    async def record(self, tenant: str, record: LineageRecord | None, links: Links,
+    async def record(self, tenant: str, record: LineageRecord, links: Links,
                      blobs: dict[str, bytes], touch: Sequence[str]) -> None:  # fmt: skip
         p, ttl = self._prefix(tenant), self.ttl_s
         pipe = self._redis.pipeline(transaction=False)
-        for link, ids in links:
-            pipe.set(f"{p}l:{link.hex()}", ",".join(ids), ex=ttl)
-        if record is not None:
-            pipe.set(f"{p}g:{record.id}", record.to_bytes(), ex=ttl)
+        if links:
+            await self._own(keys=[f"{p}l:{link.hex()}" for link in links],
+                            args=[record.id, ttl, LINKS_PER_KEY], client=pipe)  # fmt: skip
+        pipe.set(f"{p}g:{record.id}", record.to_bytes(), ex=ttl)
         for ref, raw in blobs.items():
             pipe.set(f"{p}b:{ref}", raw, ex=ttl, nx=True)
             pipe.expire(f"{p}b:{ref}", ttl)

@@ -1,0 +1,333 @@
+"""Lineage, pins and forks through the pure pipeline, with a dict for a store."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import orjson
+import pytest
+
+from canonicalize import OPENAI, Canonicalizer, ForkPolicy, LineageRecord, Lookup, Outcome, Settings, blobs_needed
+from canonicalize import chain
+from canonicalize.predict import predict
+from tests import hermes
+
+
+class DictStore:
+    """The store protocol's semantics, synchronously, for one tenant."""
+
+    def __init__(self) -> None:
+        self.links: dict[bytes, list[str]] = {}
+        self.records: dict[str, LineageRecord] = {}
+        self.blobs: dict[str, bytes] = {}
+
+    def lookup(self, links: list[bytes], declared: str | None) -> Lookup:
+        depth, seen, cands, depths = 0, set(), [], []
+        for i in range(len(links) - 1, -1, -1):
+            for o in self.links.get(links[i], ()):
+                depth = depth or i + 1
+                if o not in seen and o in self.records:
+                    seen.add(o)
+                    cands.append(self.records[o])
+                    depths.append(i + 1)
+        return Lookup(depth, tuple(cands), self.records.get(declared or ""), tuple(depths))
+
+    def own(self, link: bytes, lineage: str) -> None:
+        self.links[link] = [lineage, *(o for o in self.links.get(link, ()) if o != lineage)]
+
+    def record(self, out: Outcome) -> None:
+        for link in out.links:
+            self.own(link, out.record.id)
+        self.records[out.record.id] = out.record
+        self.blobs.update(out.blobs)
+
+
+class Harness:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.canon = Canonicalizer(settings or Settings())
+        self.store = DictStore()
+        self.n = 0
+        self.preps: dict[int, Any] = {}
+
+    def send(self, body: dict[str, Any], *, reply: dict[str, Any] | None = None,
+             declared: str | None = None) -> Outcome:  # fmt: skip
+        self.n += 1
+        prep = self.canon.prepare(copy.deepcopy(body), OPENAI, declared_parent=declared)
+        lookup = self.store.lookup(prep.links, declared)
+        decision = self.canon.classify(prep, lookup)
+        refs = blobs_needed(decision)
+        kwargs: dict[str, Any] = {}
+        if refs and all(r in self.store.blobs for r in refs):
+            kwargs = {
+                "parent_system": orjson.loads(self.store.blobs[refs[0]]),
+                "parent_tools": orjson.loads(self.store.blobs[refs[1]]),
+                "have_parent_blobs": True,
+            }
+        out = self.canon.finalize(prep, lookup, decision, new_id=f"L{self.n}", **kwargs)
+        self.store.record(out)
+        if reply is not None:
+            self.store.own(chain.extend(OPENAI, prep.links, reply), out.record.id)
+        self.preps[id(out)] = prep
+        return out
+
+
+def system_of(out: Outcome) -> str:
+    return str(out.body["messages"][0]["content"])
+
+
+USER1 = {"role": "user", "content": "List the files in the repo."}
+REPLY1 = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "ls"}'}}],
+}
+TOOL1 = {"role": "tool", "tool_call_id": "c1", "content": "README.md\nsetup.py"}
+REPLY2 = {"role": "assistant", "content": "There are two files."}
+
+
+def turn1(**kw: Any) -> dict[str, Any]:
+    return hermes.request(hermes.system_prompt(**kw), [USER1], hermes.tools_full())
+
+
+def turn2(**kw: Any) -> dict[str, Any]:
+    return hermes.request(hermes.system_prompt(**kw), [USER1, REPLY1, TOOL1], hermes.tools_full())
+
+
+def test_memory_counter_is_stripped_statically() -> None:
+    h = Harness()
+    out = h.send(turn1(pct=49))
+    assert out.role == "root"
+    assert "hermes.memory_usage" in out.rewrites
+    text = system_of(out)
+    assert "MEMORY (your personal notes)\n" in text
+    assert "USER PROFILE (who the user is)\n" in text
+    assert "chars]" not in text
+
+
+def test_continuation_pins_minute_and_keeps_system_bytes() -> None:
+    h = Harness()
+    first = h.send(turn1(minute="02:30 PM", pct=49), reply=REPLY1)
+    second = h.send(turn2(minute="02:31 PM", pct=50))
+    assert second.role == "continuation"
+    assert second.record.id == first.record.id
+    assert system_of(second) == system_of(first)
+    assert "hermes.conversation_started" in second.rewrites
+    assert orjson.dumps(second.body["tools"]) == orjson.dumps(first.body["tools"])
+
+
+def test_unchanged_request_has_no_rewrites() -> None:
+    h = Harness(Settings(packs=("hermes",)))
+    body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, USER1]}
+    out = h.send(body)
+    assert out.rewrites == []
+    assert out.body == body
+
+
+def test_legacy_review_fork_gets_parent_system_and_tools() -> None:
+    h = Harness()
+    parent = h.send(turn2(), reply=REPLY2)
+    fork_body = hermes.request(
+        hermes.system_prompt(minute="02:31 PM", session="20260513_204511_9e319e", skills=hermes.SKILLS_REVIEW),
+        [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": hermes.REVIEW_PROMPT}],
+        hermes.tools_review(),
+    )
+    fork = h.send(fork_body, reply={"role": "assistant", "content": "Nothing to save."})
+    assert fork.role == "fork"
+    assert fork.fork_action == "repaired"
+    assert fork.fork_signal == "tools_subset"
+    assert system_of(fork) == system_of(parent)
+    assert orjson.dumps(fork.body["tools"]) == orjson.dumps(parent.body["tools"])
+    assert fork.offered == frozenset(hermes.REVIEW_TOOL_NAMES)
+    assert {"fork.system", "fork.tools"} <= set(fork.rewrites)
+    # The fork's history is forwarded as sent.
+    assert fork.body["messages"][1:] == fork_body["messages"][1:]
+
+    # Its tool loop continues the fork with the same repaired system and tools.
+    loop_body = copy.deepcopy(fork_body)
+    loop_body["messages"] += [{"role": "assistant", "content": "Nothing to save."},
+                              {"role": "user", "content": "Are you sure?"}]  # fmt: skip
+    loop = h.send(loop_body)
+    assert loop.role == "fork"
+    assert loop.fork_action == "continued"
+    assert loop.record.id == fork.record.id
+    assert system_of(loop) == system_of(parent)
+    assert loop.offered == frozenset(hermes.REVIEW_TOOL_NAMES)
+
+    # The parent's next turn is still a continuation of the parent.
+    nxt = h.send(hermes.request(hermes.system_prompt(minute="02:33 PM"),
+                                [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "thanks"}],
+                                hermes.tools_full()))  # fmt: skip
+    assert nxt.role == "continuation"
+    assert nxt.record.id == parent.record.id
+
+
+def test_marker_marks_fork_that_kept_full_toolset() -> None:
+    h = Harness()
+    parent = h.send(turn2(), reply=REPLY2)
+    body = hermes.request(
+        hermes.system_prompt(minute="02:35 PM", session="20260513_204511_aaaaaa"),
+        [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": hermes.REVIEW_PROMPT}],
+        hermes.tools_full(),
+    )
+    fork = h.send(body)
+    assert (fork.role, fork.fork_signal) == ("fork", "marker")
+    assert system_of(fork) == system_of(parent)
+
+
+def test_header_declares_fork() -> None:
+    h = Harness(Settings(packs=("generic",)))
+    parent = h.send({"model": "m", "messages": [{"role": "system", "content": "A"}, USER1], "tools": hermes.tools_full()},
+                    reply=REPLY2)  # fmt: skip
+    body = {"model": "m", "messages": [{"role": "system", "content": "B"}, USER1, REPLY2,
+                                       {"role": "user", "content": "summarize"}]}  # fmt: skip
+    fork = h.send(body, declared=parent.record.id)
+    assert (fork.role, fork.fork_signal) == ("fork", "header")
+    assert fork.body["messages"][0]["content"] == "A"
+    assert fork.offered == frozenset()
+
+
+def test_fork_needs_replayed_assistant_and_depth() -> None:
+    h = Harness()
+    h.send(turn1())
+    # Same first user message, narrower tools, but nothing of the parent's reply replayed.
+    body = hermes.request(hermes.system_prompt(session="20260513_204511_bbbbbb"), [USER1], hermes.tools_review())
+    assert h.send(body).role == "root"
+
+
+def test_fork_requires_same_system_head() -> None:
+    """A summarizer with its own system prompt is not repaired into the agent's."""
+    h = Harness()
+    h.send(turn2(), reply=REPLY2)
+    body = hermes.request("You summarize conversations.", [USER1, REPLY1, TOOL1, REPLY2,
+                          {"role": "user", "content": "Summarize."}], [])  # fmt: skip
+    out = h.send(body)
+    assert out.role == "root"
+    assert out.body["messages"][0]["content"] == "You summarize conversations."
+
+
+def test_fork_disabled() -> None:
+    h = Harness(Settings(fork=ForkPolicy(enabled=False)))
+    h.send(turn2(), reply=REPLY2)
+    body = hermes.request(
+        hermes.system_prompt(session="20260513_204511_cccccc", skills=hermes.SKILLS_REVIEW),
+        [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": hermes.REVIEW_PROMPT}],
+        hermes.tools_review(),
+    )
+    out = h.send(body)
+    assert out.role == "root"
+    assert out.fork_action == "disabled"
+    assert "20260513_204511_cccccc" in system_of(out)
+
+
+def test_sessions_sharing_first_message_do_not_share_values() -> None:
+    h = Harness()
+    a = h.send(turn1(minute="02:30 PM", session="20260513_204511_aaaaaa"))
+    b = h.send(turn1(minute="03:10 PM", session="20260513_204511_bbbbbb"))
+    assert b.role == "root" and b.record.id != a.record.id
+    assert "Session ID: 20260513_204511_bbbbbb" in system_of(b)
+    assert "03:10 PM" in system_of(b)
+    # Both sessions go on, each with its own values.
+    a2 = h.send(turn2(minute="02:45 PM", session="20260513_204511_aaaaaa"))
+    b2 = h.send(turn2(minute="03:20 PM", session="20260513_204511_bbbbbb"))
+    assert a2.role == b2.role == "continuation"
+    assert "02:30 PM" in system_of(a2) and "20260513_204511_aaaaaa" in system_of(a2)
+    assert "03:10 PM" in system_of(b2) and "20260513_204511_bbbbbb" in system_of(b2)
+
+
+def test_genuine_system_change_is_forwarded() -> None:
+    h = Harness()
+    first = h.send(turn1(minute="02:30 PM"), reply=REPLY1)
+    out = h.send(turn2(minute="02:40 PM", extra="NEW INSTRUCTIONS: answer in French."))
+    assert out.role == "continuation"
+    assert "NEW INSTRUCTIONS: answer in French." in system_of(out)
+    assert "02:30 PM" in system_of(out)  # the volatile span is still pinned
+    assert system_of(out) != system_of(first)
+
+
+def test_pins_only_restore_into_the_same_line() -> None:
+    h = Harness(Settings(packs=("generic", "hermes")))
+    sid = "\nSession ID: 20260513_204511_d02a5d"
+    sys1 = "Now: 2026-05-14T14:30:00Z\nDeadline: 2026-06-01 09:00" + sid
+    h.send({"model": "m", "messages": [{"role": "system", "content": sys1}, USER1]}, reply=REPLY2)
+    sys2 = "Now: 2026-05-14T14:31:00Z\nDeadline: 2026-06-01 09:00\nNew note 2026-07-01 10:00" + sid
+    out = h.send({"model": "m", "messages": [{"role": "system", "content": sys2}, USER1, REPLY2,
+                                             {"role": "user", "content": "next"}]})  # fmt: skip
+    assert out.role == "continuation"
+    assert system_of(out) == "Now: 2026-05-14T14:30:00Z\nDeadline: 2026-06-01 09:00\nNew note 2026-07-01 10:00" + sid
+
+
+def test_tool_order_of_first_request_is_kept_and_new_tools_append() -> None:
+    h = Harness()
+    tools = hermes.tools_full()
+    h.send(hermes.request(hermes.system_prompt(), [USER1], tools), reply=REPLY2)
+    shuffled = list(reversed(hermes.tools_full()))
+    extra = copy.deepcopy(hermes.TOOLS_FULL[0])
+    extra["function"]["name"] = "mcp_github_search"
+    out = h.send(hermes.request(hermes.system_prompt(), [USER1, REPLY2, {"role": "user", "content": "go"}],
+                                [extra, *shuffled]))  # fmt: skip
+    names = [t["function"]["name"] for t in out.body["tools"]]
+    assert names == [t["function"]["name"] for t in tools] + ["mcp_github_search"]
+    assert "lineage.tool_order" in out.rewrites
+
+
+def test_tool_schema_keys_are_sorted_without_changing_values() -> None:
+    h = Harness(Settings(packs=("generic",)))
+    tool = {"type": "function", "function": {"name": "t", "parameters": {
+        "type": "object", "required": ["b", "a"], "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}}}
+    out = h.send({"model": "m", "messages": [USER1], "tools": [tool]})  # fmt: skip
+    params = out.body["tools"][0]["function"]["parameters"]
+    assert list(params) == ["properties", "required", "type"]
+    assert list(params["properties"]) == ["a", "b"]
+    assert params["required"] == ["b", "a"]  # lists keep their order
+    assert params == tool["function"]["parameters"]
+    assert out.rewrites == ["generic.tool_key_order"]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "x", "type": "function",
+         "function": {"name": "terminal", "arguments": '{ "command" : "ls" }'}}]},
+        {"role": "assistant", "tool_calls": [{"id": "y", "type": "function",
+         "function": {"name": "terminal", "arguments": '{"command":"ls"}'}}]},
+    ],
+)  # fmt: skip
+def test_hash_chain_ignores_representation(variant: dict[str, Any]) -> None:
+    base, _ = chain.links(OPENAI, [USER1, REPLY1])
+    same, _ = chain.links(OPENAI, [{"role": "user", "content": [{"type": "text", "text": USER1["content"]}]}, variant])
+    assert base == same
+    other, _ = chain.links(OPENAI, [USER1, {**REPLY1, "content": "different"}])
+    assert other[0] == base[0] and other[1] != base[1]
+
+
+def test_prediction_of_continuation_and_break() -> None:
+    h = Harness()
+    first = h.send(turn1(), reply=REPLY1)
+    second = h.send(turn2(minute="02:59 PM"))
+    prep = h.preps[id(second)]
+    p = predict(second.record.fingerprint, first.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
+    assert p.cause is None and p.ratio > 0.8
+    third = h.send(hermes.request(hermes.system_prompt(extra="changed"), [USER1, REPLY1, TOOL1, REPLY2,
+                   {"role": "user", "content": "x"}], hermes.tools_full()))  # fmt: skip
+    prep = h.preps[id(third)]
+    p = predict(third.record.fingerprint, second.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
+    assert p.cause == "system_changed"
+    assert 0 < p.ratio < 0.5
+
+
+def test_user_rule_strip_mask_date() -> None:
+    from canonicalize import compile_rule
+
+    rules = (
+        compile_rule("clock", r"Local time: (?P<v>\d{2}:\d{2})", "pin"),
+        compile_rule("nonce", r"nonce=[0-9a-f]+", "mask", replacement="nonce=*"),
+        compile_rule("day", r"(?P<date>\d{4}-\d{2}-\d{2}) \d{2}:\d{2}", "date"),
+    )
+    h = Harness(Settings(packs=(), rules=rules))
+    out = h.send({"model": "m", "messages": [
+        {"role": "system", "content": "Local time: 10:00 nonce=abc123 at 2026-05-14 10:00"}, USER1]})  # fmt: skip
+    assert system_of(out) == "Local time: 10:00 nonce=* at 2026-05-14"
+    assert out.rewrites == ["nonce", "day"]
+    assert re.search("Local time", system_of(out))
