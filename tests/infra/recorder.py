@@ -78,7 +78,12 @@ async def chat(request: Request) -> Response:
     early = await _preamble(ctl)
     if early is not None:
         return early
-    body = json.loads(raw)
+    try:
+        body = json.loads(raw)
+        assert isinstance(body, dict) and isinstance(body.get("messages"), list)
+    except (ValueError, AssertionError):
+        return JSONResponse({"error": {"message": "bad request body", "type": "invalid_request_error"}},
+                            status_code=400)  # fmt: skip
     content = ctl.get("content", "ok")
     calls = _calls()
     finish = "tool_calls" if calls else "stop"
@@ -95,6 +100,16 @@ async def chat(request: Request) -> Response:
     async def gen() -> AsyncIterator[bytes]:
         chunk = {**base, "object": "chat.completion.chunk"}
         yield _sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        if ctl.get("slow_chunks"):  # a long stream that notes whether it was closed early
+            STATE["stream_closed_early"] = None
+            finished = False
+            try:
+                for i in range(int(ctl["slow_chunks"])):
+                    yield _sse({**chunk, "choices": [{"index": 0, "delta": {"content": f"{i} "}}]})
+                    await asyncio.sleep(0.05)
+                finished = True
+            finally:
+                STATE["stream_closed_early"] = not finished
         if not calls:
             for piece in (content[: len(content) // 2], content[len(content) // 2 :]):
                 yield _sse({**chunk, "choices": [{"index": 0, "delta": {"content": piece}}]})
@@ -169,9 +184,14 @@ async def requests_(request: Request) -> Response:
     return JSONResponse(STATE["requests"])
 
 
+async def status(request: Request) -> Response:
+    return JSONResponse({"stream_closed_early": STATE.get("stream_closed_early")})
+
+
 async def reset(request: Request) -> Response:
     STATE["requests"].clear()
     STATE["control"] = {}
+    STATE["stream_closed_early"] = None
     return JSONResponse({"ok": True})
 
 
@@ -206,6 +226,7 @@ app = Starlette(
         Route("/_control", control, methods=["POST"]),
         Route("/_requests", requests_, methods=["GET"]),
         Route("/_reset", reset, methods=["POST"]),
+        Route("/_status", status, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/chunks", chunks, methods=["GET", "POST"]),
         Route("/{path:path}", echo, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),

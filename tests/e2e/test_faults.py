@@ -1,0 +1,185 @@
+"""Bad input and faults: every case gets a clear outcome and loses nothing.
+
+All against real processes: ``prefixpin serve`` in front of the recording
+upstream (tests/infra/recorder.py) or in front of nothing at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests import hermes
+from tests.conftest import Recorder
+from tests.infra.procs import free_port
+
+pytestmark = pytest.mark.e2e
+
+BODY = {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]}
+
+
+def _http() -> httpx.Client:
+    return httpx.Client(trust_env=False, timeout=30)
+
+
+def test_upstream_down_is_502_with_openai_error(serve: Callable[..., str]) -> None:
+    proxy = serve(f"http://127.0.0.1:{free_port()}")
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", json=BODY)
+    assert r.status_code == 502
+    err = r.json()["error"]
+    assert err["code"] == "upstream_unavailable" and err["type"] == "upstream_error"
+    assert "could not connect to the upstream" in err["message"]
+    client = openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="m", messages=BODY["messages"])
+    assert info.value.status_code == 502
+    with _http() as http:
+        ready = http.get(proxy + "/readyz")
+        assert ready.status_code == 503 and "upstream" in ready.json()["reasons"][0]
+        assert http.get(proxy + "/healthz").status_code == 200
+
+
+def test_upstream_timeout_is_504(serve: Callable[..., str], recorder: Recorder,
+                                 write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+    proxy = serve(recorder.base, write_config({"upstream": {"timeout_s": 0.5}}))
+    recorder.control(delay_s=3)
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", json=BODY)
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+
+
+@pytest.mark.parametrize("status", [400, 401, 429, 500, 503])
+def test_upstream_errors_pass_through_verbatim(serve: Callable[..., str], recorder: Recorder, status: int) -> None:
+    proxy = serve(recorder.base)
+    recorder.control(status=status)
+    with _http() as http:
+        direct = http.post(recorder.base + "/v1/chat/completions", json=BODY)
+        via = http.post(proxy + "/v1/chat/completions", json=BODY)
+    assert via.status_code == direct.status_code == status
+    assert via.content == direct.content
+    assert via.headers["x-recorder"] == "error"
+
+
+def test_stream_cut_by_upstream_ends_cleanly(serve: Callable[..., str], recorder: Recorder) -> None:
+    proxy = serve(recorder.base)
+    recorder.control(cut=True, content="hello world")
+    with _http() as http, http.stream("POST", proxy + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+        assert r.status_code == 200
+        data = b"".join(r.iter_bytes())  # no exception: the HTTP stream itself ends properly
+    events = [e for e in data.split(b"\n\n") if e.strip()]
+    last = orjson.loads(events[-1].removeprefix(b"data: "))
+    assert last["error"]["code"] == "upstream_stream_cut"
+    client = openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.APIError, match="ended early"):
+        list(client.chat.completions.create(model="m", messages=BODY["messages"], stream=True))
+    metrics = httpx.get(proxy + "/metrics", trust_env=False).text
+    assert 'prefixpin_upstream_errors_total{kind="stream_cut"} 2.0' in metrics
+
+
+def test_client_disconnect_closes_upstream_stream(serve: Callable[..., str], recorder: Recorder) -> None:
+    proxy = serve(recorder.base)
+    recorder.control(slow_chunks=200)  # ~10 s if read to the end
+    with _http() as http, http.stream("POST", proxy + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+        next(r.iter_bytes())
+    deadline = time.monotonic() + 5
+    state = None
+    while time.monotonic() < deadline:
+        state = recorder.http.get("/_status").json()["stream_closed_early"]
+        if state is not None:
+            break
+        time.sleep(0.05)
+    assert state is True, "the upstream stream must be closed when the client goes away"
+    # The proxy keeps serving.
+    recorder.control()
+    with _http() as http:
+        assert http.post(proxy + "/v1/chat/completions", json=BODY).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{not json", b"[1, 2, 3]", b'"just a string"', b"", b'{"model": "m", "messages": "hi"}',
+     b'{"model": "m", "messages": [1, null, {"role": 5}], "tools": "x"}'],
+    ids=["malformed", "array", "string", "empty", "messages-string", "wrong-types"],
+)  # fmt: skip
+def test_bad_bodies_are_forwarded_unchanged(serve: Callable[..., str], recorder: Recorder, raw: bytes) -> None:
+    proxy = serve(recorder.base)
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert recorder.bodies() == [raw], "forwarded byte for byte"
+    with _http() as http:
+        direct = http.post(recorder.base + "/v1/chat/completions", content=raw,
+                           headers={"content-type": "application/json"})  # fmt: skip
+    assert (r.status_code, r.content) == (direct.status_code, direct.content)  # the upstream's own answer
+
+
+def test_body_over_limit_is_413(serve: Callable[..., str], recorder: Recorder,
+                                write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+    proxy = serve(recorder.base, write_config({"limits": {"max_body_bytes": 4096}}))
+    big = {**BODY, "messages": [{"role": "user", "content": "x" * 10_000}]}
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", json=big)
+        chunked = http.post(proxy + "/v1/chat/completions", content=iter([orjson.dumps(big)]))
+    assert r.status_code == 413 and chunked.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert recorder.bodies() == []
+
+
+def test_untouched_request_reaches_upstream_byte_identical(serve: Callable[..., str], recorder: Recorder) -> None:
+    proxy = serve(recorder.base)
+    raw = (
+        b'{"model":"m","temperature":0.70,"n":1,"messages":[{"role":"system","content":"Keep   spaces\\n'
+        b'    and 1.50 numbers"},{"role":"user","content":"def f():\\n    return  1"}],"seed":12345678901234567890}'
+    )
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    assert r.headers["x-prefixpin-role"] == "root"
+    assert recorder.bodies() == [raw]
+
+
+def test_rewritten_request_keeps_every_other_value(serve: Callable[..., str], recorder: Recorder) -> None:
+    proxy = serve(recorder.base)
+    body = hermes.request(hermes.system_prompt(), [{"role": "user", "content": "code:\n    x  =  1.50\n\ty"}],
+                          temperature=0.7, top_p=1.0, max_tokens=64)  # fmt: skip
+    with _http() as http:
+        assert http.post(proxy + "/v1/chat/completions", json=body).status_code == 200
+    sent = orjson.loads(recorder.bodies()[0])
+    expected = orjson.loads(orjson.dumps(body))
+    expected["messages"][0]["content"] = expected["messages"][0]["content"].replace(" [49% — 1,085/2,200 chars]", "")
+    expected["messages"][0]["content"] = expected["messages"][0]["content"].replace(" [12% — 170/1,375 chars]", "")
+    assert sent == expected
+
+
+def test_api_key_never_logged(serve: Callable[..., str], recorder: Recorder, log_dir: Path,
+                              write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+    proxy = serve(recorder.base, write_config({"log": {"level": "debug", "access": True}}))
+    secret = "sk-SECRET-do-not-log-4242"
+    with _http() as http:
+        http.post(proxy + "/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {secret}"})
+        http.post(proxy + "/v1/chat/completions", json=BODY, headers={"x-api-key": secret})
+        http.get(proxy + "/v1/models", headers={"authorization": f"Bearer {secret}"})
+    assert recorder.requests()[0]["headers"]["authorization"] == f"Bearer {secret}"  # forwarded, of course
+    time.sleep(0.2)
+    for log in log_dir.glob("prefixpin-*.log"):
+        assert secret not in log.read_text(errors="replace")
+
+
+def test_unknown_route_is_forwarded(serve: Callable[..., str], recorder: Recorder) -> None:
+    proxy = serve(recorder.base)
+    with _http() as http:
+        r = http.put(proxy + "/v1/some/new/route?x=1", content=b"\x00\x01binary")
+        s = http.get(proxy + "/chunks?n=3")
+    assert r.status_code == 200 and r.content == b"\x00\x01binary"
+    assert r.headers["x-echo-method"] == "PUT"
+    assert s.text == "chunk 0\nchunk 1\nchunk 2\n"
+    req = recorder.requests()[0]
+    assert (req["path"], req["query"]) == ("/v1/some/new/route", "x=1")
