@@ -135,7 +135,7 @@ class Canonicalizer:
         links, sizes = chain.links(dialect, history)
         first_assistant = next((i for i, m in enumerate(history) if dialect.is_assistant(m)), None)
         last_user = next(
-            (i for i in range(len(history) - 1, -1, -1) if isinstance(history[i], dict) and history[i].get("role") == "user"),
+            (i for i in range(len(history) - 1, -1, -1) if _role(history[i]) == "user"),
             None,
         )
         own = tools.names(dialect, tool_list)
@@ -351,6 +351,10 @@ def _apply_static(rules: Sequence[Rule], slots: Iterable[Slot], rewrites: list[s
                 if rule.name not in rewrites:
                     rewrites.append(rule.name)
         container[key] = text
+
+
+def _role(msg: Any) -> Any:
+    return msg.get("role") if isinstance(msg, dict) else None
 
 
 def _first_values(spans: Sequence[pins.Span]) -> dict[str, str]:

@@ -57,7 +57,8 @@ def names(dialect: Dialect, tools: Sequence[Any] | None) -> tuple[str, ...]:
 def reorder(dialect: Dialect, tools: list[Any], order: Sequence[str]) -> tuple[list[Any], tuple[str, ...]]:
     """Tools in the lineage's order, new ones appended; returns (tools, new order)."""
     rank = {name: i for i, name in enumerate(order)}
-    known, new = [], []
+    known: list[Any] = []
+    new: list[Any] = []
     for tool in tools:
         name = dialect.tool_name(tool)
         (known if name in rank else new).append(tool)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,24 +26,14 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from canonicalize import (
-    ANTHROPIC,
-    OPENAI,
-    Canonicalizer,
-    Dialect,
-    Lookup,
-    Outcome,
-    Prepared,
-    blobs_needed,
-    ensure_stream_usage,
-)
-from canonicalize import chain
+from canonicalize import ANTHROPIC, OPENAI, Canonicalizer, Dialect, Outcome, Prepared, ensure_stream_usage
 from canonicalize.predict import predict
 from canonicalize.reply import ChatReply, MessagesReply
 from canonicalize.sse import SSESplitter, encode
 from proxy.errors import BodyTooLarge, PrefixpinError, StoreError, UpstreamError, from_httpx
 from proxy.forward import request_headers, response_headers, upstream_url
 from proxy.metrics import Metrics
+from proxy.resolve import record, resolve
 from proxy.store import Store
 from proxy.store.guard import StoreGuard
 from proxy.tenancy import tenant_of
@@ -154,33 +143,9 @@ class ChatRoute:
             log.exception("canonicalization failed; forwarding unchanged")
             m.fail_open.labels("canonicalize").inc()
             return Plan("fail-open", raw, stream=stream, model=body.get("model"))
-        store_ok = True
         try:
-            lookup = await s.guard.call(
-                lambda: s.store.lookup(tenant, prep.links, prep.signals.declared_parent)
-            )
-        except StoreError as exc:
-            log.debug("store lookup failed: %s", exc)
-            m.fail_open.labels("store").inc()
-            lookup, store_ok = Lookup(), False
-        try:
-            decision = s.canon.classify(prep, lookup)
-            parent_system = parent_tools = None
-            have_blobs = False
-            refs = blobs_needed(decision)
-            if refs is not None and store_ok:
-                try:
-                    found = await s.guard.call(lambda: s.store.blobs(tenant, refs))
-                    if found[0] is not None and found[1] is not None:
-                        parent_system, parent_tools = orjson.loads(found[0]), orjson.loads(found[1])
-                        have_blobs = True
-                except StoreError:
-                    m.fail_open.labels("store").inc()
-                    store_ok = False
-            outcome = s.canon.finalize(
-                prep, lookup, decision, new_id=secrets.token_hex(8),
-                parent_system=parent_system, parent_tools=parent_tools, have_parent_blobs=have_blobs,
-            )  # fmt: skip
+            resolved = await resolve(s.canon, s.store, tenant, prep, call=s.guard.call)
+            outcome, store_ok = resolved.outcome, resolved.store_ok
             injected = self.dialect is OPENAI and ensure_stream_usage(outcome.body)
             changed = bool(outcome.rewrites) or injected
             out = orjson.dumps(outcome.body) if changed else raw
@@ -188,6 +153,8 @@ class ChatRoute:
             log.exception("canonicalization failed; forwarding unchanged")
             m.fail_open.labels("canonicalize").inc()
             return Plan("fail-open", raw, stream=stream, model=body.get("model"))
+        if not store_ok:
+            m.fail_open.labels("store").inc()
         role = outcome.role if store_ok else "fail-open"
         return Plan(
             role, out, stream=stream, drop_usage_chunk=injected, prep=prep,
@@ -325,13 +292,8 @@ class ChatRoute:
         outcome, prep, s = plan.outcome, plan.prep, self.s
         if outcome is None or prep is None:
             return
-        links = list(outcome.links)
-        if message is not None:
-            links.append(chain.extend(prep.dialect, prep.links, message))
         try:
-            await s.guard.call(
-                lambda: s.store.record(plan.tenant, outcome.record, links, outcome.blobs, outcome.touch)
-            )
+            await record(s.store, plan.tenant, prep, outcome, message, call=s.guard.call)
         except StoreError as exc:
             log.debug("store record failed: %s", exc)
             s.metrics.fail_open.labels("record").inc()

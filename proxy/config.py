@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
-from canonicalize import ForkPolicy, Rule, RuleError, Settings, compile_rule
+from canonicalize import ForkPolicy, RuleError, Settings, compile_rule
 from canonicalize.packs import PACKS
 
 
@@ -188,9 +188,8 @@ def _check_scalar(key: str, value: Any, default: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key}: must be a number (got {value!r})")
         value = float(value)
-    elif isinstance(default, str):
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{key}: must be a non-empty string (got {value!r})")
+    elif isinstance(default, str) and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{key}: must be a non-empty string (got {value!r})")
     if key in _POSITIVE and value <= 0:
         raise ConfigError(f"{key}: must be greater than 0 (got {value!r})")
     if key in _ENUMS and value not in _ENUMS[key]:

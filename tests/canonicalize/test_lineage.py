@@ -9,8 +9,17 @@ from typing import Any
 import orjson
 import pytest
 
-from canonicalize import OPENAI, Canonicalizer, ForkPolicy, LineageRecord, Lookup, Outcome, Settings, blobs_needed
-from canonicalize import chain
+from canonicalize import (
+    OPENAI,
+    Canonicalizer,
+    ForkPolicy,
+    LineageRecord,
+    Lookup,
+    Outcome,
+    Settings,
+    blobs_needed,
+    chain,
+)
 from canonicalize.predict import predict
 from tests import hermes
 
@@ -81,7 +90,9 @@ USER1 = {"role": "user", "content": "List the files in the repo."}
 REPLY1 = {
     "role": "assistant",
     "content": None,
-    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "ls"}'}}],
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "ls"}'}}
+    ],
 }
 TOOL1 = {"role": "tool", "tool_call_id": "c1", "content": "README.md\nsetup.py"}
 REPLY2 = {"role": "assistant", "content": "There are two files."}
@@ -178,8 +189,8 @@ def test_marker_marks_fork_that_kept_full_toolset() -> None:
 
 def test_header_declares_fork() -> None:
     h = Harness(Settings(packs=("generic",)))
-    parent = h.send({"model": "m", "messages": [{"role": "system", "content": "A"}, USER1], "tools": hermes.tools_full()},
-                    reply=REPLY2)  # fmt: skip
+    body = {"model": "m", "messages": [{"role": "system", "content": "A"}, USER1], "tools": hermes.tools_full()}
+    parent = h.send(body, reply=REPLY2)
     body = {"model": "m", "messages": [{"role": "system", "content": "B"}, USER1, REPLY2,
                                        {"role": "user", "content": "summarize"}]}  # fmt: skip
     fork = h.send(body, declared=parent.record.id)

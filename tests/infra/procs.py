@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -66,10 +67,8 @@ class Proc:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
         if self.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
