@@ -262,7 +262,9 @@ class Canonicalizer:
                 touch.append(ref)
             else:
                 blobs[ref] = raw
-        fingerprint = self.fingerprint(prep, system_bytes=system_bytes, tools_ref=refs[1], tools_len=len(tools_bytes))
+        fingerprint = self.fingerprint(
+            body, dialect, tools_ref=refs[1], tools_len=len(tools_bytes), n_messages=len(prep.links)
+        )
         record = record.evolve(
             system_ref=refs[0], tools_ref=refs[1], fingerprint=fingerprint, requests=record.requests + 1
         )
@@ -314,10 +316,10 @@ class Canonicalizer:
             rewrites.append("fork.params")
 
     def fingerprint(
-        self, prep: Prepared, *, system_bytes: bytes, tools_ref: str, tools_len: int
+        self, body: dict[str, Any], dialect: Dialect, *, tools_ref: str, tools_len: int, n_messages: int
     ) -> Fingerprint:
-        body = prep.body
-        text = "\x1e".join(c[k] for c, k in prep.dialect.system_slots(body)).encode("utf-8", "surrogatepass")
+        """What prefix prediction compares, for ``body`` as it is (forwarded or as received)."""
+        text = "\x1e".join(c[k] for c, k in dialect.system_slots(body)).encode("utf-8", "surrogatepass")
         blocks = tuple(
             xxhash.xxh64_hexdigest(text[i : i + BLOCK_BYTES]) for i in range(0, len(text), BLOCK_BYTES)
         )
@@ -329,8 +331,17 @@ class Canonicalizer:
             system_len=len(text),
             tools=tools_ref,
             tools_len=tools_len,
-            n_messages=len(prep.links),
+            n_messages=n_messages,
         )
+
+    def measure(self, body: dict[str, Any], dialect: Dialect) -> tuple[Fingerprint, list[int]]:
+        """Fingerprint and message sizes of a body as received (no rule applied)."""
+        tools_bytes = orjson.dumps(dialect.tools(body) or [])
+        _, sizes = chain.links(dialect, dialect.history(body))
+        fp = self.fingerprint(
+            body, dialect, tools_ref=chain.digest(tools_bytes), tools_len=len(tools_bytes), n_messages=len(sizes)
+        )
+        return fp, sizes
 
     @staticmethod
     def _links_to_write(prep: Prepared, lookup: Lookup, lineage_id: str) -> list[bytes]:

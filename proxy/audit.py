@@ -1,0 +1,211 @@
+"""``prefixpin audit TRACE.jsonl``: what prefixpin would do to a recorded trace, offline.
+
+Each request goes through the same canonicalizer and lineage logic as the proxy,
+against an embedded store; nothing is sent anywhere.  For every request with a
+parent (the previous request of its lineage, or a fork's parent) the predicted
+cacheable prefix is computed twice: as the agent sent it (*before*) and as
+prefixpin would forward it (*after*), with the first divergence named by cause.
+Roots count as fully uncached.  A trace line may carry the upstream's reply under
+``"response"`` (an assistant message or a whole completion); it is recorded like
+the proxy records real replies.  Unknown keys are ignored; a malformed line is
+reported with its number and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+from starlette.datastructures import Headers
+
+from canonicalize import ANTHROPIC, OPENAI, Canonicalizer, Dialect, Fingerprint
+from canonicalize.predict import predict
+from proxy.config import Config
+from proxy.progress import Progress
+from proxy.resolve import record, resolve
+from proxy.store.memory import MemoryStore
+from proxy.tenancy import tenant_of
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    total: int = 0
+    before: int = 0
+    after: int = 0
+    breaks_before: Counter[str] = field(default_factory=Counter)
+    breaks_after: Counter[str] = field(default_factory=Counter)
+
+    def add(self, total: int, before: int, after: int, cause_before: str | None, cause_after: str | None) -> None:
+        self.requests += 1
+        self.total += total
+        self.before += before
+        self.after += after
+        if cause_before:
+            self.breaks_before[cause_before] += 1
+        if cause_after:
+            self.breaks_after[cause_after] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "prompt_bytes": self.total,
+            "cacheable_before": round(self.before / self.total, 4) if self.total else 0.0,
+            "cacheable_after": round(self.after / self.total, 4) if self.total else 0.0,
+            "breaks_before": dict(self.breaks_before),
+            "breaks_after": dict(self.breaks_after),
+        }
+
+
+@dataclass
+class Lineage:
+    id: str
+    kind: str
+    parent: str | None
+    tally: Tally = field(default_factory=Tally)
+    last_raw: tuple[Fingerprint, int] | None = None  # as received, with its message count
+
+
+def _reply_of(line: dict[str, Any], dialect: Dialect) -> dict[str, Any] | None:
+    resp = line.get("response")
+    if not isinstance(resp, dict):
+        return None
+    if isinstance(resp.get("choices"), list) and resp["choices"]:  # a whole chat completion
+        msg = resp["choices"][0].get("message")
+        return msg if isinstance(msg, dict) else None
+    if resp.get("type") == "message" and "content" in resp:  # a whole Anthropic message
+        return {"role": "assistant", "content": resp["content"]}
+    return resp if resp.get("role") == "assistant" else None
+
+
+async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
+    canon = Canonicalizer(config.settings())
+    store = MemoryStore(ttl_s=10**9, max_entries=10**9)
+    lineages: dict[str, Lineage] = {}
+    total = Tally()
+    malformed: list[dict[str, Any]] = []
+    counter = iter(range(1, 10**9))
+    for number, line in lines:
+        progress.advance()
+        body = line.get("body") if isinstance(line, dict) else None
+        if not isinstance(body, dict):
+            malformed.append({"line": number, "error": "no JSON object under \"body\""})
+            print(f"line {number}: skipped: no JSON object under \"body\"", file=errors)
+            continue
+        headers = Headers({str(k).lower(): str(v) for k, v in (line.get("headers") or {}).items()})
+        dialect = ANTHROPIC if line.get("route") == "messages" or "system" in body else OPENAI
+        raw_fp, raw_sizes = canon.measure(body, dialect)
+        work = orjson.loads(orjson.dumps(body))
+        tenant = tenant_of(headers, trust_header=config.tenancy.trust_header)
+        prep = canon.prepare(work, dialect, declared_parent=headers.get("x-prefixpin-parent") or None)
+        outcome = (await resolve(canon, store, tenant, prep, new_id=lambda: f"L{next(counter):04d}")).outcome
+        await record(store, tenant, prep, outcome, _reply_of(line, dialect))
+        rec = outcome.record
+        lin = lineages.get(rec.id)
+        if lin is None:
+            lin = lineages[rec.id] = Lineage(rec.id, rec.kind, rec.parent)
+        parent_lin = lineages.get(rec.parent) if outcome.role == "fork" and outcome.fork_action == "repaired" else lin
+        fp_after, depth = rec.fingerprint, prep.signals.depth
+        before = after = 0
+        cause_before = cause_after = None
+        total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
+        if outcome.parent_fp is not None and fp_after is not None:
+            p = predict(fp_after, outcome.parent_fp, depth, prep.sizes)
+            after, cause_after = p.shared, p.cause
+            total_after = p.total
+            if parent_lin is not None and parent_lin.last_raw is not None:
+                q = predict(raw_fp, parent_lin.last_raw[0], depth, raw_sizes)
+                before, cause_before = q.shared, q.cause
+            # Ratios are per request, so scale "after" to the bytes as received.
+            after = round(after / total_after * total_bytes) if total_after else 0
+        lin.last_raw = (raw_fp, len(raw_sizes))
+        lin.tally.add(total_bytes, before, after, cause_before, cause_after)
+        total.add(total_bytes, before, after, cause_before, cause_after)
+    kinds = Counter(lin.kind for lin in lineages.values())
+    # Show lineages numbered in order of appearance.
+    names = {lid: f"L{i}" for i, lid in enumerate(lineages, 1)}
+    for lin in lineages.values():
+        lin.id, lin.parent = names[lin.id], names.get(lin.parent or "", lin.parent)
+    return {
+        "requests": total.requests,
+        "malformed_lines": malformed,
+        "lineages": [
+            {"id": lin.id, "kind": lin.kind, "parent": lin.parent, **lin.tally.as_dict()} for lin in lineages.values()
+        ],
+        "lineage_kinds": dict(kinds),
+        "total": total.as_dict(),
+    }
+
+
+def read_trace(path: str, errors: TextIO) -> tuple[list[tuple[int, Any]], list[dict[str, Any]]]:
+    out, bad = [], []
+    with Path(path).open("rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                out.append((number, orjson.loads(raw)))
+            except orjson.JSONDecodeError as exc:
+                bad.append({"line": number, "error": f"not JSON: {exc}"})
+                print(f"line {number}: skipped: not JSON ({exc})", file=errors)
+    return out, bad
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:5.1f}%"
+
+
+def _breaks(c: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1])) or "-"
+
+
+def render(report: dict[str, Any], path: str) -> str:
+    t = report["total"]
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(report["lineage_kinds"].items()))
+    lines = [
+        f"prefixpin audit: {path}",
+        f"{report['requests']} requests, {len(report['lineages'])} lineages ({kinds or 'none'}), "
+        f"{len(report['malformed_lines'])} malformed lines skipped",
+        "",
+        f"{'lineage':<8} {'kind':<5} {'parent':<8} {'reqs':>5} {'prompt KB':>10} {'before':>7} {'after':>7}  "
+        f"breaks before -> after",
+    ]
+    for lin in report["lineages"]:
+        lines.append(
+            f"{lin['id']:<8} {lin['kind']:<5} {lin['parent'] or '-':<8} {lin['requests']:>5} "
+            f"{lin['prompt_bytes'] / 1024:>10.1f} {_pct(lin['cacheable_before']):>7} "
+            f"{_pct(lin['cacheable_after']):>7}  "
+            f"{_breaks(lin['breaks_before'])} -> {_breaks(lin['breaks_after'])}"
+        )
+    lines += [
+        "",
+        f"{'total':<23} {t['requests']:>5} {t['prompt_bytes'] / 1024:>10.1f} {_pct(t['cacheable_before']):>7} "
+        f"{_pct(t['cacheable_after']):>7}  {_breaks(t['breaks_before'])} -> {_breaks(t['breaks_after'])}",
+        "",
+        "before/after: predicted share of prompt bytes a prefix cache can serve (roots count as uncached),",
+        "as the agent sent them and as prefixpin forwards them.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_audit(path: str, config: Config, *, as_json: bool = False, progress: bool = True) -> int:
+    try:
+        lines, bad = read_trace(path, sys.stderr)
+    except OSError as exc:
+        print(f"prefixpin audit: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    with Progress(len(lines), "auditing", enabled=progress) as bar:
+        report = asyncio.run(audit(lines, config, bar, sys.stderr))
+    report["malformed_lines"] = sorted(bad + report["malformed_lines"], key=lambda d: d["line"])
+    if as_json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(report, path))
+    return 0
