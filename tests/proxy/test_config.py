@@ -1,0 +1,94 @@
+"""Config loading: defaults, file, environment, flags; errors name the key."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from proxy.config import Config, ConfigError, from_mapping, load
+from tests.infra.procs import REPO, prefixpin_argv
+
+
+def test_defaults_match_spec() -> None:
+    c = load(None, env={})
+    assert (c.listen.host, c.listen.port) == ("127.0.0.1", 8787)
+    assert c.store.backend == "memory"
+    assert c.canonicalize.packs == ("generic", "hermes")
+    assert c.fork.inherit_params == ("chat_template_kwargs", "reasoning_effort")
+    assert c.fork.min_depth == 2 and c.fork.enabled and c.fork.guard_tools
+    assert c.tenancy.trust_header is False and c.metrics.enabled is True
+
+
+def test_example_config_is_valid_and_complete() -> None:
+    c = load(REPO / "config.example.yaml", env={})
+    assert c.canonicalize.rules[0].name == "my_clock"
+    text = (REPO / "config.example.yaml").read_text()
+    plain = Config().public_dict()
+    for section, keys in plain.items():
+        assert f"{section}:" in text
+        for key in keys:
+            assert f"{key}:" in text, f"config.example.yaml does not document {section}.{key}"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"store": {"backend": "mongo"}}, "store.backend: must be one of memory, redis (got 'mongo')"),
+        ({"store": {"bakend": "redis"}}, "store.bakend: unknown key"),
+        ({"listen": {"port": "80"}}, "listen.port: must be an integer"),
+        ({"listen": {"port": -1}}, "listen.port: must be greater than 0"),
+        ({"upstream": {"url": "ftp://x"}}, "upstream.url: must be an http(s) URL"),
+        ({"canonicalize": {"packs": ["nope"]}}, "canonicalize.packs: unknown pack(s) nope"),
+        ({"canonicalize": {"rules": [{"name": "r", "pattern": "(", "action": "pin"}]}},
+         "canonicalize.rules[0] (r): pattern does not compile"),
+        ({"canonicalize": {"rules": [{"name": "r", "pattern": "x", "action": "explode"}]}},
+         "canonicalize.rules[0] (r): action must be one of"),
+        ({"canonicalize": {"rules": [{"name": "r", "action": "pin"}]}}, "canonicalize.rules[0].pattern: is required"),
+        ({"fork": {"markers": ["["]}}, "fork.markers[0]: does not compile"),
+        ({"fork": {"enabled": "yes"}}, "fork.enabled: must be true or false"),
+        ({"metrics": 3}, "metrics: must be a mapping"),
+        ({"bogus": {}}, "bogus: unknown key"),
+    ],
+)  # fmt: skip
+def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping(data)
+    assert message in str(info.value)
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("upstream: {url: 'http://file:1'}\nlisten: {port: 9000}\n")
+    c = load(path, env={})
+    assert c.upstream.url == "http://file:1" and c.listen.port == 9000
+    c = load(path, env={"PREFIXPIN_UPSTREAM": "http://env:2", "PREFIXPIN_REDIS_URL": "redis://r:6379/1"})
+    assert c.upstream.url == "http://env:2"
+    assert (c.store.backend, c.store.redis_url) == ("redis", "redis://r:6379/1")
+    c = load(None, env={"PREFIXPIN_CONFIG": str(path)}, overrides={"upstream.url": "http://flag:3"})
+    assert c.upstream.url == "http://flag:3" and c.listen.port == 9000
+
+
+def test_redis_password_is_hidden() -> None:
+    c = from_mapping({"store": {"backend": "redis", "redis_url": "redis://user:s3cret@host:6379/0"}})
+    assert "s3cret" not in repr(c)
+    assert "s3cret" not in str(c.public_dict())
+
+
+def test_check_config_cli(tmp_path: Path) -> None:
+    good = subprocess.run([*prefixpin_argv(), "check-config", str(REPO / "config.example.yaml")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert good.returncode == 0 and "packs:" in good.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("store:\n  ttl_s: 0\n")
+    out = subprocess.run([*prefixpin_argv(), "check-config", str(bad)], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "store.ttl_s: must be greater than 0" in out.stderr
+    missing = subprocess.run([*prefixpin_argv(), "check-config", str(tmp_path / "nope.yaml")],
+                             capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode != 0 and "cannot be read" in missing.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("listen: [\n")
+    out = subprocess.run([*prefixpin_argv(), "serve", "--config", str(broken)], capture_output=True, text=True)
+    assert out.returncode != 0 and "is not valid YAML" in out.stderr
