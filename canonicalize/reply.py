@@ -69,8 +69,10 @@ class ChatReply:
         self.usage = UsageAccumulator()
         self.blocked = 0
         self.first_token = False  # a content/tool delta has been forwarded
-        self._calls: dict[int, _Call] = {}
-        self._next = 0
+        # Guard state per choice (``n`` > 1 streams several): upstream call index -> state,
+        # and the next client-side index.
+        self._calls: dict[tuple[int, int], _Call] = {}
+        self._next: dict[int, int] = {}
         self._content: list[str] = []
         self._tool_calls: dict[int, dict[str, Any]] = {}
         self._saw_choice = False
@@ -90,22 +92,27 @@ class ChatReply:
         changed = False
         if isinstance(choices, list):
             for choice in choices:
-                if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                if isinstance(choice, dict):
                     changed |= self._choice(choice)
         return encode(orjson.dumps(obj)) if changed else event.raw
 
     def _choice(self, choice: dict[str, Any]) -> bool:
-        self._saw_choice = True
+        # Every choice is guarded; the message is rebuilt from choice 0 only.
+        ci = choice.get("index") or 0
+        ci = ci if isinstance(ci, int) else -1  # still guarded, never the message
+        primary = ci == 0
+        self._saw_choice |= primary
         delta = choice.get("delta")
         changed = False
         if isinstance(delta, dict):
             if isinstance(delta.get("content"), str):
-                self._content.append(delta["content"])
+                if primary:
+                    self._content.append(delta["content"])
                 if delta["content"]:
                     self.first_token = True
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
-                kept = self._guard(calls) if self.offered is not None else calls
+                kept = self._guard(ci, calls) if self.offered is not None else calls
                 if kept is not calls:
                     changed = True
                     if kept:
@@ -113,19 +120,19 @@ class ChatReply:
                     else:
                         del delta["tool_calls"]
                 for d in kept:
-                    self._collect(d)
-        if self.offered is not None and choice.get("finish_reason") == "tool_calls" and self._next == 0:
+                    self._collect(d, primary)
+        if self.offered is not None and choice.get("finish_reason") == "tool_calls" and self._next.get(ci, 0) == 0:
             choice["finish_reason"] = "stop"
             changed = True
         return changed
 
-    def _guard(self, calls: list[Any]) -> list[Any]:
+    def _guard(self, ci: int, calls: list[Any]) -> list[Any]:
         assert self.offered is not None
         out: list[Any] = []
         for d in calls:
             if not isinstance(d, dict):
                 continue
-            st = self._calls.setdefault(int(d.get("index", 0) or 0), _Call())
+            st = self._calls.setdefault((ci, int(d.get("index", 0) or 0)), _Call())
             fn = d.get("function")
             if st.name is None and isinstance(fn, dict) and fn.get("name"):
                 st.name = str(fn["name"])
@@ -138,8 +145,8 @@ class ChatReply:
                     self.blocked += 1
                     st.pending.clear()
                     continue
-                st.index = self._next
-                self._next += 1
+                st.index = self._next.get(ci, 0)
+                self._next[ci] = st.index + 1
                 merged = _merge_deltas([*st.pending, d])
                 st.pending.clear()
                 merged["index"] = st.index
@@ -148,10 +155,12 @@ class ChatReply:
                 out.append({**d, "index": st.index})
         return out
 
-    def _collect(self, d: Any) -> None:
+    def _collect(self, d: Any, primary: bool) -> None:
         if not isinstance(d, dict):
             return
         self.first_token = True
+        if not primary:
+            return
         call = self._tool_calls.setdefault(int(d.get("index", 0) or 0), {"args": []})
         if d.get("id"):
             call["id"] = d["id"]

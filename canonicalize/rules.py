@@ -73,18 +73,19 @@ class Rule:
         return text
 
     def spans(self, text: str) -> list[tuple[int, int]]:
-        """Start/end of every span this rule matches in ``text``."""
+        """Start/end of every (non-empty) span this rule matches in ``text``."""
         grp = "v" if "v" in self.pattern.groupindex else 0
-        return [m.span(grp) for m in self.pattern.finditer(text) if m.start(grp) >= 0]
+        return [(s, e) for s, e in (m.span(grp) for m in self.pattern.finditer(text)) if 0 <= s < e]
 
     def _sub(self, text: str, new: Callable[[re.Match[str]], str]) -> str:
-        if "v" not in self.pattern.groupindex:
-            return self.pattern.sub(new, text)
+        grp = "v" if "v" in self.pattern.groupindex else 0
 
         def repl(m: re.Match[str]) -> str:
             whole, base = m.group(0), m.start()
-            s, e = m.span("v")
-            if s < 0:
+            s, e = m.span(grp)
+            if not 0 <= s < e:
+                # An empty span (a lookaround-only pattern such as ``\b``) matches no
+                # text: rewriting it would insert text everywhere.
                 return whole
             return whole[: s - base] + new(m) + whole[e - base :]
 
@@ -104,14 +105,15 @@ def compile_rule(
     """Build a rule from plain values (config or pack data); raises RuleError."""
     if not name or not isinstance(name, str):
         raise RuleError("a rule needs a non-empty name")
+    if not isinstance(pattern, str):
+        raise RuleError(f"pattern must be a string, not {type(pattern).__name__}")
     try:
         compiled = re.compile(pattern, flags)
     except re.error as exc:
         raise RuleError(f"pattern does not compile: {exc}") from None
-    if compiled.match("") is not None and compiled.pattern:
+    if compiled.fullmatch("") is not None:
         # A pattern that matches the empty string would fire everywhere.
-        if compiled.fullmatch(""):
-            raise RuleError("pattern matches the empty string")
+        raise RuleError("pattern matches the empty string")
     return Rule(
         name=name,
         pattern=compiled,

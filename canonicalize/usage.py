@@ -8,7 +8,9 @@ shape calls it, so ``cached / prompt`` is the hit ratio everywhere:
   ``cache_write_tokens``, vLLM's ``created_cache_tokens``);
 - llama.cpp ``timings.cache_n`` / ``timings.prompt_n`` when usage is absent;
 - Anthropic: ``input_tokens`` *excludes* ``cache_read_input_tokens`` and
-  ``cache_creation_input_tokens``, so the prompt is their sum;
+  ``cache_creation_input_tokens``, so the prompt is their sum (LiteLLM's
+  OpenAI-shaped usage carries the same two fields next to a ``prompt_tokens``
+  that already includes them);
 - DeepSeek: ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``;
 - Responses API: ``input_tokens`` and ``input_tokens_details.cached_tokens``.
 
@@ -77,7 +79,9 @@ def _fields(obj: dict[str, Any]) -> dict[str, int]:
 
 def _resolve(f: dict[str, int]) -> Usage | None:
     write = f.get("cache_write_tokens", f.get("created_cache_tokens", 0))
-    if "cache_read_input_tokens" in f or "cache_creation_input_tokens" in f:  # Anthropic
+    if "prompt_tokens" not in f and ("cache_read_input_tokens" in f or "cache_creation_input_tokens" in f):
+        # Anthropic.  (LiteLLM's OpenAI-shaped usage repeats these two fields next to
+        # a ``prompt_tokens`` that already includes them: handled below.)
         read = f.get("cache_read_input_tokens", 0)
         created = f.get("cache_creation_input_tokens", 0)
         return Usage(f.get("input_tokens", 0) + read + created, read, created)
@@ -86,9 +90,10 @@ def _resolve(f: dict[str, int]) -> Usage | None:
         prompt = f.get("prompt_tokens", hit + f.get("prompt_cache_miss_tokens", 0))
         return Usage(prompt, hit, write)
     if "prompt_tokens" in f:
-        cached = f.get("cached_tokens")
+        cached = f.get("cached_tokens", f.get("cache_read_input_tokens"))
         if cached is None and "timings_cache_n" in f:
             cached = f["timings_cache_n"]
+        write = write or f.get("cache_creation_input_tokens", 0)
         return Usage(f["prompt_tokens"], cached or 0, write)
     if "timings_prompt_n" in f:  # llama.cpp without usage
         cache_n = f.get("timings_cache_n", 0)

@@ -12,5 +12,8 @@ from canonicalize.rules import compile_rule
 
 PACK = Pack(
     name="openclaw",
-    rules=(compile_rule("openclaw.runtime", r"^Runtime: (?P<v>(?:[\w_]+=[^|\n]+(?: \| )?)+)$", "pin"),),
+    # One ``key=value`` then `` | key=value`` pairs: a value cannot contain ``|``, so
+    # every split is fixed by the ``|`` positions (a nested ``(?:k=v(?: \| )?)+``
+    # backtracks exponentially on a long ``Runtime: a=a=a=…`` line that fails to match).
+    rules=(compile_rule("openclaw.runtime", r"^Runtime: (?P<v>\w+=[^|\n]+(?: \| \w+=[^|\n]+)*)$", "pin"),),
 )

@@ -1,0 +1,155 @@
+"""canonicalize.usage: prompt / cached / cache-write counts from every upstream shape.
+
+One fixture per shape in ``fixtures/usage/``: ``kind`` is ``response`` (a whole
+body) or ``stream`` (the parsed ``data:`` payloads, in order); ``expected`` is the
+usage prefixpin must count, once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from canonicalize.usage import Usage, UsageAccumulator, parse_usage
+
+FIXTURES = Path(__file__).parent / "fixtures" / "usage"
+NAMES = sorted(p.stem for p in FIXTURES.glob("*.json"))
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+    return data
+
+
+def expected(fixture: dict[str, Any]) -> Usage:
+    e = fixture["expected"]
+    return Usage(prompt=e["prompt"], cached=e["cached"], cache_write=e["cache_write"])
+
+
+def accumulate(events: list[Any]) -> Usage | None:
+    acc = UsageAccumulator()
+    for event in events:
+        acc.feed(event)
+    return acc.result
+
+
+def test_every_shape_has_a_fixture() -> None:
+    assert set(NAMES) >= {
+        "openai_nonstream",
+        "openrouter_cache_write",
+        "vllm_created_cache",
+        "llamacpp_timings_only",
+        "anthropic_nonstream",
+        "anthropic_stream",
+        "deepseek",
+        "responses_api",
+        "openai_stream_final_usage",
+        "vllm_continuous_usage",
+    }
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if load(n)["kind"] == "response"])
+def test_response_usage(name: str) -> None:
+    fixture = load(name)
+    assert parse_usage(fixture["response"]) == expected(fixture)
+    # A whole body fed to the accumulator counts the same.
+    assert accumulate([fixture["response"]]) == expected(fixture)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if load(n)["kind"] == "stream"])
+def test_stream_usage_is_counted_once(name: str) -> None:
+    fixture = load(name)
+    assert accumulate(fixture["events"]) == expected(fixture)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if load(n)["kind"] == "stream"])
+def test_stream_usage_before_the_usage_event_is_none_or_partial(name: str) -> None:
+    fixture = load(name)
+    first = fixture["events"][0]
+    result = accumulate([first])
+    assert result is None or result.prompt <= expected(fixture).prompt
+
+
+def test_anthropic_prompt_is_the_sum_of_its_three_parts() -> None:
+    usage = parse_usage(
+        {"type": "message", "usage": {"input_tokens": 3, "cache_read_input_tokens": 100, "output_tokens": 9}}
+    )
+    assert usage == Usage(prompt=103, cached=100, cache_write=0)
+    usage = parse_usage({"usage": {"input_tokens": 50, "cache_creation_input_tokens": 2000}})
+    assert usage == Usage(prompt=2050, cached=0, cache_write=2000)
+
+
+def test_anthropic_stream_message_delta_does_not_double_count() -> None:
+    events = load("anthropic_stream_cumulative")["events"]
+    acc = UsageAccumulator()
+    for event in events:
+        acc.feed(event)
+    once = acc.result
+    # Feeding the message_delta again (as a retry or a proxy echo would) changes nothing.
+    acc.feed(next(e for e in events if e["type"] == "message_delta"))
+    assert acc.result == once == Usage(prompt=94061, cached=93801, cache_write=248)
+
+
+def test_vllm_continuous_usage_reports_the_last_value() -> None:
+    events = load("vllm_continuous_usage")["events"]
+    acc = UsageAccumulator()
+    for i, event in enumerate(events):
+        acc.feed(event)
+        assert acc.result == Usage(prompt=1024, cached=1008), i  # never summed
+
+
+def test_later_values_replace_earlier_ones() -> None:
+    acc = UsageAccumulator()
+    acc.feed({"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}}})
+    acc.feed({"usage": {"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 8}}})
+    assert acc.result == Usage(prompt=12, cached=8)
+
+
+def test_responses_api_without_cached_details() -> None:
+    assert parse_usage({"object": "response", "usage": {"input_tokens": 40, "output_tokens": 2}}) == Usage(40, 0)
+
+
+def test_openai_usage_without_details_has_no_cached_tokens() -> None:
+    assert parse_usage({"usage": {"prompt_tokens": 7, "completion_tokens": 1}}) == Usage(7, 0)
+
+
+def test_llamacpp_details_win_over_timings() -> None:
+    body = {
+        "usage": {"prompt_tokens": 237, "prompt_tokens_details": {"cached_tokens": 200}},
+        "timings": {"cache_n": 236, "prompt_n": 1},
+    }
+    assert parse_usage(body) == Usage(237, 200)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"usage": None},
+        {"usage": {}},
+        {"usage": {"completion_tokens": 5}},
+        {"choices": [{"delta": {"content": "x"}}]},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}},
+        {"usage": {"prompt_tokens": "12"}},
+        {"usage": {"prompt_tokens": True}},
+        {"timings": {"predicted_n": 3}},
+    ],
+)
+def test_no_usage(body: dict[str, Any]) -> None:
+    assert parse_usage(body) is None
+    assert accumulate([body]) is None
+
+
+@pytest.mark.parametrize("value", [None, [], "usage", 3])
+def test_not_an_object(value: Any) -> None:
+    assert parse_usage(value) is None
+    assert accumulate([value]) is None
+
+
+def test_float_counts_are_truncated_to_int() -> None:
+    assert parse_usage({"usage": {"prompt_tokens": 12.0, "prompt_tokens_details": {"cached_tokens": 4.0}}}) == Usage(
+        12, 4
+    )
