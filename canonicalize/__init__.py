@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup
 from canonicalize.packs import PACKS, Pack
-from canonicalize.pipeline import Canonicalizer, Outcome, Prepared, Settings, blobs_needed, ensure_stream_usage
+from canonicalize.pipeline import (
+    Canonicalizer,
+    Outcome,
+    Prepared,
+    Settings,
+    blobs_needed,
+    ensure_stream_usage,
+)
 from canonicalize.rules import Rule, RuleError, compile_rule
 from canonicalize.shape import ANTHROPIC, OPENAI, Dialect
 

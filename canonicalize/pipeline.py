@@ -8,6 +8,7 @@ I/O, no clock, no randomness (the new lineage id is passed in).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ BLOCK_BYTES = 256
 LINKS_PER_KEY = 8  # lineages remembered per link (sessions sharing a history)
 CANDIDATES = 8  # lineages a lookup returns at most
 SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
+SLOT_CACHE = 256  # distinct system texts whose analysis is memoised
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,15 @@ class Settings:
     rules: tuple[Rule, ...] = ()  # user rules, applied after the packs'
     disabled: tuple[str, ...] = ()  # rule names to leave out
     fork: ForkPolicy = field(default_factory=ForkPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotResult:
+    text: str  # after static rules
+    fired: tuple[str, ...]
+    spans: tuple[tuple[Rule, int, int, str, str], ...]  # pin spans: rule, start, end, key, value
+    masked_hash: str  # hash of the text with pin spans masked
+    head: str  # first HEAD_CHARS of the masked text
 
 
 @dataclass(slots=True)
@@ -91,6 +102,7 @@ class Canonicalizer:
         rules = [r for p in packs for r in p.rules] + list(settings.rules)
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
+        self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
         self.sort_tool_keys = "generic" in settings.packs and TOOL_KEY_ORDER not in settings.disabled
         self.static = {s: tuple(r for r in rules if r.static and r.scope in (s, "all")) for s in ("system", "tools")}
         self.static_messages = tuple(r for r in rules if r.static and r.scope == "all")
@@ -107,10 +119,46 @@ class Canonicalizer:
         )
 
     # -- step 1: static rewrite and analysis --------------------------------
+    def _system_text(self, text: str) -> _SlotResult:
+        """Static rules and pin spans of one system text, memoised: an agent sends
+        the same system prompt turn after turn, so each distinct text is scanned once."""
+        hit = self._slot_cache.get(text)
+        if hit is not None:
+            self._slot_cache.move_to_end(text)
+            return hit
+        fired: list[str] = []
+        new = text
+        for rule in self.static["system"]:
+            out = rule.apply(new)
+            if out != new:
+                new = out
+                fired.append(rule.name)
+        slot = [([new], 0)]
+        spans = pins.find_spans(self.pin_system, slot)
+        masked = pins.skeleton(slot, spans)
+        result = _SlotResult(
+            new, tuple(fired), tuple((s.rule, s.start, s.end, s.key, s.value) for s in spans),
+            _hash(masked), masked[:HEAD_CHARS],
+        )  # fmt: skip
+        self._slot_cache[text] = result
+        if len(self._slot_cache) > SLOT_CACHE:
+            self._slot_cache.popitem(last=False)
+        return result
+
     def prepare(self, body: dict[str, Any], dialect: Dialect, *, declared_parent: str | None = None) -> Prepared:
         rewrites: list[str] = []
         system_slots = dialect.system_slots(body)
-        _apply_static(self.static["system"], system_slots, rewrites)
+        spans: list[pins.Span] = []
+        masked_hashes, heads = [], []
+        for i, (container, key) in enumerate(system_slots):
+            res = self._system_text(container[key])
+            container[key] = res.text
+            rewrites.extend(n for n in res.fired if n not in rewrites)
+            spans.extend(pins.Span(r, i, s, e, k, v) for r, s, e, k, v in res.spans)
+            masked_hashes.append(res.masked_hash)
+            heads.append(res.head)
+        skeleton = _hash("\x1e".join(masked_hashes))
+        head = _hash("\x1e".join(heads)[:HEAD_CHARS])
         tool_list = dialect.tools(body)
         tool_slots: list[Slot] = []
         if tool_list:
@@ -123,14 +171,12 @@ class Canonicalizer:
             _apply_static(self.static_messages, dialect.message_slots(body), rewrites)
 
         slots = system_slots + tool_slots
-        spans = pins.find_spans(self.pin_system, system_slots)
         if tool_slots and self.pin_tools:
             offset = len(system_slots)
             spans += [
                 pins.Span(s.rule, s.slot + offset, s.start, s.end, s.key, s.value)
                 for s in pins.find_spans(self.pin_tools, tool_slots)
             ]
-        skel = pins.skeleton(system_slots, [s for s in spans if s.slot < len(system_slots)])
         history = dialect.history(body)
         links, sizes = chain.links(dialect, history)
         first_assistant = next((i for i, m in enumerate(history) if dialect.is_assistant(m)), None)
@@ -143,8 +189,8 @@ class Canonicalizer:
             depth=0,
             first_assistant=first_assistant,
             identity=tuple(s.value for s in spans if s.rule.identity),
-            skeleton=_hash(skel),
-            head=_hash(skel[:HEAD_CHARS]),
+            skeleton=skeleton,
+            head=head,
             tools=own,
             last_user_index=last_user,
             last_user_text=dialect.last_user_text(body) if last_user is not None else "",

@@ -14,6 +14,7 @@ because of it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import orjson
@@ -52,12 +53,18 @@ def canonical_json(value: Json) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
+@functools.lru_cache(maxsize=65536)
+def _args_str(arguments: str) -> orjson.Fragment:
+    # Tool-call arguments replay unchanged turn after turn: normalise each once.
+    try:
+        return orjson.Fragment(canonical_json(orjson.loads(arguments)))
+    except orjson.JSONDecodeError:
+        return orjson.Fragment(orjson.dumps(arguments))
+
+
 def _args(arguments: Any) -> Any:
     if isinstance(arguments, str):
-        try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
+        return _args_str(arguments)
     return arguments
 
 

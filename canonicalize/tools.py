@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from canonicalize.shape import Dialect
 
 
@@ -43,9 +45,17 @@ def sort_schema_keys(dialect: Dialect, tools: Sequence[Any]) -> bool:
         if where is None:
             continue
         container, key = where
-        new, m = _sorted(container[key])
-        if m:
-            container[key] = new
+        try:
+            as_sent = orjson.dumps(container[key])
+            ordered = orjson.dumps(container[key], option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # e.g. an integer beyond 64 bits: sort in Python instead
+            new, m = _sorted(container[key])
+            if m:
+                container[key] = new
+                moved = True
+            continue
+        if as_sent != ordered:
+            container[key] = orjson.loads(ordered)  # dicts keep the (sorted) order they are built in
             moved = True
     return moved
 

@@ -10,6 +10,7 @@ front of prefixpin sets it).
 from __future__ import annotations
 
 import hashlib
+
 from starlette.datastructures import Headers
 
 

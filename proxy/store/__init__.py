@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from canonicalize import LineageRecord, Lookup
-
 from canonicalize.pipeline import CANDIDATES, LINKS_PER_KEY, SCAN_UP
 
 Links = Sequence[bytes]
