@@ -103,6 +103,7 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
+        self.rule_names = tuple(r.name for r in rules)
         self.sort_tool_keys = "generic" in settings.packs and TOOL_KEY_ORDER not in settings.disabled
         self.static = {s: tuple(r for r in rules if r.static and r.scope in (s, "all")) for s in ("system", "tools")}
         self.static_messages = tuple(r for r in rules if r.static and r.scope == "all")

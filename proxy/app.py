@@ -42,7 +42,7 @@ def create_app(
 ) -> Starlette:
     """Build the app.  ``transport`` and ``store`` replace the real ones in unit tests."""
     canon = Canonicalizer(config.settings())
-    metrics = Metrics(config.metrics.models, config.metrics.max_models)
+    metrics = Metrics(config.metrics.models, config.metrics.max_models, rules=canon.rule_names)
     holder: dict[str, Services] = {}
 
     def services() -> Services:

@@ -17,7 +17,12 @@ _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 _OVERHEAD = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 1.0)
 
-ROUTES = ("chat_completions", "messages", "passthrough", "metrics", "health")
+ROLES = ("root", "continuation", "fork", "bypass", "fail-open")
+BREAK_CAUSES = ("system_changed", "tools_changed", "history_rewritten", "params_changed", "model_changed")
+FAIL_OPEN_STAGES = ("canonicalize", "store", "record", "response")
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "stream_cut", "http_4xx", "http_5xx")
+FORK_ACTIONS = ("repaired", "continued", "missing_parent", "disabled")
+LINEAGE_REWRITES = ("generic.tool_key_order", "lineage.tool_order", "fork.system", "fork.tools", "fork.params")
 
 
 class ModelLabels:
@@ -44,7 +49,8 @@ class ModelLabels:
 class Metrics:
     """The metric families of one app."""
 
-    def __init__(self, models: Iterable[str] = (), max_models: int = 50) -> None:
+    def __init__(self, models: Iterable[str] = (), max_models: int = 50, rules: Iterable[str] = ()) -> None:
+        models = tuple(models)
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.model_label = ModelLabels(models, max_models)
         self.requests = Counter(
@@ -94,9 +100,23 @@ class Metrics:
             "prefixpin_predicted_prefix_ratio", "Share of the prompt identical to the parent request's prefix",
             buckets=_RATIO, registry=r,
         )  # fmt: skip
-        # Known label values exist from the start, so dashboards show zeros, not gaps.
-        for cause in ("system_changed", "tools_changed", "history_rewritten", "params_changed", "model_changed"):
+        # Known label values exist from the start at zero: Prometheus cannot see the
+        # first increment of a series that appears already holding it, so rate()
+        # and alerts on a lone event would miss it.
+        for cause in BREAK_CAUSES:
             self.prefix_breaks.labels(cause)
-        for stage in ("parse", "canonicalize", "store", "record", "response"):
+        for stage in FAIL_OPEN_STAGES:
             self.fail_open.labels(stage)
-        self.blocked_tool_calls.inc(0)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self.upstream_errors.labels(kind)
+        for action in FORK_ACTIONS:
+            self.forks.labels(action)
+        for rule in (*rules, *LINEAGE_REWRITES):
+            self.rewrites.labels(rule)
+        for route in ("chat_completions", "messages"):
+            for role in ROLES:
+                self.requests.labels(route, role, "200")
+        for model in models:
+            for role in ROLES:
+                for family in (self.prompt_tokens, self.cached_tokens, self.cache_write_tokens):
+                    family.labels(model, role)
