@@ -211,6 +211,37 @@ def test_e_genuine_system_change_is_forwarded(serve: Callable[..., str], recorde
     assert new in sent
     assert sent == hermes.system_prompt(minute="02:30 PM", extra=new).replace(
         " [49% — 1,085/2,200 chars]", "").replace(" [12% — 170/1,375 chars]", "")  # fmt: skip
+    # A real change is a prefix break; the minute prefixpin repaired is not.
+    metrics = httpx.get(proxy + "/metrics", trust_env=False).text
+    assert 'prefixpin_prefix_breaks_total{cause="system_changed"} 1.0' in metrics
+
+
+def test_repaired_changes_are_not_breaks(serve: Callable[..., str], recorder: Recorder) -> None:
+    proxy = serve(recorder.base)
+    client = _client(proxy)
+    history: list[dict[str, Any]] = [USER1]
+    for i, minute in enumerate(("02:30 PM", "02:31 PM", "02:32 PM")):
+        r = _create(client, [_sys(minute=minute, pct=49 + i), *history], hermes.tools_full())
+        history += [_reply(r), {"role": "user", "content": f"turn {i}"}]
+    metrics = httpx.get(proxy + "/metrics", trust_env=False).text
+    breaks = [ln for ln in metrics.splitlines() if ln.startswith("prefixpin_prefix_breaks_total{")]
+    assert breaks and all(ln.endswith(" 0.0") for ln in breaks), breaks
+    assert "prefixpin_predicted_prefix_ratio_count 2.0" in metrics
+
+
+def test_trusted_tenant_header(serve: Callable[..., str], recorder: Recorder,
+                               write_config: Callable[[dict[str, Any]], Any]) -> None:  # fmt: skip
+    trusting = serve(recorder.base, write_config({"tenancy": {"trust_header": True}}))
+    plain = serve(recorder.base)
+    for proxy, same in ((trusting, True), (plain, False)):
+        a = _client(proxy, "sk-one")
+        b = _client(proxy, "sk-two")
+        t1 = _create(a, [_sys(minute="02:30 PM"), USER1], hermes.tools_full(),
+                     extra_headers={"x-prefixpin-tenant": "acme"})  # fmt: skip
+        t2 = _create(b, [_sys(minute="02:31 PM"), USER1, _reply(t1), {"role": "user", "content": "x"}],
+                     hermes.tools_full(), extra_headers={"x-prefixpin-tenant": "acme"})  # fmt: skip
+        assert (t2.headers["x-prefixpin-role"] == "continuation") is same
+        assert "x-prefixpin-tenant" not in recorder.requests()[-1]["headers"]
 
 
 # -- F ----------------------------------------------------------------------------------
