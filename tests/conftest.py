@@ -8,13 +8,31 @@ import base64
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 import yaml
 
 from tests.infra.procs import Proc, free_port, start_llama, start_prefixpin, start_redis
+
+T = TypeVar("T")
+
+
+_CLIENTS: list[Any] = []
+
+
+def track(client: T) -> T:
+    """Close ``client`` (an openai / anthropic / httpx client) after the current test."""
+    _CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests import hermes
+from tests.conftest import track
 from tests.infra.procs import REPO
 from tests.infra.prometheus import (
     DEPLOY_CONFIG,
@@ -138,7 +139,7 @@ class Session:
     """A hermes-style conversation through the proxy; keeps what the client saw."""
 
     def __init__(self, proxy: str, prom: Prometheus) -> None:
-        self.client = openai.OpenAI(base_url=proxy + "/v1", api_key="sk-dashboard", max_retries=0, timeout=120)
+        self.client = track(openai.OpenAI(base_url=proxy + "/v1", api_key="sk-dashboard", max_retries=0, timeout=120))
         self.prom = prom
         self.history: list[dict[str, Any]] = []
         self.roles: list[str] = []

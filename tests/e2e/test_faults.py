@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests import hermes
-from tests.conftest import Recorder
+from tests.conftest import Recorder, track
 from tests.infra.procs import free_port
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +37,7 @@ def test_upstream_down_is_502_with_openai_error(serve: Callable[..., str]) -> No
     err = r.json()["error"]
     assert err["code"] == "upstream_unavailable" and err["type"] == "upstream_error"
     assert "could not connect to the upstream" in err["message"]
-    client = openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0)
+    client = track(openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0))
     with pytest.raises(openai.APIStatusError) as info:
         client.chat.completions.create(model="m", messages=BODY["messages"])
     assert info.value.status_code == 502
@@ -78,7 +78,7 @@ def test_stream_cut_by_upstream_ends_cleanly(serve: Callable[..., str], recorder
     events = [e for e in data.split(b"\n\n") if e.strip()]
     last = orjson.loads(events[-1].removeprefix(b"data: "))
     assert last["error"]["code"] == "upstream_stream_cut"
-    client = openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0)
+    client = track(openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0))
     with pytest.raises(openai.APIError, match="ended early"):
         list(client.chat.completions.create(model="m", messages=BODY["messages"], stream=True))
     metrics = httpx.get(proxy + "/metrics", trust_env=False).text

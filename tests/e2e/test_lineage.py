@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from tests import hermes
-from tests.conftest import Recorder
+from tests.conftest import Recorder, track
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +27,7 @@ FORK_SID = "20260513_204511_9e319e"
 
 
 def _client(base: str, key: str = "sk-tenant-1") -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=120)
+    return track(openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=120))
 
 
 def _system_sent(body: bytes) -> str:
@@ -301,7 +301,7 @@ def test_anthropic_messages_route(serve: Callable[..., str], recorder: Recorder)
     import anthropic
 
     proxy = serve(recorder.base)
-    client = anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0)
+    client = track(anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0))
     tools = [
         {"name": t["function"]["name"], "description": t["function"]["description"],
          "input_schema": t["function"]["parameters"]}

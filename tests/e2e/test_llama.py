@@ -17,12 +17,13 @@ import pytest
 
 from canonicalize.usage import parse_usage
 from tests import hermes
+from tests.conftest import track
 
 pytestmark = pytest.mark.e2e
 
 
 def _client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key="sk-e2e", max_retries=0, timeout=120)
+    return track(openai.OpenAI(base_url=base + "/v1", api_key="sk-e2e", max_retries=0, timeout=120))
 
 
 def _tokens(llama: str, text: str) -> int:
