@@ -50,9 +50,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        client = make_client(config.upstream)
-        if transport is not None:
-            client = httpx.AsyncClient(transport=transport, timeout=client.timeout, trust_env=False)
+        client = make_client(config.upstream, transport)
         the_store = store or open_store(
             config.store.backend, redis_url=config.store.redis_url, ttl_s=config.store.ttl_s,
             max_entries=config.store.max_entries, timeout_ms=config.store.timeout_ms,

@@ -34,6 +34,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
+        from proxy.litellm_upstream import _import_litellm
+
+        _import_litellm()
     app = create_app(config)
     log = logging.getLogger("prefixpin")
     log.info(

@@ -27,10 +27,18 @@ HOP_BY_HOP = frozenset(
 OWN_HEADERS = ("x-prefixpin-",)
 
 
-def make_client(cfg: Upstream) -> httpx.AsyncClient:
+def make_client(cfg: Upstream, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """The pooled upstream client; ``kind: litellm`` wraps its transport in LiteLLM."""
+    limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections)
+    if transport is None:
+        transport = httpx.AsyncHTTPTransport(limits=limits)
+    if cfg.kind == "litellm":
+        from proxy.litellm_upstream import LiteLLMTransport
+
+        transport = LiteLLMTransport(cfg, transport)
     return httpx.AsyncClient(
+        transport=transport,
         timeout=httpx.Timeout(cfg.timeout_s, connect=min(cfg.connect_timeout_s, cfg.timeout_s)),
-        limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
         trust_env=False,  # never route through a proxy from the environment
         follow_redirects=False,
     )
