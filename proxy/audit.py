@@ -110,7 +110,8 @@ async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress
         lin = lineages.get(rec.id)
         if lin is None:
             lin = lineages[rec.id] = Lineage(rec.id, rec.kind, rec.parent)
-        parent_lin = lineages.get(rec.parent) if outcome.role == "fork" and outcome.fork_action == "repaired" else lin
+        repaired_fork = outcome.role == "fork" and outcome.fork_action == "repaired"
+        parent_lin = lineages.get(rec.parent or "") if repaired_fork else lin
         fp_after, depth = rec.fingerprint, prep.signals.depth
         before = after = 0
         cause_before = cause_after = None

@@ -151,7 +151,7 @@ class Config:
 
     def public_dict(self) -> dict[str, Any]:
         """The effective config as plain data, secrets hidden (for check-config)."""
-        out = _to_plain(self)
+        out: dict[str, Any] = _to_plain(self)
         out["store"]["redis_url"] = _hide_password(self.store.redis_url)
         return out
 
@@ -265,7 +265,7 @@ def from_mapping(data: Any) -> Config:
     for k, v in data.items():
         if k not in sections:
             raise ConfigError(f"{k}: unknown key (known: {', '.join(sections)})")
-        values[k] = _section(k, sections[k].default_factory, v)  # type: ignore[misc]
+        values[k] = _section(k, sections[k].default_factory, v)
     config = Config(**values)
     validate(config)
     return config

@@ -118,7 +118,7 @@ class RedisStore:
             values = await self._redis.mget([f"{p}b:{ref}" for ref in refs])
         except RedisError as exc:
             raise StoreError(f"redis blob read failed: {type(exc).__name__}") from exc
-        return list(values)
+        return [v if isinstance(v, bytes) else None for v in values]
 
     async def record(self, tenant: str, record: LineageRecord, links: Links,
                      blobs: dict[str, bytes], touch: Sequence[str]) -> None:  # fmt: skip
