@@ -53,18 +53,21 @@ def canonical_json(value: Json) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-@functools.lru_cache(maxsize=65536)
-def _args_str(arguments: str) -> orjson.Fragment:
-    # Tool-call arguments replay unchanged turn after turn: normalise each once.
+def _normalize_args(arguments: str) -> orjson.Fragment:
     try:
         return orjson.Fragment(canonical_json(orjson.loads(arguments)))
     except orjson.JSONDecodeError:
         return orjson.Fragment(orjson.dumps(arguments))
 
 
+# Tool-call arguments replay unchanged turn after turn: normalise each short one
+# once (bounded: at most 8192 entries of at most 4 KB each).
+_cached_args = functools.lru_cache(maxsize=8192)(_normalize_args)
+
+
 def _args(arguments: Any) -> Any:
     if isinstance(arguments, str):
-        return _args_str(arguments)
+        return _cached_args(arguments) if len(arguments) <= 4096 else _normalize_args(arguments)
     return arguments
 
 

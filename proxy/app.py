@@ -53,7 +53,8 @@ def create_app(
         client = make_client(config.upstream, transport)
         the_store = store or open_store(
             config.store.backend, redis_url=config.store.redis_url, ttl_s=config.store.ttl_s,
-            max_entries=config.store.max_entries, timeout_ms=config.store.timeout_ms,
+            max_entries=config.store.max_entries, max_bytes=config.store.max_bytes,
+            timeout_ms=config.store.timeout_ms,
         )  # fmt: skip
         s = Services(
             canon=canon,

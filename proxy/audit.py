@@ -86,7 +86,7 @@ def _reply_of(line: dict[str, Any], dialect: Dialect) -> dict[str, Any] | None:
 
 async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
     canon = Canonicalizer(config.settings())
-    store = MemoryStore(ttl_s=10**9, max_entries=10**9)
+    store = MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62)
     lineages: dict[str, Lineage] = {}
     total = Tally()
     malformed: list[dict[str, Any]] = []

@@ -57,12 +57,14 @@ class Store:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     ttl_s: int = 86400
     max_entries: int = 200_000
+    max_bytes: int = 512 * 2**20
     timeout_ms: int = 250
 
     def __repr__(self) -> str:
         return (
             f"Store(backend={self.backend!r}, redis_url={_hide_password(self.redis_url)!r}, "
-            f"ttl_s={self.ttl_s}, max_entries={self.max_entries}, timeout_ms={self.timeout_ms})"
+            f"ttl_s={self.ttl_s}, max_entries={self.max_entries}, max_bytes={self.max_bytes}, "
+            f"timeout_ms={self.timeout_ms})"
         )
 
 
@@ -172,7 +174,7 @@ _ENUMS = {
     "log.level": ("debug", "info", "warning", "error"),
 }
 _POSITIVE = {"listen.port", "upstream.timeout_s", "upstream.connect_timeout_s", "upstream.max_connections",
-             "store.ttl_s", "store.max_entries", "store.timeout_ms", "limits.max_body_bytes",
+             "store.ttl_s", "store.max_entries", "store.max_bytes", "store.timeout_ms", "limits.max_body_bytes",
              "metrics.max_models"}  # fmt: skip
 
 

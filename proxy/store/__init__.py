@@ -50,7 +50,9 @@ def parse_ids(raw: bytes | str | None) -> list[str]:
     return [i for i in text.split(",") if i]
 
 
-def open_store(backend: str, *, redis_url: str, ttl_s: int, max_entries: int, timeout_ms: int) -> Store:
+def open_store(
+    backend: str, *, redis_url: str, ttl_s: int, max_entries: int, max_bytes: int, timeout_ms: int
+) -> Store:
     """The factory the app calls from its lifespan."""
     if backend == "redis":
         from proxy.store.redis import RedisStore
@@ -58,7 +60,7 @@ def open_store(backend: str, *, redis_url: str, ttl_s: int, max_entries: int, ti
         return RedisStore(redis_url, ttl_s=ttl_s, timeout_s=timeout_ms / 1000)
     from proxy.store.memory import MemoryStore
 
-    return MemoryStore(ttl_s=ttl_s, max_entries=max_entries)
+    return MemoryStore(ttl_s=ttl_s, max_entries=max_entries, max_bytes=max_bytes)
 
 
 __all__ = ["CANDIDATES", "LINKS_PER_KEY", "SCAN_UP", "Store", "open_store", "parse_ids"]

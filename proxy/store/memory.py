@@ -1,4 +1,5 @@
-"""The embedded store: one bounded LRU dict, TTL on every entry, clock injected."""
+"""The embedded store: one LRU dict bounded in entries and in blob bytes, TTL on
+every entry, clock injected."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ Key = tuple[str, str, Any]
 
 
 class MemoryStore:
-    """Bounded by ``max_entries`` (least recently used go first) and ``ttl_s``."""
+    """Bounded by ``max_entries`` and ``max_bytes`` of blobs (least recently used go
+    first) and by ``ttl_s``."""
 
-    def __init__(self, *, ttl_s: int = 86400, max_entries: int = 200_000,
+    def __init__(self, *, ttl_s: int = 86400, max_entries: int = 200_000, max_bytes: int = 512 * 2**20,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.ttl_s = ttl_s
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.clock = clock
         self._data: OrderedDict[Key, tuple[float, Any]] = OrderedDict()
+        self._bytes = 0  # total size of the blobs held
 
     def __len__(self) -> int:
         return len(self._data)
@@ -32,16 +36,24 @@ class MemoryStore:
             return None
         expires, value = item
         if expires <= self.clock():
-            del self._data[key]
+            self._drop(key)
             return None
         self._data.move_to_end(key)
         return value
 
+    def _drop(self, key: Key) -> None:
+        _, value = self._data.pop(key)
+        if isinstance(value, bytes):
+            self._bytes -= len(value)
+
     def _set(self, key: Key, value: Any) -> None:
+        if key in self._data:
+            self._drop(key)
         self._data[key] = (self.clock() + self.ttl_s, value)
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_entries:
-            self._data.popitem(last=False)
+        if isinstance(value, bytes):
+            self._bytes += len(value)
+        while len(self._data) > self.max_entries or (self._bytes > self.max_bytes and len(self._data) > 1):
+            self._drop(next(iter(self._data)))
 
     def _touch(self, key: Key) -> None:
         value = self._get(key)

@@ -111,6 +111,19 @@ def test_memory_ttl_and_bound_with_injected_clock() -> None:
     run(go())
 
 
+def test_memory_bound_in_bytes() -> None:
+    s = MemoryStore(max_bytes=10_000)
+
+    async def go() -> None:
+        for i in range(20):
+            await s.record("t", LineageRecord(id=f"n{i}"), [], {f"b{i}": bytes(1000)}, [])
+        held = [b for b in await s.blobs("t", [f"b{i}" for i in range(20)]) if b is not None]
+        assert len(held) == 10 and s._bytes == 10_000
+        assert await s.blobs("t", ["b19"]) == [bytes(1000)]
+
+    run(go())
+
+
 def test_redis_keys_expire_and_are_namespaced(redis_url: str) -> None:
     async def go() -> None:
         s = RedisStore(redis_url, ttl_s=30, timeout_s=2)
