@@ -1,0 +1,393 @@
+"""``prefixpin replay``: send a recorded trace upstream and report what the cache did.
+
+A trace is JSON Lines, one request a line (SPEC section 3)::
+
+    {"t": 1.5, "headers": {...}, "body": {<chat completions request>}, "kind": "fork", "session": "s1"}
+
+Other keys are annotations: ``kind`` and ``session`` are shown as columns and
+totalled, the rest is ignored.  Requests go, in order and one at a time, to
+``<via or upstream>/v1/chat/completions``; through ``--via`` the running prefixpin
+forwards them to its own upstream and tells us the role it gave each one
+(``x-prefixpin-role``).
+
+Streaming bodies always get ``stream_options.include_usage``: a direct upstream
+only reports usage when asked, and prefixpin, which asks on the client's behalf,
+removes that usage chunk again unless the client asked itself.  Usage is read
+with :mod:`canonicalize.usage`, so every upstream's shape counts the same.
+
+A request that got no response at all, or a 429 / 502 / 503 / 504, is tried again
+(three tries in all, as the OpenAI SDKs do); the retried failures are listed in the
+report.  A request that still fails (transport error, HTTP >= 400, an error event
+in the stream) is reported and counted, the replay goes on, and the exit code is 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from canonicalize import ensure_stream_usage
+from canonicalize.sse import SSESplitter
+from canonicalize.usage import Usage, UsageAccumulator, parse_usage
+from proxy.progress import Progress
+
+CHAT_PATH = "/v1/chat/completions"
+ATTEMPTS = 3  # the OpenAI SDKs' default: max_retries=2
+RETRY_STATUS = frozenset({429, 502, 503, 504})
+RETRY_BACKOFF_S = 0.25
+# Headers a trace may carry that describe the recorded connection, not the request.
+_CONNECTION_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "accept-encoding"})
+
+
+class TraceError(Exception):
+    """The trace file cannot be read at all (as opposed to one malformed line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLine:
+    """One request of a trace."""
+
+    line: int  # 1-based line number in the file
+    t: float
+    headers: dict[str, str]
+    body: dict[str, Any]
+    kind: str | None = None
+    session: str | None = None
+
+
+@dataclass(slots=True)
+class Result:
+    """What one replayed request did."""
+
+    line: int
+    kind: str | None
+    session: str | None
+    status: int | None = None
+    role: str | None = None
+    prompt: int | None = None
+    cached: int | None = None
+    wall_s: float = 0.0
+    error: str | None = None
+    retried: list[str] = field(default_factory=list)  # failures that were tried again
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def processed(self) -> int | None:
+        return None if self.prompt is None or self.cached is None else self.prompt - self.cached
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok, "processed": self.processed, "wall_s": round(self.wall_s, 4)}
+
+
+@dataclass(slots=True)
+class Totals:
+    """Sums over a group of results (usage only from requests that reported it)."""
+
+    requests: int = 0
+    failed: int = 0
+    retried: int = 0
+    without_usage: int = 0
+    prompt: int = 0
+    cached: int = 0
+    wall_s: float = 0.0
+
+    def add(self, r: Result) -> None:
+        self.requests += 1
+        self.failed += not r.ok
+        self.retried += len(r.retried)
+        self.wall_s += r.wall_s
+        if r.prompt is None or r.cached is None:
+            self.without_usage += r.ok
+        else:
+            self.prompt += r.prompt
+            self.cached += r.cached
+
+    @property
+    def processed(self) -> int:
+        return self.prompt - self.cached
+
+    @property
+    def ratio(self) -> float | None:
+        return self.cached / self.prompt if self.prompt else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests, "failed": self.failed, "retried": self.retried,
+            "without_usage": self.without_usage,
+            "prompt_tokens": self.prompt, "cached_tokens": self.cached, "processed_tokens": self.processed,
+            "cached_ratio": None if self.ratio is None else round(self.ratio, 6),
+            "wall_s": round(self.wall_s, 4),
+        }  # fmt: skip
+
+
+@dataclass(slots=True)
+class Report:
+    target: str
+    upstream: str
+    via: str | None
+    results: list[Result] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+    def totals(self, key: str | None = None) -> dict[str, Totals]:
+        """Totals over all results (``key=None``, under ``"all"``) or grouped by an attribute."""
+        groups: dict[str, Totals] = {}
+        for r in self.results:
+            name = "all" if key is None else str(getattr(r, key) or "-")
+            groups.setdefault(name, Totals()).add(r)
+        return groups
+
+    def to_json(self) -> dict[str, Any]:
+        total = self.totals().get("all", Totals())
+        return {
+            "target": self.target, "upstream": self.upstream, "via": self.via,
+            "requests": [r.to_json() for r in self.results],
+            "total": total.to_json(),
+            "by_kind": {k: t.to_json() for k, t in self.totals("kind").items()},
+            "by_role": {k: t.to_json() for k, t in self.totals("role").items()},
+            "skipped_lines": self.skipped,
+        }  # fmt: skip
+
+
+# -- reading the trace ---------------------------------------------------------------
+def parse_line(number: int, text: str) -> TraceLine:
+    """One trace line; ``ValueError`` says what is wrong with it."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise ValueError('"body" is missing or not an object')
+    headers = obj.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ValueError('"headers" is not an object of strings')
+    t = obj.get("t", 0)
+    if isinstance(t, bool) or not isinstance(t, int | float):
+        raise ValueError('"t" is not a number')
+    kind, session = obj.get("kind"), obj.get("session")
+    return TraceLine(
+        number, float(t), dict(headers), body,
+        kind=None if kind is None else str(kind), session=None if session is None else str(session),
+    )  # fmt: skip
+
+
+def read_trace(path: str | Path, errors: TextIO) -> tuple[list[TraceLine], list[dict[str, Any]]]:
+    """All well-formed lines; each malformed one is reported on ``errors`` and skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read trace {path}: {exc}") from None
+    lines, skipped = [], []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            lines.append(parse_line(number, raw))
+        except ValueError as exc:
+            print(f"prefixpin replay: {path}:{number}: skipped: {exc}", file=errors)
+            skipped.append({"line": number, "error": str(exc)})
+    return lines, skipped
+
+
+# -- sending ------------------------------------------------------------------------
+def request_headers(line: TraceLine, api_key: str | None) -> dict[str, str]:
+    headers = {k: v for k, v in line.headers.items() if k.lower() not in _CONNECTION_HEADERS}
+    if api_key and not any(k.lower() in ("authorization", "x-api-key") for k in headers):
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _events(chunks: Iterable[bytes]) -> Iterator[Any]:
+    """Parsed JSON ``data:`` payloads of an SSE byte stream (``[DONE]`` and junk skipped)."""
+    splitter = SSESplitter()
+
+    def parsed(events: Iterable[Any]) -> Iterator[Any]:
+        for ev in events:
+            if ev is None or ev.data is None or ev.data.strip() == b"[DONE]":
+                continue
+            try:
+                yield json.loads(ev.data)
+            except ValueError:
+                continue
+
+    for chunk in chunks:
+        yield from parsed(splitter.feed(chunk))
+    yield from parsed([splitter.flush()])
+
+
+def _error_text(resp: httpx.Response, content: bytes) -> str:
+    snippet = content[:300].decode("utf-8", "replace").strip()
+    return f"HTTP {resp.status_code}: {snippet}" if snippet else f"HTTP {resp.status_code}"
+
+
+def _attempt(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str], result: Result) -> bool:
+    """One try: fills ``result``; True when a failure is worth another try."""
+    result.status = result.role = result.error = None
+    result.prompt = result.cached = None
+    usage: Usage | None = None
+    try:
+        with client.stream("POST", url, json=body, headers=headers) as resp:
+            result.status = resp.status_code
+            result.role = resp.headers.get("x-prefixpin-role")
+            ctype = resp.headers.get("content-type", "")
+            if resp.status_code >= 400:
+                result.error = _error_text(resp, resp.read())
+                return resp.status_code in RETRY_STATUS
+            if "text/event-stream" in ctype:
+                acc = UsageAccumulator()
+                for event in _events(resp.iter_bytes()):
+                    if isinstance(event, dict) and event.get("error") is not None:
+                        result.error = f"error event in stream: {json.dumps(event['error'])[:300]}"
+                    acc.feed(event)
+                usage = acc.result
+            else:
+                content = resp.read()
+                try:
+                    usage = parse_usage(json.loads(content))
+                except ValueError:
+                    result.error = f"response is not JSON: {content[:120]!r}"
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        # Nothing came back: the request never started (a stale keep-alive connection,
+        # a refused connect), so sending it again cannot count it twice.
+        return result.status is None and isinstance(exc, httpx.TransportError)
+    if usage is not None:
+        result.prompt, result.cached = usage.prompt, usage.cached
+    return False
+
+
+def send(client: httpx.Client, url: str, line: TraceLine, api_key: str | None, *, attempts: int = ATTEMPTS) -> Result:
+    """Send one trace request and read its usage; never raises for request failures.
+
+    Like the OpenAI SDKs agents use, a request that got no response, or a 429 /
+    502 / 503 / 504, is tried again (``attempts`` in all); each retried failure is
+    kept in ``Result.retried`` so the report shows it.
+    """
+    body = copy.deepcopy(line.body)
+    if body.get("stream") is True:
+        ensure_stream_usage(body)
+    headers = request_headers(line, api_key)
+    result = Result(line.line, line.kind, line.session)
+    started = time.perf_counter()
+    for n in range(attempts):
+        if not _attempt(client, url, body, headers, result) or n == attempts - 1:
+            break
+        result.retried.append(result.error or "")
+        if result.status is not None:
+            time.sleep(RETRY_BACKOFF_S * 2**n)
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def replay(lines: list[TraceLine], report: Report, *, api_key: str | None, timeout_s: float,
+           honor_timing: bool, progress: Progress) -> None:  # fmt: skip
+    """Send ``lines`` in order, appending each :class:`Result` to ``report``."""
+    url = report.target.rstrip("/") + CHAT_PATH
+    t0 = lines[0].t if lines else 0.0
+    start = time.monotonic()
+    with httpx.Client(timeout=httpx.Timeout(timeout_s), trust_env=False) as client:
+        for line in lines:
+            if honor_timing:
+                wait = (line.t - t0) - (time.monotonic() - start)
+                if wait > 0:
+                    time.sleep(wait)
+            report.results.append(send(client, url, line, api_key))
+            progress.advance()
+
+
+# -- reporting ----------------------------------------------------------------------
+def _num(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def _pct(cached: int | None, prompt: int | None) -> str:
+    return "-" if not prompt or cached is None else f"{100 * cached / prompt:.1f}%"
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in rows
+    ]
+
+
+def format_text(report: Report) -> str:
+    """The human report: one row per request, then totals (overall, by kind, by role)."""
+    res = report.results
+    annotate = [name for name in ("kind", "session") if any(getattr(r, name) for r in res)]
+    head = ["#", "line", *annotate, "role", "status", "prompt", "cached", "processed", "hit", "wall_s"]
+    rows = [head]
+    for i, r in enumerate(res, start=1):
+        rows.append([
+            str(i), str(r.line), *[getattr(r, a) or "" for a in annotate], r.role or "-",
+            str(r.status) if r.status is not None else "ERR", _num(r.prompt), _num(r.cached),
+            _num(r.processed), _pct(r.cached, r.prompt), f"{r.wall_s:.3f}",
+        ])  # fmt: skip
+    n = len(head)
+    out = [f"replay -> {report.target}" + (f" (via prefixpin, upstream {report.upstream})" if report.via else "")]
+    out += _table(rows, right={0, 1, n - 6, n - 5, n - 4, n - 3, n - 2, n - 1})
+    out.append("")
+    sums = [["total", "requests", "failed", "prompt", "cached", "processed", "hit", "wall_s"]]
+    groups = [("all", report.totals())] + [(k, report.totals(k)) for k in ("kind", "role") if len(report.totals(k)) > 1]
+    for key, totals in groups:
+        for name, t in sorted(totals.items()):
+            label = "all" if key == "all" else f"{key}={name}"
+            sums.append([
+                label, str(t.requests), str(t.failed), _num(t.prompt), _num(t.cached), _num(t.processed),
+                _pct(t.cached, t.prompt), f"{t.wall_s:.3f}",
+            ])  # fmt: skip
+    out += _table(sums, right=set(range(1, 8)))
+    for r in res:
+        out += [f"line {r.line}: retried after: {e}" for e in r.retried]
+        if r.error:
+            out.append(f"line {r.line}: FAILED: {r.error}")
+    for s in report.skipped:
+        out.append(f"line {s['line']}: skipped: {s['error']}")
+    return "\n".join(out)
+
+
+def run_replay(trace: str, *, upstream: str, via: str | None, as_json: bool, progress: bool,
+               api_key: str | None, timeout_s: float, honor_timing: bool) -> int:  # fmt: skip
+    """The ``prefixpin replay`` command; returns the exit code (1: a request failed, 2: no trace)."""
+    try:
+        lines, skipped = read_trace(trace, sys.stderr)
+    except TraceError as exc:
+        print(f"prefixpin replay: {exc}", file=sys.stderr)
+        return 2
+    report = Report(target=via or upstream, upstream=upstream, via=via, skipped=skipped)
+    with Progress(len(lines), "replay", enabled=progress) as bar:
+        replay(lines, report, api_key=api_key, timeout_s=timeout_s, honor_timing=honor_timing, progress=bar)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_text(report))
+    return 1 if any(not r.ok for r in report.results) else 0
+
+
+__all__ = [
+    "Report",
+    "Result",
+    "Totals",
+    "TraceError",
+    "TraceLine",
+    "format_text",
+    "read_trace",
+    "run_replay",
+    "send",
+]
