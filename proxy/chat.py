@@ -14,11 +14,12 @@ upstream unchanged (or with its static rewrites when only the store failed),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -39,6 +40,7 @@ from proxy.store.guard import StoreGuard
 from proxy.tenancy import tenant_of
 
 log = logging.getLogger("prefixpin")
+T = TypeVar("T")
 
 ROUTE_DIALECT: dict[str, Dialect] = {"chat_completions": OPENAI, "messages": ANTHROPIC}
 
@@ -113,6 +115,10 @@ class ChatRoute:
         m.overhead.observe(time.perf_counter() - started)
         try:
             response = await self._send(request, plan, started)
+        except ClientGone:
+            m.requests.labels(self.route, plan.role, "499").inc()
+            log.info("client went away before the upstream answered; upstream request cancelled")
+            return Response(status_code=499)
         except UpstreamError as exc:
             m.upstream_errors.labels(exc.metric_kind).inc()
             m.requests.labels(self.route, plan.role, str(exc.status)).inc()
@@ -171,7 +177,7 @@ class ChatRoute:
         )
         sent = time.perf_counter()
         try:
-            resp = await s.client.send(req, stream=True)
+            resp = await _unless_client_leaves(request, s.client.send(req, stream=True))
         except httpx.HTTPError as exc:
             raise from_httpx(exc, s.upstream) from exc
         offered = plan.outcome.offered if plan.outcome is not None else None
@@ -188,7 +194,7 @@ class ChatRoute:
                 headers=response_headers(resp.headers, drop=("content-encoding",)),
             )
         try:
-            content = await resp.aread()
+            content = await _unless_client_leaves(request, resp.aread())
         except httpx.HTTPError as exc:
             raise from_httpx(exc, s.upstream) from exc
         finally:
@@ -300,6 +306,33 @@ class ChatRoute:
         except Exception:
             log.exception("recording failed")
             s.metrics.fail_open.labels("record").inc()
+
+
+class ClientGone(Exception):
+    """The client disconnected while we waited on the upstream."""
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first: then cancel it (which
+    closes the upstream request) and raise ClientGone.  Streams need no watcher:
+    Starlette's StreamingResponse already stops on disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise ClientGone
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _tag(response: Response, plan: Plan) -> Response:

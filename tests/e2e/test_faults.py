@@ -183,3 +183,20 @@ def test_unknown_route_is_forwarded(serve: Callable[..., str], recorder: Recorde
     assert s.text == "chunk 0\nchunk 1\nchunk 2\n"
     req = recorder.requests()[0]
     assert (req["path"], req["query"]) == ("/v1/some/new/route", "x=1")
+
+
+def test_client_leaving_a_non_stream_request_cancels_it(serve: Callable[..., str], recorder: Recorder) -> None:
+    proxy = serve(recorder.base)
+    recorder.control(delay_s=3)
+    with _http() as http, pytest.raises(httpx.ReadTimeout):
+        http.post(proxy + "/v1/chat/completions", json=BODY, timeout=0.5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        metrics = httpx.get(proxy + "/metrics", trust_env=False).text
+        if 'status="499"} 1.0' in metrics:
+            break
+        time.sleep(0.1)
+    assert 'prefixpin_requests_total{role="root",route="chat_completions",status="499"} 1.0' in metrics
+    recorder.control()
+    with _http() as http:
+        assert http.post(proxy + "/v1/chat/completions", json=BODY).status_code == 200
