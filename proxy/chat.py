@@ -32,7 +32,7 @@ from canonicalize.predict import predict
 from canonicalize.reply import ChatReply, MessagesReply
 from canonicalize.sse import SSESplitter, encode
 from proxy.errors import BodyTooLarge, PrefixpinError, StoreError, UpstreamError, from_httpx
-from proxy.forward import request_headers, response_headers, upstream_url
+from proxy.forward import request_headers, response_headers, send, upstream_url
 from proxy.metrics import Metrics
 from proxy.resolve import record, resolve
 from proxy.store import Store
@@ -177,7 +177,7 @@ class ChatRoute:
         )
         sent = time.perf_counter()
         try:
-            resp = await _unless_client_leaves(request, s.client.send(req, stream=True))
+            resp = await _unless_client_leaves(request, send(s.client, req))
         except httpx.HTTPError as exc:
             raise from_httpx(exc, s.upstream) from exc
         offered = plan.outcome.offered if plan.outcome is not None else None

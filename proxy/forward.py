@@ -44,6 +44,21 @@ def make_client(cfg: Upstream, transport: httpx.AsyncBaseTransport | None = None
     )
 
 
+# A pooled keep-alive connection the upstream closed meanwhile fails like this,
+# before any response: the request never reached the upstream, so it is sent once
+# more on a fresh connection (what nginx's proxy_next_upstream does).  llama-server
+# closes the connection after every stream while advertising keep-alive.
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """``client.send(stream=True)``, retried once on a stale pooled connection."""
+    try:
+        return await client.send(request, stream=True)
+    except _STALE:
+        return await client.send(request, stream=True)
+
+
 def upstream_url(base: str, path: str, query: str = "") -> str:
     """Join the upstream base URL and a request path (``.../v1`` + ``/v1/x`` -> ``.../v1/x``)."""
     base = base.rstrip("/")
@@ -82,7 +97,7 @@ async def passthrough(request: Request, client: httpx.AsyncClient, base: str, bo
         request.method, url, headers=request_headers(request.headers.items()), content=body
     )
     try:
-        resp = await client.send(req, stream=True)
+        resp = await send(client, req)
     except httpx.HTTPError as exc:
         raise from_httpx(exc, base) from exc
 

@@ -200,3 +200,63 @@ def test_client_leaving_a_non_stream_request_cancels_it(serve: Callable[..., str
     recorder.control()
     with _http() as http:
         assert http.post(proxy + "/v1/chat/completions", json=BODY).status_code == 200
+
+
+class DropsReusedConnections:
+    """A raw HTTP/1.1 upstream that answers the first request on a connection with
+    keep-alive, then closes the connection on the next request without answering:
+    what a pooled connection the upstream closed meanwhile looks like (llama-server
+    closes after every stream while advertising keep-alive)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.served = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+
+    def _conn(self, conn: Any) -> None:
+        with conn:
+            for n in range(2):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
+                               if ln.lower().startswith(b"content-length:")), 0)  # fmt: skip
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                if n == 1:
+                    return  # the reused connection: drop it without a response
+                body = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+                self.served += 1
+
+
+def test_stale_pooled_connection_is_retried(serve: Callable[..., str]) -> None:
+    upstream = DropsReusedConnections()
+    proxy = serve(f"http://127.0.0.1:{upstream.port}")
+    with _http() as http:
+        statuses = [http.post(proxy + "/v1/chat/completions", json=BODY).status_code for _ in range(5)]
+        passthrough = [http.post(proxy + "/v1/embeddings", json={"input": "x"}).status_code for _ in range(3)]
+    assert statuses == [200] * 5 and passthrough == [200] * 3
+    assert upstream.served == 8
+    upstream.sock.close()

@@ -155,3 +155,16 @@ def test_llama_usage_shapes_from_the_real_server(llama_server: str) -> None:
     assert from_usage.prompt == obj["usage"]["prompt_tokens"]
     assert from_usage.cached == obj["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert (from_timings.prompt, from_timings.cached) == (from_usage.prompt, from_usage.cached)
+
+
+def test_back_to_back_streams_never_fail(llama_server: str, serve: Callable[..., str]) -> None:
+    """llama-server closes the connection after each stream while advertising
+    keep-alive: prefixpin must resend on a fresh connection, never answer 502."""
+    proxy = serve(llama_server)
+    client = _client(proxy)
+    for i in range(12):
+        msgs = [{"role": "user", "content": f"count {i}"}]
+        list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, stream=True))
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+    metrics = httpx.get(proxy + "/metrics", trust_env=False).text
+    assert 'status="502"' not in metrics
