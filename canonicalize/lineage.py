@@ -77,6 +77,7 @@ class LineageRecord:
     params: dict[str, Any] = field(default_factory=dict)
     fingerprint: Fingerprint | None = None
     requests: int = 0
+    branch: int = 0  # forks: how many messages of the parent's history the fork replayed
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -95,6 +96,7 @@ class LineageRecord:
                 "par": self.params,
                 "fp": self.fingerprint.to_json() if self.fingerprint else None,
                 "n": self.requests,
+                "b": self.branch,
             }
         )
 
@@ -117,6 +119,7 @@ class LineageRecord:
             params=dict(d.get("par", {})),
             fingerprint=Fingerprint.from_json(fp) if fp else None,
             requests=int(d.get("n", 0)),
+            branch=int(d.get("b", 0)),
         )
 
     def evolve(self, **changes: Any) -> LineageRecord:
@@ -163,6 +166,7 @@ class Signals:
 
     depth: int
     first_assistant: int | None  # index of the first assistant message in the history
+    last_assistant: int | None  # index of the last one
     identity: tuple[str, ...]
     skeleton: str
     head: str
@@ -215,8 +219,13 @@ def classify(sig: Signals, lookup: Lookup, policy: ForkPolicy) -> Decision:
         candidates.append((lookup.declared, lookup.depth))
     disabled = False
     for rec, depth in candidates:
-        if rec.kind == "fork" and same_session(sig, rec, depth):
-            return Decision("continuation", rec)
+        if rec.kind == "fork":
+            # Only a request that replays the fork's own messages continues it; the
+            # parent's next turn shares no more than the parent's history with it.
+            if depth > rec.branch and same_session(sig, rec, depth):
+                return Decision("continuation", rec)
+            if depth <= rec.branch:
+                continue
         replays = depth >= max(policy.min_depth, 1) and _has_reply(sig, depth)
         signal = _fork_signal(sig, rec, depth, policy) if replays else None
         # Safety: a fork reuses its parent's system prompt, so it must start like

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -181,6 +181,7 @@ class Canonicalizer:
         history = dialect.history(body)
         links, sizes = chain.links(dialect, history)
         first_assistant = next((i for i, m in enumerate(history) if dialect.is_assistant(m)), None)
+        last_assistant = next((i for i in range(len(history) - 1, -1, -1) if dialect.is_assistant(history[i])), None)
         last_user = next(
             (i for i in range(len(history) - 1, -1, -1) if _role(history[i]) == "user"),
             None,
@@ -189,6 +190,7 @@ class Canonicalizer:
         signals = Signals(
             depth=0,
             first_assistant=first_assistant,
+            last_assistant=last_assistant,
             identity=tuple(s.value for s in spans if s.rule.identity),
             skeleton=skeleton,
             head=head,
@@ -202,10 +204,7 @@ class Canonicalizer:
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
         sig = prep.signals
-        sig = Signals(
-            lookup.depth, sig.first_assistant, sig.identity, sig.skeleton, sig.head, sig.tools,
-            sig.last_user_index, sig.last_user_text, sig.declared_parent,
-        )  # fmt: skip
+        sig = replace(sig, depth=lookup.depth)
         prep.signals = sig
         return classify(sig, lookup, self.fork)
 
@@ -262,6 +261,7 @@ class Canonicalizer:
                     system_ref=parent.system_ref,
                     tools_ref=parent.tools_ref,
                     params=dict(parent.params),
+                    branch=_branch(prep, lookup),
                 )
                 fork_action = "repaired"
             else:
@@ -316,7 +316,8 @@ class Canonicalizer:
             system_ref=refs[0], tools_ref=refs[1], fingerprint=fingerprint, requests=record.requests + 1
         )
 
-        links = self._links_to_write(prep, lookup, record.id)
+        start = _branch(prep, lookup) if fork_action == "repaired" else max(lookup.depth - 1, 0)
+        links = prep.links[start:]
         return Outcome(
             body=body,
             role=role,
@@ -390,11 +391,16 @@ class Canonicalizer:
         )
         return fp, sizes
 
-    @staticmethod
-    def _links_to_write(prep: Prepared, lookup: Lookup, lineage_id: str) -> list[bytes]:
-        # The deepest recorded link gets this lineage too (another session may own
-        # it), then every new one.
-        return prep.links[max(lookup.depth - 1, 0) :]
+
+
+def _branch(prep: Prepared, lookup: Lookup) -> int:
+    """Where a new fork leaves its parent's history: after the parent's last reply it
+    replays (recorded or not).  The fork owns only the links past this point, so the
+    parent's next turn, which replays the same reply, stays the parent's; a lineage
+    otherwise gets its links from the deepest recorded one on, since another session
+    may own that one too."""
+    last = prep.signals.last_assistant
+    return max(lookup.depth, last + 1 if last is not None else 0)
 
 
 def _apply_static(rules: Sequence[Rule], slots: Iterable[Slot], rewrites: list[str]) -> None:

@@ -342,3 +342,24 @@ def test_user_rule_strip_mask_date() -> None:
     assert system_of(out) == "Local time: 10:00 nonce=* at 2026-05-14"
     assert out.rewrites == ["nonce", "day"]
     assert re.search("Local time", system_of(out))
+
+
+@pytest.mark.parametrize("reply_recorded", [True, False])
+def test_parent_turn_after_a_same_session_fork_stays_the_parents(reply_recorded: bool) -> None:
+    """Current hermes forks keep the parent's Session ID, system and tools; the
+    parent's next turn replays the same reply as the fork but must not continue it."""
+    h = Harness()
+    parent = h.send(turn2(), reply=REPLY2 if reply_recorded else None)
+    review = [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": hermes.REVIEW_PROMPT}]
+    fork = h.send(hermes.request(hermes.system_prompt(), review, hermes.tools_full()),
+                  reply={"role": "assistant", "content": "Nothing to save."})  # fmt: skip
+    assert (fork.role, fork.fork_signal) == ("fork", "marker")
+    new = "NEW: be terse."
+    nxt = h.send(hermes.request(hermes.system_prompt(extra=new),
+                                [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "go on"}],
+                                hermes.tools_full()))  # fmt: skip
+    assert nxt.role == "continuation" and nxt.record.id == parent.record.id
+    assert new in system_of(nxt)
+    loop_history = [*review, {"role": "assistant", "content": "Nothing to save."}, {"role": "user", "content": "sure?"}]
+    loop = h.send(hermes.request(hermes.system_prompt(), loop_history, hermes.tools_full()))
+    assert loop.record.id == fork.record.id and loop.fork_action == "continued"
