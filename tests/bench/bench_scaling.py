@@ -1,0 +1,176 @@
+"""How prefixpin's per-request cost grows with the conversation's length.
+
+    python -m tests.bench.bench_scaling [--messages 10,100,300,1000] [--json]
+
+Times the in-process request path on hermes-style bodies (tests/bench/overhead/
+body.py) of 10 to 1000 history messages, the same system prompt and tools[]:
+
+    root          orjson.loads -> prepare -> classify / finalize against an empty
+                  Lookup -> orjson.dumps (a first request: nothing recorded)
+    continuation  the previous turn (this conversation up to its last tool result)
+                  was recorded, with its reply, in a MemoryStore; this request goes
+                  through the proxy's own ``proxy.resolve.resolve`` (store lookup,
+                  classify, finalize: pins restored), is serialized, and is recorded
+                  in turn with ``proxy.resolve.record`` (``record`` column)
+
+Each figure is the median of many ``time.perf_counter`` samples.  The store is
+the proxy's own MemoryStore; its coroutines never suspend, so they are driven
+with ``coro.send(None)``, as cheap as awaiting them inside the proxy's loop.
+The cost must stay linear: the marginal cost per extra message (between two
+rows) should not grow with the length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import orjson
+
+from canonicalize import OPENAI, Canonicalizer, Lookup, Settings
+from proxy.resolve import record, resolve
+from proxy.store.memory import MemoryStore
+from tests.bench.overhead.body import hermes_body
+
+T = TypeVar("T")
+TENANT = "bench"
+REPLY = {"role": "assistant", "content": "Done: the export rewinds its buffer now and the suite passes."}
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Drive a coroutine that never suspends (the memory store's) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("the coroutine suspended; it needs an event loop")
+
+
+def median_us(fn: Callable[[], object], budget_s: float, min_n: int = 15) -> tuple[float, int]:
+    """Median of per-call times (µs) over ``budget_s`` seconds or ``min_n`` calls, whichever is more."""
+    for _ in range(3):  # warm-up
+        fn()
+    samples: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(samples) < min_n or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6, len(samples)
+
+
+class Case:
+    """One conversation length: the previous turn's body, and this turn's body."""
+
+    def __init__(self, canon: Canonicalizer, n: int) -> None:
+        self.canon = canon
+        self.n = n
+        # This turn: n history messages + a new user message.  The previous turn is the
+        # same conversation up to the last tool result; its reply (the assistant's answer,
+        # recorded as a link) is what this turn replays before its new question.
+        body = hermes_body(0, n, user="Now add a test for the empty inventory case.", minute="31")
+        prev = {**body, "messages": [hermes_body(0, n, minute="30")["messages"][0], *body["messages"][1:-2]]}
+        self.reply = body["messages"][-2]
+        self.raw = orjson.dumps(body)
+        self.prev_raw = orjson.dumps(prev)
+        self.messages = len(body["messages"])
+
+    def root(self) -> bytes:
+        prep = self.canon.prepare(orjson.loads(self.raw), OPENAI)
+        decision = self.canon.classify(prep, Lookup())
+        out = self.canon.finalize(prep, Lookup(), decision, new_id="x")
+        return orjson.dumps(out.body)
+
+    def seeded_store(self) -> MemoryStore:
+        """A store holding the previous turn as the proxy records it (request + reply link)."""
+        store = MemoryStore()
+        prep = self.canon.prepare(orjson.loads(self.prev_raw), OPENAI)
+        done = run_sync(resolve(self.canon, store, TENANT, prep, new_id=lambda: "prev"))
+        run_sync(record(store, TENANT, prep, done.outcome, self.reply))
+        return store
+
+    def continuation(self, store: MemoryStore) -> tuple[bytes, Any, Any]:
+        prep = self.canon.prepare(orjson.loads(self.raw), OPENAI)
+        outcome = run_sync(resolve(self.canon, store, TENANT, prep, new_id=lambda: "next")).outcome
+        return orjson.dumps(outcome.body), prep, outcome
+
+
+def measure(n: int, budget_s: float) -> dict[str, Any]:
+    canon = Canonicalizer(Settings())
+    case = Case(canon, n)
+    store = case.seeded_store()
+    role = case.continuation(store)[2].role
+    parts = {
+        "parse": lambda: orjson.loads(case.raw),
+        "prepare": lambda: canon.prepare(orjson.loads(case.raw), OPENAI),
+        "root": case.root,
+        "continuation": lambda: case.continuation(store),
+    }
+    out: dict[str, Any] = {"messages": case.messages, "body_kb": round(len(case.raw) / 1024, 1), "role": role}
+    for name, fn in parts.items():
+        out[f"{name}_us"], out[f"{name}_n"] = median_us(fn, budget_s)
+    _, prep, outcome = case.continuation(store)
+    out["record_us"], out["record_n"] = median_us(
+        lambda: run_sync(record(store, TENANT, prep, outcome, REPLY)), budget_s / 2
+    )
+    out["dumps_us"], _ = median_us(lambda: orjson.dumps(outcome.body), budget_s / 4)
+    for key in ("parse_us", "prepare_us", "root_us", "continuation_us", "record_us", "dumps_us"):
+        out[key] = round(out[key], 1)
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| messages | body KB | parse µs | prepare µs | root µs/req | continuation µs/req | record µs | "
+        "continuation µs/msg | marginal µs per extra msg |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    prev: dict[str, Any] | None = None
+    for r in rows:
+        cont_total = r["continuation_us"] + r["record_us"]
+        marginal = "-"
+        if prev is not None:
+            prev_total = prev["continuation_us"] + prev["record_us"]
+            marginal = f"{(cont_total - prev_total) / (r['messages'] - prev['messages']):.2f}"
+        lines.append(
+            f"| {r['messages']} | {r['body_kb']:.0f} | {r['parse_us']:,.0f} | {r['prepare_us']:,.0f} | "
+            f"{r['root_us']:,.0f} | {r['continuation_us']:,.0f} | {r['record_us']:,.0f} | "
+            f"{cont_total / r['messages']:.2f} | {marginal} |"
+        )
+        prev = r
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.bench_scaling", description=__doc__.split("\n")[0])
+    ap.add_argument("--messages", default="10,100,300,1000", help="history lengths to time")
+    ap.add_argument("--budget", type=float, default=1.5, help="seconds of sampling per figure")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rows = [measure(int(n), args.budget) for n in args.messages.split(",") if n.strip()]
+    bad = [r for r in rows if r["role"] != "continuation"]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print("prefixpin request path vs conversation length (median per request; hermes-style body)\n")
+        print(table(rows))
+        first, last = rows[0], rows[-1]
+        if len(rows) > 1:
+            growth = (last["continuation_us"] + last["record_us"]) / (first["continuation_us"] + first["record_us"])
+            print(
+                f"\n{last['messages']} vs {first['messages']} messages: {last['messages'] / first['messages']:.0f}x "
+                f"the messages, {growth:.1f}x the time (continuation + record)."
+            )
+    if bad:
+        print(f"warning: not classified as continuation: {[(r['messages'], r['role']) for r in bad]}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
