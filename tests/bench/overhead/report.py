@@ -119,6 +119,8 @@ def verdict(runs: list[Run], rates: list[float], conns: int) -> list[tuple[str, 
     """(claim, what was measured, met?) for each target of the issue; None: could not be judged."""
     idx = _index(runs)
     out: list[tuple[str, str, bool | None]] = []
+    if not any(r["target"] == "prefixpin" and "latency_ms" in r for r in runs):
+        return [("the issue's targets", "prefixpin not measured", None)]
     top = max(rates) if rates else None
     phase = f"open-plain-{top:g}" if top else ""
     pp = idx.get(("prefixpin", phase))
