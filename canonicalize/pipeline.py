@@ -103,6 +103,7 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
+        self._tools_cache: OrderedDict[bytes, bytes] = OrderedDict()
         self.rule_names = tuple(r.name for r in rules)
         self.sort_tool_keys = "generic" in settings.packs and TOOL_KEY_ORDER not in settings.disabled
         self.static = {s: tuple(r for r in rules if r.static and r.scope in (s, "all")) for s in ("system", "tools")}
@@ -146,6 +147,27 @@ class Canonicalizer:
             self._slot_cache.popitem(last=False)
         return result
 
+    def _sort_tools(self, body: dict[str, Any], dialect: Dialect, tool_list: list[Any]) -> bool:
+        """Canonical key order in every tool schema, memoised by the tools' bytes:
+        agents resend the same tools[] on every turn."""
+        try:
+            key = orjson.dumps(tool_list)
+        except TypeError:
+            return tools.sort_schema_keys(dialect, tool_list)
+        hit = self._tools_cache.get(key)
+        if hit is None:
+            moved = tools.sort_schema_keys(dialect, tool_list)
+            hit = orjson.dumps(tool_list) if moved else b""
+            self._tools_cache[key] = hit
+            if len(self._tools_cache) > SLOT_CACHE:
+                self._tools_cache.popitem(last=False)
+            return moved
+        self._tools_cache.move_to_end(key)
+        if not hit:
+            return False
+        body["tools"] = orjson.loads(hit)  # fresh objects: later steps may change them
+        return True
+
     def prepare(self, body: dict[str, Any], dialect: Dialect, *, declared_parent: str | None = None) -> Prepared:
         rewrites: list[str] = []
         system_slots = dialect.system_slots(body)
@@ -163,11 +185,12 @@ class Canonicalizer:
         tool_list = dialect.tools(body)
         tool_slots: list[Slot] = []
         if tool_list:
+            if self.sort_tool_keys and self._sort_tools(body, dialect, tool_list):
+                rewrites.append(TOOL_KEY_ORDER)
+                tool_list = dialect.tools(body)
             if self.static["tools"] or self.pin_tools:
                 tool_slots = dialect.tool_slots(body)
                 _apply_static(self.static["tools"], tool_slots, rewrites)
-            if self.sort_tool_keys and tools.sort_schema_keys(dialect, tool_list):
-                rewrites.append(TOOL_KEY_ORDER)
         if self.static_messages:
             _apply_static(self.static_messages, dialect.message_slots(body), rewrites)
 

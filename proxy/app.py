@@ -59,7 +59,7 @@ def create_app(
         s = Services(
             canon=canon,
             store=the_store,
-            guard=StoreGuard(timeout_s=config.store.timeout_ms / 1000),
+            guard=StoreGuard(),
             client=client,
             metrics=metrics,
             upstream=config.upstream.url,

@@ -14,7 +14,6 @@ upstream unchanged (or with its static rewrites when only the store failed),
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -312,27 +311,44 @@ class ClientGone(Exception):
     """The client disconnected while we waited on the upstream."""
 
 
+WATCH_AFTER_S = 1.0  # a request answered sooner is not worth a disconnect watcher
+
+
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` unless the client disconnects first: then cancel it (which
-    closes the upstream request) and raise ClientGone.  Streams need no watcher:
+    closes the upstream request) and raise ClientGone.
+
+    The watcher only starts once the upstream has taken WATCH_AFTER_S: a task per
+    request would cost more than the whole fast path.  Streams need no watcher:
     Starlette's StreamingResponse already stops on disconnect."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    me = asyncio.current_task()
+    gone = False
+    watcher: asyncio.Task[None] | None = None
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        if me is not None:
+            me.cancel()
+
+    def start() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone or me is None:
+            raise
+        me.uncancel()
+        raise ClientGone from None
     finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise ClientGone
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 def _tag(response: Response, plan: Plan) -> Response:

@@ -29,9 +29,10 @@ OWN_HEADERS = ("x-prefixpin-",)
 
 def make_client(cfg: Upstream, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
     """The pooled upstream client; ``kind: litellm`` wraps its transport in LiteLLM."""
-    limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections)
     if transport is None:
-        transport = httpx.AsyncHTTPTransport(limits=limits)
+        from proxy.transport import AiohttpTransport
+
+        transport = AiohttpTransport(max_connections=cfg.max_connections)
     if cfg.kind == "litellm":
         from proxy.litellm_upstream import LiteLLMTransport
 

@@ -17,19 +17,30 @@ import re
 from canonicalize.packs._pack import Pack
 from canonicalize.rules import compile_rule
 
-_COUNTER = r"(?P<v> \[\d{1,3}% — [\d,]+/[\d,]+ chars\])$"
+# Every pattern starts with a literal and checks the line start in a lookbehind
+# after it: `re` then jumps from one occurrence of the literal to the next instead
+# of trying every position of a 10-50 KB system prompt (~6x faster).
+_MEMORY = r"MEMORY \(your personal notes\) \["
+_PROFILE = r"USER PROFILE \(who the user is\) \["
 
 PACK = Pack(
     name="hermes",
     rules=(
         compile_rule(
             "hermes.memory_usage",
-            r"^(?:MEMORY \(your personal notes\)|USER PROFILE \(who the user is\))" + _COUNTER,
+            rf"(?P<v> \[(?:(?<=^{_MEMORY})|(?<=^{_PROFILE}))\d{{1,3}}% — [\d,]+/[\d,]+ chars\])$",
             "strip",
         ),
-        compile_rule("hermes.conversation_started", r"^Conversation started: (?P<v>[^\n]+)$", "pin"),
         compile_rule(
-            "hermes.session_id", r"^Session ID: (?P<v>\d{8}_\d{6}_[0-9a-f]{6,8})$", "pin", identity=True
+            "hermes.conversation_started",
+            r"Conversation started: (?<=^Conversation started: )(?P<v>[^\n]+)$",
+            "pin",
+        ),
+        compile_rule(
+            "hermes.session_id",
+            r"Session ID: (?<=^Session ID: )(?P<v>\d{8}_\d{6}_[0-9a-f]{6,8})$",
+            "pin",
+            identity=True,
         ),
     ),
     markers=(

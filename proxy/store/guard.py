@@ -1,12 +1,13 @@
 """A circuit breaker around the store: a down or slow store costs one timeout,
-not one per request.  After a failure the store is skipped (requests fail open
+not one per request.  The timeout itself is the backend's (Redis socket timeouts
+of ``store.timeout_ms``; the memory store never blocks), so a healthy call costs
+no extra task.  After a failure the store is skipped (requests fail open
 at once) for a cool-down that doubles up to ``max_cooldown_s``; the first call
 after it probes again, so a store that comes back is used without a restart.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -17,9 +18,8 @@ T = TypeVar("T")
 
 
 class StoreGuard:
-    def __init__(self, *, timeout_s: float, cooldown_s: float = 0.25, max_cooldown_s: float = 5.0,
+    def __init__(self, *, cooldown_s: float = 0.25, max_cooldown_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self.timeout_s = timeout_s
         self.base = cooldown_s
         self.max = max_cooldown_s
         self.clock = clock
@@ -35,7 +35,7 @@ class StoreGuard:
         if self.open:
             raise StoreError("store skipped after a recent failure")
         try:
-            result = await asyncio.wait_for(fn(), self.timeout_s)
+            result = await fn()
         except (StoreError, OSError, TimeoutError) as exc:
             self._until = self.clock() + self._cooldown
             self._cooldown = min(self._cooldown * 2, self.max)
