@@ -83,7 +83,6 @@ class Plan:
 
     role: str
     body: bytes
-    stream: bool = False
     drop_usage_chunk: bool = False
     prep: Prepared | None = None
     outcome: Outcome | None = None
@@ -141,13 +140,12 @@ class ChatRoute:
         if not isinstance(body, dict):  # not ours to judge: the upstream answers it
             return Plan("bypass", raw)
         tenant = tenant_of(headers, trust_header=s.trust_tenant_header)
-        stream = body.get("stream") is True
         try:
             prep = s.canon.prepare(body, self.dialect, declared_parent=headers.get("x-prefixpin-parent") or None)
         except Exception:
             log.exception("canonicalization failed; forwarding unchanged")
             m.fail_open.labels("canonicalize").inc()
-            return Plan("fail-open", raw, stream=stream, model=body.get("model"))
+            return Plan("fail-open", raw, model=body.get("model"))
         try:
             resolved = await resolve(s.canon, s.store, tenant, prep, call=s.guard.call)
             outcome, store_ok = resolved.outcome, resolved.store_ok
@@ -157,12 +155,12 @@ class ChatRoute:
         except Exception:
             log.exception("canonicalization failed; forwarding unchanged")
             m.fail_open.labels("canonicalize").inc()
-            return Plan("fail-open", raw, stream=stream, model=body.get("model"))
+            return Plan("fail-open", raw, model=body.get("model"))
         if not store_ok:
             m.fail_open.labels("store").inc()
         role = outcome.role if store_ok else "fail-open"
         return Plan(
-            role, out, stream=stream, drop_usage_chunk=injected, prep=prep,
+            role, out, drop_usage_chunk=injected, prep=prep,
             outcome=outcome if store_ok else None, tenant=tenant, model=body.get("model"),
             rewrites=tuple(outcome.rewrites),
         )  # fmt: skip
