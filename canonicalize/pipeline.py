@@ -103,13 +103,14 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
-        self._tools_cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._tools_cache: OrderedDict[bytes, list[Any] | bytes | None] = OrderedDict()
         self.rule_names = tuple(r.name for r in rules)
         self.sort_tool_keys = "generic" in settings.packs and TOOL_KEY_ORDER not in settings.disabled
         self.static = {s: tuple(r for r in rules if r.static and r.scope in (s, "all")) for s in ("system", "tools")}
         self.static_messages = tuple(r for r in rules if r.static and r.scope == "all")
         self.pin_system = tuple(r for r in rules if not r.static and r.scope in ("system", "all"))
         self.pin_tools = tuple(r for r in rules if not r.static and r.scope in ("tools", "all"))
+        self.tools_immutable = not (self.static["tools"] or self.pin_tools)
         markers = tuple(m for p in packs for m in p.markers) + settings.fork.markers
         inherit = tuple(dict.fromkeys(settings.fork.inherit_params + tuple(q for p in packs for q in p.inherit_params)))
         self.fork = ForkPolicy(
@@ -157,7 +158,9 @@ class Canonicalizer:
         hit = self._tools_cache.get(key)
         if hit is None:
             moved = tools.sort_schema_keys(dialect, tool_list)
-            hit = orjson.dumps(tool_list) if moved else b""
+            # The sorted tools are shared between requests unless a tools-scope rule
+            # may rewrite their descriptions in place; nothing else mutates a tool.
+            hit = (list(tool_list) if self.tools_immutable else orjson.dumps(tool_list)) if moved else None
             self._tools_cache[key] = hit
             if len(self._tools_cache) > SLOT_CACHE:
                 self._tools_cache.popitem(last=False)
@@ -165,7 +168,7 @@ class Canonicalizer:
         self._tools_cache.move_to_end(key)
         if not hit:
             return False
-        body["tools"] = orjson.loads(hit)  # fresh objects: later steps may change them
+        body["tools"] = list(hit) if isinstance(hit, list) else orjson.loads(hit)
         return True
 
     def prepare(self, body: dict[str, Any], dialect: Dialect, *, declared_parent: str | None = None) -> Prepared:

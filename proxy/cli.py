@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -39,6 +40,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         _import_litellm()
     app = create_app(config)
+    # Each request allocates tens of thousands of short-lived, acyclic JSON objects
+    # that reference counting frees; the default cyclic-GC threshold (700) made the
+    # collector run several times per request, scanning every long-lived object.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 50)
     log = logging.getLogger("prefixpin")
     log.info(
         "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
