@@ -26,7 +26,7 @@ from canonicalize import Canonicalizer
 from proxy.chat import ChatRoute, Services, read_body
 from proxy.config import Config
 from proxy.errors import PrefixpinError, StoreError, UpstreamError, from_httpx
-from proxy.forward import make_client, passthrough, upstream_url
+from proxy.forward import UpstreamClient, passthrough
 from proxy.metrics import Metrics
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
@@ -50,7 +50,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        client = make_client(config.upstream, transport)
+        upstream = UpstreamClient(config.upstream, transport)
         the_store = store or open_store(
             config.store.backend, redis_url=config.store.redis_url, ttl_s=config.store.ttl_s,
             max_entries=config.store.max_entries, max_bytes=config.store.max_bytes,
@@ -60,9 +60,8 @@ def create_app(
             canon=canon,
             store=the_store,
             guard=StoreGuard(),
-            client=client,
+            upstream=upstream,
             metrics=metrics,
-            upstream=config.upstream.url,
             max_body_bytes=config.limits.max_body_bytes,
             trust_tenant_header=config.tenancy.trust_header,
         )
@@ -73,7 +72,7 @@ def create_app(
         finally:
             if s.tasks:  # let pending records land
                 await asyncio.wait(list(s.tasks), timeout=5)
-            await client.aclose()
+            await upstream.aclose()
             await the_store.close()
 
     routes = {name: _LazyRoute(name, services) for name in ("chat_completions", "messages")}
@@ -95,11 +94,12 @@ def create_app(
         except (StoreError, OSError, TimeoutError) as exc:
             problems.append(f"store: {exc or type(exc).__name__}")
         try:
-            r = await s.client.get(upstream_url(s.upstream, "/health"), timeout=2)
+            r = await s.upstream.send("GET", "/health", "", [], b"", timeout=2)
+            await r.aclose()
             if r.status_code >= 500:
-                problems.append(f"upstream: {s.upstream} answered {r.status_code}")
+                problems.append(f"upstream: {s.upstream.base} answered {r.status_code}")
         except httpx.HTTPError as exc:
-            problems.append(f"upstream: {from_httpx(exc, s.upstream)}")
+            problems.append(f"upstream: {from_httpx(exc, s.upstream.base)}")
         if problems:
             return JSONResponse({"status": "not ready", "reasons": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
@@ -114,7 +114,7 @@ def create_app(
         s = services()
         try:
             body = await read_body(request, s.max_body_bytes)
-            response = await passthrough(request, s.client, s.upstream, body)
+            response = await passthrough(request, s.upstream, body)
         except ClientDisconnect:
             return Response(status_code=499)
         except PrefixpinError as exc:

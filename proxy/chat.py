@@ -31,7 +31,7 @@ from canonicalize.predict import predict
 from canonicalize.reply import ChatReply, MessagesReply
 from canonicalize.sse import SSESplitter, encode
 from proxy.errors import BodyTooLarge, PrefixpinError, StoreError, UpstreamError, from_httpx
-from proxy.forward import request_headers, response_headers, send, upstream_url
+from proxy.forward import UpstreamClient, request_headers, response_headers
 from proxy.metrics import Metrics
 from proxy.resolve import record, resolve
 from proxy.store import Store
@@ -51,9 +51,8 @@ class Services:
     canon: Canonicalizer
     store: Store
     guard: StoreGuard
-    client: httpx.AsyncClient
+    upstream: UpstreamClient
     metrics: Metrics
-    upstream: str
     max_body_bytes: int
     trust_tenant_header: bool
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -168,15 +167,14 @@ class ChatRoute:
     # -- the upstream -------------------------------------------------------------------
     async def _send(self, request: Request, plan: Plan, started: float) -> Response:
         s = self.s
-        url = upstream_url(s.upstream, request.url.path, request.url.query)
-        req = s.client.build_request(
-            "POST", url, headers=request_headers(request.headers.items(), identity=True), content=plan.body
-        )
+        headers = request_headers(request.headers.items(), identity=True)
         sent = time.perf_counter()
         try:
-            resp = await _unless_client_leaves(request, send(s.client, req))
+            resp = await _unless_client_leaves(
+                request, s.upstream.send("POST", request.url.path, request.url.query, headers, plan.body)
+            )
         except httpx.HTTPError as exc:
-            raise from_httpx(exc, s.upstream) from exc
+            raise from_httpx(exc, s.upstream.base) from exc
         offered = plan.outcome.offered if plan.outcome is not None else None
         reply: ChatReply | MessagesReply = (
             ChatReply(offered=offered, drop_usage_chunk=plan.drop_usage_chunk)
@@ -193,7 +191,7 @@ class ChatRoute:
         try:
             content = await _unless_client_leaves(request, resp.aread())
         except httpx.HTTPError as exc:
-            raise from_httpx(exc, s.upstream) from exc
+            raise from_httpx(exc, s.upstream.base) from exc
         finally:
             await resp.aclose()
         s.metrics.upstream_ttft.observe(time.perf_counter() - sent)

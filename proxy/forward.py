@@ -1,8 +1,10 @@
-"""Talking to the upstream: one pooled httpx client, header hygiene, passthrough.
+"""Talking to the upstream: one pooled connection, header hygiene, passthrough.
 
-Streaming follows httpx's proxy recipe: ``client.send(request, stream=True)`` and
-the response body is relayed chunk by chunk, never buffered; when the client
-goes away the generator is closed and so is the upstream response.
+Requests and responses are httpx's; they go straight to the transport (aiohttp's
+connector, or LiteLLM for ``kind: litellm``), since a proxy has no client-side
+cookies, auth or redirects for ``httpx.AsyncClient`` to run.  Response bodies are
+relayed chunk by chunk, never buffered; when the client goes away the generator
+is closed and so is the upstream response.
 """
 
 from __future__ import annotations
@@ -27,24 +29,6 @@ HOP_BY_HOP = frozenset(
 OWN_HEADERS = ("x-prefixpin-",)
 
 
-def make_client(cfg: Upstream, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
-    """The pooled upstream client; ``kind: litellm`` wraps its transport in LiteLLM."""
-    if transport is None:
-        from proxy.transport import AiohttpTransport
-
-        transport = AiohttpTransport(max_connections=cfg.max_connections)
-    if cfg.kind == "litellm":
-        from proxy.litellm_upstream import LiteLLMTransport
-
-        transport = LiteLLMTransport(cfg, transport)
-    return httpx.AsyncClient(
-        transport=transport,
-        timeout=httpx.Timeout(cfg.timeout_s, connect=min(cfg.connect_timeout_s, cfg.timeout_s)),
-        trust_env=False,  # never route through a proxy from the environment
-        follow_redirects=False,
-    )
-
-
 # A pooled keep-alive connection the upstream closed meanwhile fails like this,
 # before any response: the request never reached the upstream, so it is sent once
 # more on a fresh connection (what nginx's proxy_next_upstream does).  llama-server
@@ -52,12 +36,36 @@ def make_client(cfg: Upstream, transport: httpx.AsyncBaseTransport | None = None
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
-async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """``client.send(stream=True)``, retried once on a stale pooled connection."""
-    try:
-        return await client.send(request, stream=True)
-    except _STALE:
-        return await client.send(request, stream=True)
+class UpstreamClient:
+    """The upstream: base URL, pooled transport, timeouts."""
+
+    def __init__(self, cfg: Upstream, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if transport is None:
+            from proxy.transport import AiohttpTransport
+
+            transport = AiohttpTransport(max_connections=cfg.max_connections)
+        if cfg.kind == "litellm":
+            from proxy.litellm_upstream import LiteLLMTransport
+
+            transport = LiteLLMTransport(cfg, transport)
+        self.transport = transport
+        self.base = cfg.url
+        connect = min(cfg.connect_timeout_s, cfg.timeout_s)
+        self.timeout = {"connect": connect, "read": cfg.timeout_s, "write": cfg.timeout_s, "pool": cfg.timeout_s}
+
+    async def send(self, method: str, path: str, query: str, headers: list[tuple[str, str]], content: bytes,
+                   *, timeout: float | None = None) -> httpx.Response:  # fmt: skip
+        """Send and return once the response headers are in (the body streams)."""
+        limits = self.timeout if timeout is None else dict.fromkeys(self.timeout, timeout)
+        request = httpx.Request(method, upstream_url(self.base, path, query), headers=headers, content=content,
+                                extensions={"timeout": limits})  # fmt: skip
+        try:
+            return await self.transport.handle_async_request(request)
+        except _STALE:
+            return await self.transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
 
 
 def upstream_url(base: str, path: str, query: str = "") -> str:
@@ -91,16 +99,14 @@ def response_headers(headers: httpx.Headers, *, drop: Iterable[str] = ()) -> dic
     return out
 
 
-async def passthrough(request: Request, client: httpx.AsyncClient, base: str, body: bytes) -> Response:
+async def passthrough(request: Request, upstream: UpstreamClient, body: bytes) -> Response:
     """Forward any request unchanged: method, path, query, body bytes, streaming."""
-    url = upstream_url(base, request.url.path, request.url.query)
-    req = client.build_request(
-        request.method, url, headers=request_headers(request.headers.items()), content=body
-    )
     try:
-        resp = await send(client, req)
+        resp = await upstream.send(
+            request.method, request.url.path, request.url.query, request_headers(request.headers.items()), body
+        )
     except httpx.HTTPError as exc:
-        raise from_httpx(exc, base) from exc
+        raise from_httpx(exc, upstream.base) from exc
 
     async def relay() -> AsyncIterator[bytes]:
         try:
