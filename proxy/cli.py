@@ -42,9 +42,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(config)
     # Each request allocates tens of thousands of short-lived, acyclic JSON objects
     # that reference counting frees; the default cyclic-GC threshold (700) made the
-    # collector run several times per request, scanning every long-lived object.
+    # collector run several times per request, scanning every long-lived object
+    # (32 connections, instant upstream: 655 -> 828 req/s from 50k to 200k).
     gc.freeze()
-    gc.set_threshold(50_000, 20, 50)
+    gc.set_threshold(200_000, 50, 100)
     log = logging.getLogger("prefixpin")
     log.info(
         "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
