@@ -55,16 +55,20 @@ def _calls() -> list[dict[str, Any]]:
     ]
 
 
-async def _preamble(ctl: dict[str, Any]) -> Response | None:
+async def _preamble(request: Request) -> tuple[bytes, dict[str, Any], Response | None]:
+    """Record the request, then apply the told delay / error status."""
+    raw = await request.body()
+    _record(request, raw)
+    ctl = STATE["control"]
     if ctl.get("delay_s"):
         await asyncio.sleep(float(ctl["delay_s"]))
     if ctl.get("status"):
-        return JSONResponse(
+        return raw, ctl, JSONResponse(
             {"error": {"message": "told to fail", "type": "test", "code": ctl["status"]}},
             status_code=int(ctl["status"]),
             headers={"x-recorder": "error"},
         )
-    return None
+    return raw, ctl, None
 
 
 def _sse(obj: Any) -> bytes:
@@ -72,10 +76,7 @@ def _sse(obj: Any) -> bytes:
 
 
 async def chat(request: Request) -> Response:
-    raw = await request.body()
-    _record(request, raw)
-    ctl = STATE["control"]
-    early = await _preamble(ctl)
+    raw, ctl, early = await _preamble(request)
     if early is not None:
         return early
     try:
@@ -132,10 +133,7 @@ async def chat(request: Request) -> Response:
 
 
 async def messages(request: Request) -> Response:
-    raw = await request.body()
-    _record(request, raw)
-    ctl = STATE["control"]
-    early = await _preamble(ctl)
+    raw, ctl, early = await _preamble(request)
     if early is not None:
         return early
     body = json.loads(raw)
