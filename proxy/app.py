@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from canonicalize import Canonicalizer
+from proxy.admission import Admission
 from proxy.chat import ChatRoute, Services, read_body
 from proxy.config import Config
 from proxy.errors import PrefixpinError, StoreError, UpstreamError, from_httpx
@@ -125,8 +127,14 @@ def create_app(
         metrics.requests.labels("passthrough", "bypass", str(response.status_code)).inc()
         return response
 
+    def rejected(path: str) -> None:
+        route = {"/v1/chat/completions": "chat_completions", "/chat/completions": "chat_completions",
+                 "/v1/messages": "messages"}.get(path, "passthrough")  # fmt: skip
+        metrics.requests.labels(route, "rejected", "503").inc()
+
     all_methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     return Starlette(
+        middleware=[Middleware(Admission, limit=config.limits.max_concurrency, on_reject=rejected)],
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/chat/completions", chat, methods=["POST"]),

@@ -109,6 +109,7 @@ class Metrics:
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024
+    max_concurrency: int = 0  # 0: no limit
 
 
 @dataclass(frozen=True)
@@ -285,6 +286,8 @@ def validate(config: Config) -> None:
             re.compile(m)
         except re.error as exc:
             raise ConfigError(f"fork.markers[{i}]: does not compile: {exc}") from None
+    if config.limits.max_concurrency < 0:
+        raise ConfigError(f"limits.max_concurrency: must be 0 (no limit) or more (got {config.limits.max_concurrency})")
     if config.fork.min_depth < 1:
         raise ConfigError(f"fork.min_depth: must be at least 1 (got {config.fork.min_depth})")
     url = urlsplit(config.upstream.url)

@@ -260,3 +260,26 @@ def test_stale_pooled_connection_is_retried(serve: Callable[..., str]) -> None:
     assert statuses == [200] * 5 and passthrough == [200] * 3
     assert upstream.served == 8
     upstream.sock.close()
+
+
+def test_admission_limit_answers_503_at_once(serve: Callable[..., str], recorder: Recorder,
+                                            write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+    import concurrent.futures
+
+    proxy = serve(recorder.base, write_config({"limits": {"max_concurrency": 2}}))
+    recorder.control(delay_s=1.5)
+
+    def post(_: int) -> httpx.Response:
+        with _http() as http:
+            return http.post(proxy + "/v1/chat/completions", json=BODY)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(post, range(6)))
+    codes = sorted(r.status_code for r in results)
+    assert codes.count(200) >= 2 and codes.count(503) >= 1 and set(codes) <= {200, 503}
+    rejected = next(r for r in results if r.status_code == 503)
+    assert rejected.json()["error"]["code"] == "overloaded" and rejected.headers["retry-after"] == "1"
+    assert len(recorder.bodies()) == codes.count(200), "a refused request never reaches the upstream"
+    with _http() as http:
+        assert http.get(proxy + "/healthz").status_code == 200
+        assert 'status="503"' in http.get(proxy + "/metrics").text
