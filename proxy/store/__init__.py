@@ -43,13 +43,6 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
-def parse_ids(raw: bytes | str | None) -> list[str]:
-    if not raw:
-        return []
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    return [i for i in text.split(",") if i]
-
-
 def open_store(
     backend: str, *, redis_url: str, ttl_s: int, max_entries: int, max_bytes: int, timeout_ms: int
 ) -> Store:
@@ -63,4 +56,4 @@ def open_store(
     return MemoryStore(ttl_s=ttl_s, max_entries=max_entries, max_bytes=max_bytes)
 
 
-__all__ = ["CANDIDATES", "LINKS_PER_KEY", "SCAN_UP", "Store", "open_store", "parse_ids"]
+__all__ = ["CANDIDATES", "LINKS_PER_KEY", "SCAN_UP", "Store", "open_store"]

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from canonicalize import LineageRecord, Lookup
 from proxy.errors import StoreError
-from proxy.store import CANDIDATES, LINKS_PER_KEY, SCAN_UP, Links, parse_ids
+from proxy.store import CANDIDATES, LINKS_PER_KEY, SCAN_UP, Links
 
 # KEYS: the request's link keys in chain order.  ARGV: n, lineage key prefix,
 # declared parent id, max candidates, links to scan past the deepest.
@@ -148,4 +148,4 @@ class RedisStore:
         await self._redis.aclose()
 
 
-__all__ = ["RedisStore", "parse_ids"]
+__all__ = ["RedisStore"]
