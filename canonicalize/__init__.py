@@ -1,41 +1,55 @@
 """Pure request canonicalization: rules, packs, the hash chain, lineage decisions,
-and the response state machines.  No I/O, no asyncio, no clock reads: time and
-randomness come in as arguments.  Nothing here imports from ``proxy``.
+edits spliced into the raw bytes, and one exchange per wire API with its
+response state machine.  No I/O, no asyncio, no clock reads: time and randomness
+come in as arguments.  Nothing here imports from ``proxy``.
 """
 
 from __future__ import annotations
 
+from canonicalize.edits import Op, render
+from canonicalize.jsonspan import JsonDoc
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup
 from canonicalize.packs import PACKS, Pack
-from canonicalize.pipeline import (
-    Canonicalizer,
-    Outcome,
-    Prepared,
-    Settings,
-    blobs_needed,
-    ensure_stream_usage,
-)
+from canonicalize.pipeline import CANDIDATES, LINKS_PER_KEY, SCAN_UP, Canonicalizer, Outcome, Prepared, Settings
+from canonicalize.predict import Prediction, predict
 from canonicalize.rules import Rule, RuleError, compile_rule
-from canonicalize.shape import ANTHROPIC, OPENAI, Dialect
+from canonicalize.sse import Event, SSESplitter, encode
+from canonicalize.usage import Usage, UsageAccumulator, parse_usage
+from canonicalize.wire import CHAT, EXCHANGES, MESSAGES, Exchange, Reply, match
 
 __all__ = [
-    "ANTHROPIC",
-    "OPENAI",
+    "CANDIDATES",
+    "CHAT",
+    "EXCHANGES",
+    "LINKS_PER_KEY",
+    "MESSAGES",
     "PACKS",
+    "SCAN_UP",
     "Canonicalizer",
     "Decision",
-    "Dialect",
+    "Event",
+    "Exchange",
     "Fingerprint",
     "ForkPolicy",
+    "JsonDoc",
     "LineageRecord",
     "Lookup",
+    "Op",
     "Outcome",
     "Pack",
+    "Prediction",
     "Prepared",
+    "Reply",
     "Rule",
     "RuleError",
+    "SSESplitter",
     "Settings",
-    "blobs_needed",
+    "Usage",
+    "UsageAccumulator",
     "compile_rule",
-    "ensure_stream_usage",
+    "encode",
+    "match",
+    "parse_usage",
+    "predict",
+    "render",
 ]

@@ -9,11 +9,12 @@ computed once per request.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from canonicalize.shape import Dialect
+if TYPE_CHECKING:
+    from canonicalize.wire.base import Exchange
 
 ROOT = b"prefixpin/1"
 
@@ -23,21 +24,21 @@ def link(prev: bytes, canonical: bytes) -> bytes:
     return xxhash.xxh3_128_digest(prev + canonical)
 
 
-def links(dialect: Dialect, messages: Iterable[Any], prev: bytes = ROOT) -> tuple[list[bytes], list[int]]:
+def links(exchange: Exchange, messages: Iterable[Any], prev: bytes = ROOT) -> tuple[list[bytes], list[int]]:
     """The chain for ``messages`` (one link per message) and each message's canonical size."""
     out: list[bytes] = []
     sizes: list[int] = []
     for msg in messages:
-        canonical = dialect.canonical_message(msg)
+        canonical = exchange.canonical_message(msg)
         prev = link(prev, canonical)
         out.append(prev)
         sizes.append(len(canonical))
     return out, sizes
 
 
-def extend(dialect: Dialect, chain: Sequence[bytes], message: Any) -> bytes:
+def extend(exchange: Exchange, chain: Sequence[bytes], message: Any) -> bytes:
     """The link a reply ``message`` adds after ``chain``."""
-    return link(chain[-1] if chain else ROOT, dialect.canonical_message(message))
+    return link(chain[-1] if chain else ROOT, exchange.canonical_message(message))
 
 
 def digest(data: bytes) -> str:

@@ -74,7 +74,9 @@ class LineageRecord:
     own_tools: tuple[str, ...] = ()
     system_ref: str | None = None
     tools_ref: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    tools_meaning: str = ""  # hash of the tools as a set of canonical schemas (key order ignored)
+    params: dict[str, str] = field(default_factory=dict)  # inherit_params as forwarded: raw JSON text
+    notes: tuple[tuple[int, str], ...] = ()  # date notes: (history index, line), see canonicalize.notes
     fingerprint: Fingerprint | None = None
     requests: int = 0
     branch: int = 0  # forks: how many messages of the parent's history the fork replayed
@@ -93,7 +95,9 @@ class LineageRecord:
                 "ot": list(self.own_tools),
                 "sr": self.system_ref,
                 "tr": self.tools_ref,
+                "tm": self.tools_meaning,
                 "par": self.params,
+                "no": [list(n) for n in self.notes],
                 "fp": self.fingerprint.to_json() if self.fingerprint else None,
                 "n": self.requests,
                 "b": self.branch,
@@ -116,7 +120,9 @@ class LineageRecord:
             own_tools=tuple(d.get("ot", ())),
             system_ref=d.get("sr"),
             tools_ref=d.get("tr"),
-            params=dict(d.get("par", {})),
+            tools_meaning=d.get("tm", ""),
+            params={k: v for k, v in dict(d.get("par", {})).items() if isinstance(v, str)},
+            notes=tuple((int(i), str(t)) for i, t in d.get("no", ())),
             fingerprint=Fingerprint.from_json(fp) if fp else None,
             requests=int(d.get("n", 0)),
             branch=int(d.get("b", 0)),

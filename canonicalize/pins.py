@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import xxhash
 
 from canonicalize.rules import Rule
-from canonicalize.shape import Slot
+from canonicalize.wire.base import Slot
 
 MASK = "\x00"
 
@@ -41,8 +41,8 @@ def _line_key(rule: Rule, text: str, start: int, end: int) -> str:
 def find_spans(rules: Sequence[Rule], slots: Sequence[Slot]) -> list[Span]:
     """Every span of every pin rule in ``slots`` (in slot, then position order)."""
     spans: list[Span] = []
-    for i, (container, key) in enumerate(slots):
-        text = container[key]
+    for i, slot in enumerate(slots):
+        text = slot.get()
         for rule in rules:
             for start, end in rule.spans(text):
                 spans.append(Span(rule, i, start, end, _line_key(rule, text, start, end), text[start:end]))
@@ -56,8 +56,8 @@ def skeleton(slots: Sequence[Slot], spans: Sequence[Span]) -> str:
     for span in spans:
         by_slot.setdefault(span.slot, []).append(span)
     parts = []
-    for i, (container, key) in enumerate(slots):
-        text: str = container[key]
+    for i, slot in enumerate(slots):
+        text = slot.get()
         pos, out = 0, []
         for span in by_slot.get(i, ()):
             if span.start < pos:  # overlapping spans of two rules: the first wins
@@ -79,8 +79,7 @@ def restore(slots: Sequence[Slot], spans: Sequence[Span], recorded: dict[str, st
         if value is not None and value != span.value:
             by_slot.setdefault(span.slot, []).append(span)
     for i, slot_spans in by_slot.items():
-        container, key = slots[i]
-        text: str = container[key]
+        text = slots[i].get()
         pos, out = 0, []
         for span in slot_spans:
             if span.start < pos:
@@ -91,5 +90,5 @@ def restore(slots: Sequence[Slot], spans: Sequence[Span], recorded: dict[str, st
             if span.rule.name not in changed:
                 changed.append(span.rule.name)
         out.append(text[pos:])
-        container[key] = "".join(out)
+        slots[i].set("".join(out))
     return changed

@@ -1,9 +1,16 @@
 """The canonicalization pipeline: static rewrite -> analysis -> (store) -> finalize.
 
-The proxy calls :meth:`Canonicalizer.prepare` on a parsed body, looks the chain up
-in its store, and calls :meth:`Canonicalizer.finalize` with the store's answer (and,
-for forks, the parent's recorded system and tools[]).  Both steps are pure: no
-I/O, no clock, no randomness (the new lineage id is passed in).
+The proxy calls :meth:`Canonicalizer.prepare` on a request's raw bytes and their
+parse, looks the chain up in its store, fetches the blobs
+:meth:`Canonicalizer.blobs_needed` names (a fork's parent's system and tools[],
+or the lineage's recorded tools[]), and calls :meth:`Canonicalizer.finalize`.
+Both steps are pure: no I/O, no clock, no randomness (the new lineage id is
+passed in).
+
+What to forward is a list of edits (:mod:`canonicalize.edits`) against the raw
+bytes: the string values a rule changed, and the structural replacements a
+fork or the lineage's tools[] make.  ``prep.body`` (the parse) is updated to
+match, for hashing and fingerprints.
 """
 
 from __future__ import annotations
@@ -16,28 +23,21 @@ from typing import Any
 import orjson
 import xxhash
 
-from canonicalize import chain, pins, tools
-from canonicalize.lineage import (
-    Decision,
-    Fingerprint,
-    ForkPolicy,
-    LineageRecord,
-    Lookup,
-    Role,
-    Signals,
-    classify,
-)
+from canonicalize import chain, notes, pins
+from canonicalize.edits import DeleteMember, Op, SetMember, SetString, SetValue
+from canonicalize.jsonspan import JsonDoc, Path
+from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, Role, Signals, classify
 from canonicalize.packs import PACKS, Pack
-from canonicalize.packs.generic import TOOL_KEY_ORDER
 from canonicalize.rules import Rule
-from canonicalize.shape import Dialect, Slot
+from canonicalize.wire.base import Exchange, Slot
 
 HEAD_CHARS = 256
 BLOCK_BYTES = 256
 LINKS_PER_KEY = 8  # lineages remembered per link (sessions sharing a history)
 CANDIDATES = 8  # lineages a lookup returns at most
 SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
-SLOT_CACHE = 256  # distinct system texts whose analysis is memoised
+SLOT_CACHE = 256  # distinct system texts / tool lists whose analysis is memoised
+TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,32 +59,46 @@ class _SlotResult:
     head: str  # first HEAD_CHARS of the masked text
 
 
+@dataclass(frozen=True, slots=True)
+class ToolsId:
+    """tools[] as sent (``form``: its exact parse) and as meant (``meaning``: a set of
+    schemas, key order ignored)."""
+
+    form: str
+    meaning: str
+    names: tuple[str, ...]
+    size: int  # bytes, compact (prefix prediction)
+
+
 @dataclass(slots=True)
 class Prepared:
     """A request after the static pass, with everything classification needs."""
 
+    doc: JsonDoc
     body: dict[str, Any]
-    dialect: Dialect
+    exchange: Exchange
     rewrites: list[str]
     system_slots: list[Slot]
+    slots: list[Slot]  # system + tool slots, the index space of ``spans``
     spans: list[pins.Span]
     links: list[bytes]
     sizes: list[int]  # canonical byte size of each history message (prefix prediction)
     signals: Signals
-    own_tools: tuple[str, ...]
+    tools: ToolsId | None
+    originals: dict[Path, tuple[Slot, str]]  # every string a rule may change, as sent
 
 
 @dataclass(slots=True)
 class Outcome:
     """The result: what to forward, what to record, what to count."""
 
-    body: dict[str, Any]
+    ops: list[Op]
     role: Role
     rewrites: list[str]
     record: LineageRecord
     links: list[bytes]  # links the lineage now owns (stores prepend its id)
-    blobs: dict[str, bytes]  # content hash -> bytes, to store once
     touch: list[str]  # blob refs that already exist and must stay alive
+    new_blobs: tuple[str, ...]  # "system" / "tools": the forwarded bytes to store after sending
     offered: frozenset[str] | None  # fork tool guard: tools the request itself offered
     fork_action: str | None = None  # forks_total{action}
     parent_fp: Fingerprint | None = None
@@ -103,14 +117,12 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
-        self._tools_cache: OrderedDict[bytes, list[Any] | bytes | None] = OrderedDict()
+        self._tools_cache: OrderedDict[bytes, str] = OrderedDict()
         self.rule_names = tuple(r.name for r in rules)
-        self.sort_tool_keys = "generic" in settings.packs and TOOL_KEY_ORDER not in settings.disabled
         self.static = {s: tuple(r for r in rules if r.static and r.scope in (s, "all")) for s in ("system", "tools")}
         self.static_messages = tuple(r for r in rules if r.static and r.scope == "all")
         self.pin_system = tuple(r for r in rules if not r.static and r.scope in ("system", "all"))
         self.pin_tools = tuple(r for r in rules if not r.static and r.scope in ("tools", "all"))
-        self.tools_immutable = not (self.static["tools"] or self.pin_tools)
         markers = tuple(m for p in packs for m in p.markers) + settings.fork.markers
         inherit = tuple(dict.fromkeys(settings.fork.inherit_params + tuple(q for p in packs for q in p.inherit_params)))
         self.fork = ForkPolicy(
@@ -136,66 +148,67 @@ class Canonicalizer:
             if out != new:
                 new = out
                 fired.append(rule.name)
-        slot = [([new], 0)]
+        slot = [Slot([new], 0, ())]
         spans = pins.find_spans(self.pin_system, slot)
         masked = pins.skeleton(slot, spans)
         result = _SlotResult(
-            new, tuple(fired), tuple((s.rule, s.start, s.end, s.key, s.value) for s in spans),
-            _hash(masked), masked[:HEAD_CHARS],
-        )  # fmt: skip
+            new,
+            tuple(fired),
+            tuple((s.rule, s.start, s.end, s.key, s.value) for s in spans),
+            _hash(masked),
+            masked[:HEAD_CHARS],
+        )
         self._slot_cache[text] = result
         if len(self._slot_cache) > SLOT_CACHE:
             self._slot_cache.popitem(last=False)
         return result
 
-    def _sort_tools(self, body: dict[str, Any], dialect: Dialect, tool_list: list[Any]) -> bool:
-        """Canonical key order in every tool schema, memoised by the tools' bytes:
-        agents resend the same tools[] on every turn."""
+    def tools_id(self, exchange: Exchange, tool_list: list[Any]) -> ToolsId | None:
+        """What identifies ``tool_list``; None when it cannot be hashed (e.g. an
+        integer beyond 64 bits): such tools are forwarded as sent, never replaced."""
         try:
-            key = orjson.dumps(tool_list)
+            form = orjson.dumps(tool_list)
         except TypeError:
-            return tools.sort_schema_keys(dialect, tool_list)
-        hit = self._tools_cache.get(key)
-        if hit is None:
-            moved = tools.sort_schema_keys(dialect, tool_list)
-            # The sorted tools are shared between requests unless a tools-scope rule
-            # may rewrite their descriptions in place; nothing else mutates a tool.
-            hit = (list(tool_list) if self.tools_immutable else orjson.dumps(tool_list)) if moved else None
-            self._tools_cache[key] = hit
+            return None
+        meaning = self._tools_cache.get(form)
+        if meaning is None:
+            canon = sorted(orjson.dumps(t, option=orjson.OPT_SORT_KEYS) for t in tool_list)
+            meaning = chain.digest(b"\x1e".join(canon))
+            self._tools_cache[form] = meaning
             if len(self._tools_cache) > SLOT_CACHE:
                 self._tools_cache.popitem(last=False)
-            return moved
-        self._tools_cache.move_to_end(key)
-        if not hit:
-            return False
-        body["tools"] = list(hit) if isinstance(hit, list) else orjson.loads(hit)
-        return True
+        else:
+            self._tools_cache.move_to_end(form)
+        return ToolsId(chain.digest(form), meaning, _names(exchange, tool_list), len(form))
 
-    def prepare(self, body: dict[str, Any], dialect: Dialect, *, declared_parent: str | None = None) -> Prepared:
+    def prepare(
+        self, doc: JsonDoc, body: dict[str, Any], exchange: Exchange, *, declared_parent: str | None = None
+    ) -> Prepared:
+        """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``)."""
         rewrites: list[str] = []
-        system_slots = dialect.system_slots(body)
+        originals: dict[Path, tuple[Slot, str]] = {}
+        system_slots = exchange.system_slots(body)
         spans: list[pins.Span] = []
         masked_hashes, heads = [], []
-        for i, (container, key) in enumerate(system_slots):
-            res = self._system_text(container[key])
-            container[key] = res.text
+        for i, slot in enumerate(system_slots):
+            text = slot.get()
+            originals[slot.path] = (slot, text)
+            res = self._system_text(text)
+            slot.set(res.text)
             rewrites.extend(n for n in res.fired if n not in rewrites)
             spans.extend(pins.Span(r, i, s, e, k, v) for r, s, e, k, v in res.spans)
             masked_hashes.append(res.masked_hash)
             heads.append(res.head)
         skeleton = _hash("\x1e".join(masked_hashes))
         head = _hash("\x1e".join(heads)[:HEAD_CHARS])
-        tool_list = dialect.tools(body)
         tool_slots: list[Slot] = []
-        if tool_list:
-            if self.sort_tool_keys and self._sort_tools(body, dialect, tool_list):
-                rewrites.append(TOOL_KEY_ORDER)
-                tool_list = dialect.tools(body)
-            if self.static["tools"] or self.pin_tools:
-                tool_slots = dialect.tool_slots(body)
-                _apply_static(self.static["tools"], tool_slots, rewrites)
+        if exchange.tools(body) and (self.static["tools"] or self.pin_tools):
+            tool_slots = exchange.tool_slots(body)
+            _apply_static(self.static["tools"], tool_slots, rewrites, originals)
         if self.static_messages:
-            _apply_static(self.static_messages, dialect.message_slots(body), rewrites)
+            _apply_static(self.static_messages, exchange.message_slots(body), rewrites, originals)
+        tool_list = exchange.tools(body)
+        tools = self.tools_id(exchange, tool_list) if tool_list else None
 
         slots = system_slots + tool_slots
         if tool_slots and self.pin_tools:
@@ -204,15 +217,13 @@ class Canonicalizer:
                 pins.Span(s.rule, s.slot + offset, s.start, s.end, s.key, s.value)
                 for s in pins.find_spans(self.pin_tools, tool_slots)
             ]
-        history = dialect.history(body)
-        links, sizes = chain.links(dialect, history)
-        first_assistant = next((i for i, m in enumerate(history) if dialect.is_assistant(m)), None)
-        last_assistant = next((i for i in range(len(history) - 1, -1, -1) if dialect.is_assistant(history[i])), None)
-        last_user = next(
-            (i for i in range(len(history) - 1, -1, -1) if _role(history[i]) == "user"),
-            None,
-        )
-        own = tools.names(dialect, tool_list)
+            for slot in tool_slots:
+                originals.setdefault(slot.path, (slot, slot.get()))
+        history = exchange.history(body)
+        links, sizes = chain.links(exchange, history)
+        first_assistant = next((i for i, m in enumerate(history) if exchange.is_assistant(m)), None)
+        last_assistant = next((i for i in range(len(history) - 1, -1, -1) if exchange.is_assistant(history[i])), None)
+        last_user = next((i for i in range(len(history) - 1, -1, -1) if exchange.is_user(history[i])), None)
         signals = Signals(
             depth=0,
             first_assistant=first_assistant,
@@ -220,47 +231,60 @@ class Canonicalizer:
             identity=tuple(s.value for s in spans if s.rule.identity),
             skeleton=skeleton,
             head=head,
-            tools=own,
+            tools=tools.names if tools else (),
             last_user_index=last_user,
-            last_user_text=dialect.last_user_text(body) if last_user is not None else "",
+            last_user_text=exchange.last_user_text(body) if last_user is not None else "",
             declared_parent=declared_parent,
         )
-        return Prepared(body, dialect, rewrites, slots, spans, links, sizes, signals, own)
+        return Prepared(doc, body, exchange, rewrites, system_slots, slots, spans, links, sizes, signals, tools,
+                        originals)  # fmt: skip
 
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
-        sig = prep.signals
-        sig = replace(sig, depth=lookup.depth)
-        prep.signals = sig
-        return classify(sig, lookup, self.fork)
+        prep.signals = replace(prep.signals, depth=lookup.depth)
+        return classify(prep.signals, lookup, self.fork)
+
+    def blobs_needed(self, prep: Prepared, decision: Decision) -> tuple[str, ...]:
+        """The recorded blobs finalizing ``decision`` needs: a fork's parent's system
+        and tools[]; a continuation's recorded tools[] when the request's tools mean
+        the same but are written differently."""
+        parent = decision.parent
+        if parent is None:
+            return ()
+        if decision.role == "fork" or parent.kind == "fork":
+            if parent.system_ref is None or parent.tools_ref is None:
+                return ()
+            return parent.system_ref, parent.tools_ref
+        if self._recorded_tools(prep, parent) and parent.tools_ref is not None:
+            return (parent.tools_ref,)
+        return ()
+
+    @staticmethod
+    def _recorded_tools(prep: Prepared, parent: LineageRecord) -> bool:
+        t = prep.tools
+        return t is not None and t.meaning == parent.tools_meaning and t.form != parent.tools_ref
 
     # -- step 3: finalize ---------------------------------------------------
     def finalize(
-        self,
-        prep: Prepared,
-        lookup: Lookup,
-        decision: Decision,
-        *,
-        new_id: str,
-        parent_system: Any = None,
-        parent_tools: Any = None,
-        have_parent_blobs: bool = False,
+        self, prep: Prepared, lookup: Lookup, decision: Decision, *, new_id: str, blobs: dict[str, bytes]
     ) -> Outcome:
-        """Apply pins / tool order / fork repair and build what to record.
-
-        For a fork (or a fork's own later request) the caller passes the parent's
-        recorded system value and tools[] (``have_parent_blobs``); without them the
-        request is forwarded as a new root, never half-repaired.
-        """
-        body, dialect, sig = prep.body, prep.dialect, prep.signals
+        """Pins, date notes, the lineage's tools[] and fork repair, as edits, and
+        what to record.  A fork (or a fork's own later request) whose parent's
+        blobs are missing is forwarded as a new root, never half-repaired."""
+        body, exchange, sig = prep.body, prep.exchange, prep.signals
         rewrites = list(prep.rewrites)
+        structural: list[Op] = []
         parent = decision.parent
         role: Role = decision.role
         fork_action: str | None = "disabled" if decision.fork_disabled else None
         offered: frozenset[str] | None = None
         repairs_fork = parent is not None and (role == "fork" or parent.kind == "fork")
-        if repairs_fork and not have_parent_blobs:
-            role, parent, fork_action, repairs_fork = "root", None, "missing_parent", False
+        if repairs_fork and not all(ref in blobs for ref in self.blobs_needed(prep, decision)):
+            repairs_fork = False
+        if parent is not None and (role == "fork" or parent.kind == "fork") and not repairs_fork:
+            role, parent, fork_action = "root", None, "missing_parent"
+        own_tools = prep.tools.names if prep.tools else ()
+        tools_meaning = prep.tools.meaning if prep.tools else ""
 
         if role == "root" or parent is None:
             record = LineageRecord(
@@ -269,8 +293,9 @@ class Canonicalizer:
                 skeleton=sig.skeleton,
                 head=sig.head,
                 pins=_first_values(prep.spans),
-                tool_order=prep.own_tools,
-                own_tools=prep.own_tools,
+                tool_order=own_tools,
+                own_tools=own_tools,
+                tools_meaning=tools_meaning,
             )
             parent_fp = None
         elif repairs_fork:
@@ -282,76 +307,81 @@ class Canonicalizer:
                     identity=sig.identity,
                     skeleton=sig.skeleton,
                     head=sig.head,
-                    own_tools=prep.own_tools,
+                    own_tools=own_tools,
                     tool_order=parent.tool_order,
                     system_ref=parent.system_ref,
                     tools_ref=parent.tools_ref,
+                    tools_meaning=parent.tools_meaning,
                     params=dict(parent.params),
+                    notes=parent.notes,
                     branch=_branch(prep, lookup),
                 )
                 fork_action = "repaired"
             else:
                 record = parent
                 role, fork_action = "fork", "continued"
-            self._repair_fork(body, dialect, record, parent_system, parent_tools, rewrites)
+            self._apply_notes(prep, record.notes, rewrites)
+            structural += self._repair_fork(prep, record, blobs, rewrites)
             if self.fork.guard_tools:
-                offered = frozenset(prep.own_tools)
+                offered = frozenset(own_tools)
             parent_fp = parent.fingerprint
         else:  # continuation of a root lineage
-            changed = pins.restore(prep.system_slots, prep.spans, parent.pins)
+            changed = pins.restore(prep.slots, prep.spans, parent.pins)
             rewrites.extend(n for n in changed if n not in rewrites)
-            tool_order = parent.tool_order
-            tool_list = dialect.tools(body)
-            if tool_list:
-                new_list, tool_order = tools.reorder(dialect, tool_list, parent.tool_order)
-                if [id(t) for t in new_list] != [id(t) for t in tool_list]:
-                    body["tools"] = new_list
-                    rewrites.append("lineage.tool_order")
             merged = dict(_first_values(prep.spans))
             merged.update(parent.pins)
+            added = notes.new_notes(
+                prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth
+            )
             record = parent.evolve(
                 identity=sig.identity or parent.identity,
                 skeleton=sig.skeleton,
                 head=sig.head,
                 pins=merged,
-                tool_order=tool_order,
-                own_tools=prep.own_tools,
+                own_tools=own_tools,
+                notes=parent.notes + tuple(added),
             )
+            self._apply_notes(prep, record.notes, rewrites)
+            if self._recorded_tools(prep, parent) and parent.tools_ref in blobs:
+                structural.append(SetValue(("tools",), blobs[parent.tools_ref]))
+                body["tools"] = orjson.loads(blobs[parent.tools_ref])
+                rewrites.append(TOOLS_RULE)
+            elif prep.tools is not None and tools_meaning != parent.tools_meaning:
+                record = record.evolve(tools_meaning=tools_meaning, tool_order=own_tools)
             parent_fp = parent.fingerprint
 
-        if role != "fork" or record.params == {}:
-            record = record.evolve(params={p: body[p] for p in self.fork.inherit_params if p in body})
+        ops: list[Op] = [
+            SetString(path, slot.get()) for path, (slot, text) in prep.originals.items() if slot.get() != text
+        ]
+        ops += structural
+        if role != "fork":
+            record = record.evolve(params=self._params(prep))
 
-        # What the lineage forwarded, stored once by content hash.
-        blobs: dict[str, bytes] = {}
+        # What the lineage forwarded: refs by the parse, bytes stored after sending.
+        new_blobs: list[str] = []
         touch: list[str] = []
-        system_bytes = orjson.dumps(dialect.system_value(body))
-        tools_bytes = orjson.dumps(dialect.tools(body) or [])
-        refs = []
-        for raw in (system_bytes, tools_bytes):
-            ref = chain.digest(raw)
-            refs.append(ref)
-            if ref in (record.system_ref, record.tools_ref):
+        system_ref = chain.digest(orjson.dumps(exchange.system_value(body)))
+        tools_ref = _tools_ref(exchange, body)
+        for name, ref, had in (("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)):
+            if ref == had:
                 touch.append(ref)
             else:
-                blobs[ref] = raw
-        fingerprint = self.fingerprint(
-            body, dialect, tools_ref=refs[1], tools_len=len(tools_bytes), n_messages=len(prep.links)
-        )
+                new_blobs.append(name)
+        size = prep.tools.size if prep.tools else 0
+        fingerprint = self.fingerprint(body, exchange, tools_ref=tools_ref, tools_len=size, n_messages=len(prep.links))
         record = record.evolve(
-            system_ref=refs[0], tools_ref=refs[1], fingerprint=fingerprint, requests=record.requests + 1
+            system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
         )
 
         start = _branch(prep, lookup) if fork_action == "repaired" else max(lookup.depth - 1, 0)
-        links = prep.links[start:]
         return Outcome(
-            body=body,
+            ops=ops,
             role=role,
             rewrites=rewrites,
             record=record,
-            links=links,
-            blobs=blobs,
+            links=prep.links[start:],
             touch=touch,
+            new_blobs=tuple(new_blobs),
             offered=offered,
             fork_action=fork_action,
             parent_fp=parent_fp,
@@ -359,48 +389,80 @@ class Canonicalizer:
         )
 
     # -- helpers ------------------------------------------------------------
+    def _apply_notes(self, prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str]) -> None:
+        for index, line in recorded:
+            slot = prep.exchange.note_slot(prep.body, index)
+            if slot is None:
+                continue
+            prep.originals.setdefault(slot.path, (slot, slot.get()))
+            slot.set(notes.appended(slot.get(), line))
+            name = next((s.rule.name for s in prep.spans if s.rule.action == "date"), "date")
+            if name not in rewrites:
+                rewrites.append(name)
+
+    def _params(self, prep: Prepared) -> dict[str, str]:
+        """The inherit_params the request carries, as written (raw JSON text)."""
+        out: dict[str, str] = {}
+        for p in self.fork.inherit_params:
+            if p in prep.body:
+                span = prep.doc.span((p,))
+                if span is not None:
+                    out[p] = prep.doc.raw[span[0] : span[1]].decode("utf-8", "surrogatepass")
+        return out
+
     def _repair_fork(
-        self,
-        body: dict[str, Any],
-        dialect: Dialect,
-        record: LineageRecord,
-        parent_system: Any,
-        parent_tools: Any,
-        rewrites: list[str],
-    ) -> None:
-        if orjson.dumps(dialect.system_value(body)) != orjson.dumps(parent_system):
-            dialect.set_system_value(body, parent_system)
+        self, prep: Prepared, record: LineageRecord, blobs: dict[str, bytes], rewrites: list[str]
+    ) -> list[Op]:
+        """The parent's system part, tools[] and params instead of the fork's own."""
+        body, exchange = prep.body, prep.exchange
+        ops: list[Op] = []
+        assert record.system_ref is not None and record.tools_ref is not None
+        system_blob, tools_blob = blobs[record.system_ref], blobs[record.tools_ref]
+        if orjson.dumps(exchange.system_value(body)) != orjson.dumps(orjson.loads(system_blob)):
+            ops += exchange.set_system(body, system_blob)
             rewrites.append("fork.system")
-        if (dialect.tools(body) or []) != (parent_tools or []):
+        parent_tools = orjson.loads(tools_blob)
+        if (exchange.tools(body) or []) != (parent_tools or []):
             if parent_tools:
                 body["tools"] = parent_tools
+                ops.append(SetMember((), "tools", tools_blob))
             else:
                 body.pop("tools", None)
+                ops.append(DeleteMember((), "tools"))
             rewrites.append("fork.tools")
         changed_params = False
         for p in self.fork.inherit_params:
             if p in record.params:
-                if body.get(p) != record.params[p]:
-                    body[p] = record.params[p]
+                raw = record.params[p].encode("utf-8", "surrogatepass")
+                value = orjson.loads(raw)
+                if p not in body or body[p] != value:
+                    body[p] = value
+                    ops.append(SetMember((), p, raw))
                     changed_params = True
             elif p in body:
                 del body[p]
+                ops.append(DeleteMember((), p))
                 changed_params = True
         if changed_params:
             rewrites.append("fork.params")
+        return ops
 
     def fingerprint(
-        self, body: dict[str, Any], dialect: Dialect, *, tools_ref: str, tools_len: int, n_messages: int
+        self, body: dict[str, Any], exchange: Exchange, *, tools_ref: str, tools_len: int, n_messages: int
     ) -> Fingerprint:
         """What prefix prediction compares, for ``body`` as it is (forwarded or as received)."""
-        text = "\x1e".join(c[k] for c, k in dialect.system_slots(body)).encode("utf-8", "surrogatepass")
+        text = "\x1e".join(s.get() for s in exchange.system_slots(body)).encode("utf-8", "surrogatepass")
         blocks = tuple(
             xxhash.xxh64_hexdigest(text[i : i + BLOCK_BYTES]) for i in range(0, len(text), BLOCK_BYTES)
         )
         params = {p: body[p] for p in self.fork.inherit_params if p in body}
+        try:
+            params_hash = _hash(orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()) if params else ""
+        except TypeError:
+            params_hash = _hash(repr(sorted(params.items())))
         return Fingerprint(
             model=body.get("model") if isinstance(body.get("model"), str) else None,
-            params=_hash(orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()) if params else "",
+            params=params_hash,
             system_blocks=blocks,
             system_len=len(text),
             tools=tools_ref,
@@ -408,15 +470,34 @@ class Canonicalizer:
             n_messages=n_messages,
         )
 
-    def measure(self, body: dict[str, Any], dialect: Dialect) -> tuple[Fingerprint, list[int]]:
+    def measure(self, body: dict[str, Any], exchange: Exchange) -> tuple[Fingerprint, list[int]]:
         """Fingerprint and message sizes of a body as received (no rule applied)."""
-        tools_bytes = orjson.dumps(dialect.tools(body) or [])
-        _, sizes = chain.links(dialect, dialect.history(body))
+        tool_list = exchange.tools(body)
+        tools = self.tools_id(exchange, tool_list) if tool_list else None
+        _, sizes = chain.links(exchange, exchange.history(body))
         fp = self.fingerprint(
-            body, dialect, tools_ref=chain.digest(tools_bytes), tools_len=len(tools_bytes), n_messages=len(sizes)
+            body,
+            exchange,
+            tools_ref=_tools_ref(exchange, body),
+            tools_len=tools.size if tools else 0,
+            n_messages=len(sizes),
         )
         return fp, sizes
 
+
+def _tools_ref(exchange: Exchange, body: dict[str, Any]) -> str:
+    """The ref of the tools[] ``body`` forwards: the digest of their exact parse."""
+    tool_list = exchange.tools(body)
+    if not tool_list:
+        return chain.digest(b"[]")
+    try:
+        return chain.digest(orjson.dumps(tool_list))
+    except TypeError:
+        return chain.digest(repr(tool_list).encode("utf-8", "surrogatepass"))
+
+
+def _names(exchange: Exchange, tool_list: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(n for n in (exchange.tool_name(t) for t in tool_list) if n is not None)
 
 
 def _branch(prep: Prepared, lookup: Lookup) -> int:
@@ -429,22 +510,22 @@ def _branch(prep: Prepared, lookup: Lookup) -> int:
     return max(lookup.depth, last + 1 if last is not None else 0)
 
 
-def _apply_static(rules: Sequence[Rule], slots: Iterable[Slot], rewrites: list[str]) -> None:
+def _apply_static(
+    rules: Sequence[Rule], slots: Iterable[Slot], rewrites: list[str], originals: dict[Path, tuple[Slot, str]]
+) -> None:
     if not rules:
         return
-    for container, key in slots:
-        text = container[key]
+    for slot in slots:
+        text = original = slot.get()
         for rule in rules:
             new = rule.apply(text)
             if new != text:
                 text = new
                 if rule.name not in rewrites:
                     rewrites.append(rule.name)
-        container[key] = text
-
-
-def _role(msg: Any) -> Any:
-    return msg.get("role") if isinstance(msg, dict) else None
+        if text != original:
+            originals.setdefault(slot.path, (slot, original))
+            slot.set(text)
 
 
 def _first_values(spans: Sequence[pins.Span]) -> dict[str, str]:
@@ -456,24 +537,3 @@ def _first_values(spans: Sequence[pins.Span]) -> dict[str, str]:
 
 def _hash(text: str) -> str:
     return xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
-
-
-def blobs_needed(decision: Decision) -> tuple[str, str] | None:
-    """The parent's (system, tools) blob refs that finalizing ``decision`` needs, if any."""
-    parent = decision.parent
-    if parent is None or not (decision.role == "fork" or parent.kind == "fork"):
-        return None
-    if parent.system_ref is None or parent.tools_ref is None:
-        return None
-    return parent.system_ref, parent.tools_ref
-
-
-def ensure_stream_usage(body: dict[str, Any]) -> bool:
-    """Ask a streaming upstream for usage; True if the client had not asked itself."""
-    if body.get("stream") is not True:
-        return False
-    opts = body.get("stream_options")
-    if isinstance(opts, dict) and opts.get("include_usage") is True:
-        return False
-    body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-    return True

@@ -5,14 +5,17 @@ compiled ``pattern``, an ``action`` and a ``scope``:
 
 - ``strip``  removes the span;
 - ``mask``   replaces the span with a constant (``replacement``, default ``<masked>``);
-- ``date``   keeps only the pattern's ``date`` group of the span (drops the time);
 - ``pin``    replaces the span with the value recorded at the lineage's first
   request (see :mod:`canonicalize.pins`); a pin rule with ``identity=True`` also
-  names the session (hermes ``Session ID: …``).
+  names the session (hermes ``Session ID: …``);
+- ``date``   pins the span like ``pin`` (the system prompt keeps the lineage's
+  first date) and, when the agent's date moves on, tells the model: one short
+  line with the new date is added to the newest user message, and kept at that
+  message in every later request of the lineage (see :mod:`canonicalize.notes`).
 
-The span is the pattern's named group ``v`` when it has one, else the whole match,
-so a rule can anchor on context it does not change
-(``^MEMORY \\(your personal notes\\)(?P<v> \\[49% — …\\])$``).
+The span is the pattern's named group ``v`` when it has one (else its ``date``
+group for a date rule), else the whole match, so a rule can anchor on context
+it does not change (``^MEMORY \\(your personal notes\\)(?P<v> \\[49% — …\\])$``).
 
 Rules never touch anything their pattern does not match: no whitespace or number
 normalisation happens anywhere in prefixpin.
@@ -52,15 +55,13 @@ class Rule:
             raise RuleError(f"action must be one of {', '.join(ACTIONS)}, not {self.action!r}")
         if self.scope not in SCOPES:
             raise RuleError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
-        if self.action == "date" and "date" not in self.pattern.groupindex:
-            raise RuleError("action 'date' needs a named group (?P<date>...) in the pattern")
         if self.identity and self.action != "pin":
             raise RuleError("identity: true is only meaningful on a pin rule")
 
     @property
     def static(self) -> bool:
-        """True for rules that need no lineage state (everything but ``pin``)."""
-        return self.action != "pin"
+        """True for rules that need no lineage state (``strip`` and ``mask``)."""
+        return self.action not in ("pin", "date")
 
     def apply(self, text: str) -> str:
         """Return ``text`` with every span of a static rule rewritten."""
@@ -68,17 +69,22 @@ class Rule:
             return self._sub(text, lambda m: "")
         if self.action == "mask":
             return self._sub(text, lambda m: self.replacement)
-        if self.action == "date":
-            return self._sub(text, lambda m: m.group("date") or "")
         return text
+
+    @property
+    def _group(self) -> str | int:
+        groups = self.pattern.groupindex
+        if "v" in groups:
+            return "v"
+        return "date" if self.action == "date" and "date" in groups else 0
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Start/end of every (non-empty) span this rule matches in ``text``."""
-        grp = "v" if "v" in self.pattern.groupindex else 0
+        grp = self._group
         return [(s, e) for s, e in (m.span(grp) for m in self.pattern.finditer(text)) if 0 <= s < e]
 
     def _sub(self, text: str, new: Callable[[re.Match[str]], str]) -> str:
-        grp = "v" if "v" in self.pattern.groupindex else 0
+        grp = self._group
 
         def repl(m: re.Match[str]) -> str:
             whole, base = m.group(0), m.start()

@@ -54,6 +54,11 @@ class SSESplitter:
             start = end
         self._buf = buf[start:]
 
+    def take(self) -> bytes:
+        """The bytes held back so far (an unterminated event), as received."""
+        tail, self._buf = self._buf, b""
+        return tail
+
     def flush(self) -> Event | None:
         if not self._buf.strip():
             self._buf = b""

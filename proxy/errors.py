@@ -10,6 +10,8 @@
      └── StoreError               the store is down or slow (never a response: fail open)
 
 Upstream 4xx/5xx *responses* are not errors here: they pass through verbatim.
+The response for each error is built in :mod:`proxy.responses`, in the shape of
+the API the client spoke.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import httpx
-from starlette.responses import JSONResponse
 
 
 class PrefixpinError(Exception):
@@ -25,13 +26,6 @@ class PrefixpinError(Exception):
     type: ClassVar[str] = "prefixpin_error"
     code: ClassVar[str] = "internal_error"
     metric_kind: ClassVar[str] = "other"
-
-    def response(self) -> JSONResponse:
-        """The OpenAI-style error body clients already know how to read."""
-        return JSONResponse(
-            {"error": {"message": str(self), "type": self.type, "code": self.code}},
-            status_code=self.status,
-        )
 
 
 class RequestRejected(PrefixpinError):

@@ -19,10 +19,13 @@ _RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 1.0)
 
 ROLES = ("root", "continuation", "fork", "bypass", "fail-open")
 BREAK_CAUSES = ("system_changed", "tools_changed", "history_rewritten", "params_changed", "model_changed")
-FAIL_OPEN_STAGES = ("canonicalize", "store", "record", "response")
+# The addons' names (proxy.addons) and the response state machine.
+FAIL_OPEN_STAGES = (
+    "bypass", "tenancy", "canonicalize", "store", "stream_usage", "fork_guard", "measure", "record", "response",
+)
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "stream_cut", "http_4xx", "http_5xx")
 FORK_ACTIONS = ("repaired", "continued", "missing_parent", "disabled")
-LINEAGE_REWRITES = ("generic.tool_key_order", "lineage.tool_order", "fork.system", "fork.tools", "fork.params")
+LINEAGE_REWRITES = ("lineage.tools", "fork.system", "fork.tools", "fork.params")
 
 
 class ModelLabels:

@@ -5,16 +5,14 @@
   restores the value the same line had at the lineage's first request, so a
   datetime that belongs to changed content (a new line) is left alone.
 
-Canonical tool serialisation (stable key order inside ``parameters``) is part of
-every pipeline that enables this pack; see :mod:`canonicalize.tools`.
+tools[] are never re-serialized: the lineage forwards the bytes it first sent for
+tools that mean the same (see :mod:`canonicalize.pipeline`).
 """
 
 from __future__ import annotations
 
 from canonicalize.packs._pack import Pack
 from canonicalize.rules import compile_rule
-
-TOOL_KEY_ORDER = "generic.tool_key_order"
 
 PACK = Pack(
     name="generic",

@@ -1,7 +1,9 @@
 """anomalyco/opencode (sst/opencode).
 
 ``Today's date: Thu Jan 01 2026`` in the system ``<env>`` block is recomputed per
-request and changes at local midnight in the middle of a session: pinned.
+request and changes at local midnight in the middle of a session: a ``date``
+rule keeps the first date in the system prompt and tells the model the new one
+in the newest user message.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ PACK = Pack(
             "opencode.todays_date",
             r"Today's date: (?P<v>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep"
             r"|Oct|Nov|Dec) \d{2} \d{4})",
-            "pin",
+            "date",
         ),
     ),
 )

@@ -11,10 +11,12 @@ by tenant and expires after ``store.ttl_s``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from canonicalize import LineageRecord, Lookup
-from canonicalize.pipeline import CANDIDATES, LINKS_PER_KEY, SCAN_UP
+from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
+
+if TYPE_CHECKING:
+    from proxy.config import Store as StoreConfig
 
 Links = Sequence[bytes]
 
@@ -43,17 +45,15 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
-def open_store(
-    backend: str, *, redis_url: str, ttl_s: int, max_entries: int, max_bytes: int, timeout_ms: int
-) -> Store:
-    """The factory the app calls from its lifespan."""
-    if backend == "redis":
+def open_store(cfg: StoreConfig) -> Store:
+    """The factory the app (and audit) calls: the ``store`` config section's backend."""
+    if cfg.backend == "redis":
         from proxy.store.redis import RedisStore
 
-        return RedisStore(redis_url, ttl_s=ttl_s, timeout_s=timeout_ms / 1000)
+        return RedisStore(cfg.redis_url, ttl_s=cfg.ttl_s, timeout_s=cfg.timeout_ms / 1000)
     from proxy.store.memory import MemoryStore
 
-    return MemoryStore(ttl_s=ttl_s, max_entries=max_entries, max_bytes=max_bytes)
+    return MemoryStore(ttl_s=cfg.ttl_s, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes)
 
 
 __all__ = ["CANDIDATES", "LINKS_PER_KEY", "SCAN_UP", "Store", "open_store"]

@@ -6,12 +6,13 @@ Times the in-process request path on hermes-style bodies (tests/bench/overhead/
 body.py) of 10 to 1000 history messages, the same system prompt and tools[]:
 
     root          orjson.loads -> prepare -> classify / finalize against an empty
-                  Lookup -> orjson.dumps (a first request: nothing recorded)
+                  Lookup -> the edits spliced into the bytes (a first request)
     continuation  the previous turn (this conversation up to its last tool result)
                   was recorded, with its reply, in a MemoryStore; this request goes
-                  through the proxy's own ``proxy.resolve.resolve`` (store lookup,
-                  classify, finalize: pins restored), is serialized, and is recorded
-                  in turn with ``proxy.resolve.record`` (``record`` column)
+                  through the proxy's own request hooks (``proxy.offline``: the
+                  addons, store lookup, classify, finalize: pins restored), its
+                  edits are spliced, and it is recorded in turn by the Record
+                  addon (``record`` column)
 
 Each figure is the median of many ``time.perf_counter`` samples.  The store is
 the proxy's own MemoryStore; its coroutines never suspend, so they are driven
@@ -30,14 +31,16 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import orjson
+from starlette.datastructures import Headers
 
-from canonicalize import OPENAI, Canonicalizer, Lookup, Settings
-from proxy.resolve import record, resolve
-from proxy.store.memory import MemoryStore
+from canonicalize import CHAT, Canonicalizer, JsonDoc, Lookup, render
+from proxy.config import load
+from proxy.flow import Flow
+from proxy.offline import Offline
 from tests.bench.overhead.body import hermes_body
 
 T = TypeVar("T")
-TENANT = "bench"
+KEY = {"authorization": "Bearer sk-bench"}
 REPLY = {"role": "assistant", "content": "Done: the export rewinds its buffer now and the suite passes."}
 
 
@@ -81,45 +84,55 @@ class Case:
         self.messages = len(body["messages"])
 
     def root(self) -> bytes:
-        prep = self.canon.prepare(orjson.loads(self.raw), OPENAI)
+        body = orjson.loads(self.raw)
+        prep = self.canon.prepare(JsonDoc(self.raw), body, CHAT)
         decision = self.canon.classify(prep, Lookup())
-        out = self.canon.finalize(prep, Lookup(), decision, new_id="x")
-        return orjson.dumps(out.body)
+        out = self.canon.finalize(prep, Lookup(), decision, new_id="x", blobs={})
+        return render(prep.doc, out.ops)
 
-    def seeded_store(self) -> MemoryStore:
-        """A store holding the previous turn as the proxy records it (request + reply link)."""
-        store = MemoryStore()
-        prep = self.canon.prepare(orjson.loads(self.prev_raw), OPENAI)
-        done = run_sync(resolve(self.canon, store, TENANT, prep, new_id=lambda: "prev"))
-        run_sync(record(store, TENANT, prep, done.outcome, self.reply))
-        return store
+    def seeded(self) -> Offline:
+        """The proxy's offline flow holding the previous turn as it records it (request + reply link)."""
+        offline = Offline(load(None, env={}), new_id=lambda: "prev")
+        run_sync(_drive(offline.send(self.prev_raw, reply=self.reply, headers=KEY)))
+        return offline
 
-    def continuation(self, store: MemoryStore) -> tuple[bytes, Any, Any]:
-        prep = self.canon.prepare(orjson.loads(self.raw), OPENAI)
-        outcome = run_sync(resolve(self.canon, store, TENANT, prep, new_id=lambda: "next")).outcome
-        return orjson.dumps(outcome.body), prep, outcome
+    def continuation(self, offline: Offline) -> Flow:
+        flow = Flow(CHAT, HEADERS, "", self.raw, 0.0)
+        run_sync(offline.runner.request(flow))
+        offline.runner.render(flow)
+        return flow
+
+
+HEADERS = Headers(KEY)
+
+
+async def _drive(coro: Coroutine[Any, Any, T]) -> T:
+    return await coro
 
 
 def measure(n: int, budget_s: float) -> dict[str, Any]:
-    canon = Canonicalizer(Settings())
+    offline = Offline(load(None, env={}))
+    canon: Canonicalizer = offline.s.canon
     case = Case(canon, n)
-    store = case.seeded_store()
-    role = case.continuation(store)[2].role
+    seeded = case.seeded()
+    role = case.continuation(seeded).role
     parts = {
         "parse": lambda: orjson.loads(case.raw),
-        "prepare": lambda: canon.prepare(orjson.loads(case.raw), OPENAI),
+        "prepare": lambda: canon.prepare(JsonDoc(case.raw), orjson.loads(case.raw), CHAT),
         "root": case.root,
-        "continuation": lambda: case.continuation(store),
+        "continuation": lambda: case.continuation(seeded),
     }
     out: dict[str, Any] = {"messages": case.messages, "body_kb": round(len(case.raw) / 1024, 1), "role": role}
     for name, fn in parts.items():
         out[f"{name}_us"], out[f"{name}_n"] = median_us(fn, budget_s)
-    _, prep, outcome = case.continuation(store)
+    flow = case.continuation(seeded)
+    flow.message, flow.status = REPLY, 200
+    record = seeded.runner.addons[-1]
     out["record_us"], out["record_n"] = median_us(
-        lambda: run_sync(record(store, TENANT, prep, outcome, REPLY)), budget_s / 2
+        lambda: run_sync(record._record(flow)),  # type: ignore[attr-defined]
+        budget_s / 2,
     )
-    out["dumps_us"], _ = median_us(lambda: orjson.dumps(outcome.body), budget_s / 4)
-    for key in ("parse_us", "prepare_us", "root_us", "continuation_us", "record_us", "dumps_us"):
+    for key in ("parse_us", "prepare_us", "root_us", "continuation_us", "record_us"):
         out[key] = round(out[key], 1)
     return out
 

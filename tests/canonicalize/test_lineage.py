@@ -1,4 +1,5 @@
-"""Lineage, pins and forks through the pure pipeline, with a dict for a store."""
+"""Lineage, pins and forks through the request flow (offline: the proxy's own addons
+and memory store), checked on the bytes that would go upstream."""
 
 from __future__ import annotations
 
@@ -10,79 +11,18 @@ import orjson
 import pytest
 
 from canonicalize import (
-    OPENAI,
-    Canonicalizer,
+    CHAT,
     ForkPolicy,
-    LineageRecord,
-    Lookup,
-    Outcome,
+    JsonDoc,
     Settings,
-    blobs_needed,
     chain,
 )
 from canonicalize.predict import predict
 from tests import hermes
+from tests.flows import Harness, Sent
 
 
-class DictStore:
-    """The store protocol's semantics, synchronously, for one tenant."""
-
-    def __init__(self) -> None:
-        self.links: dict[bytes, list[str]] = {}
-        self.records: dict[str, LineageRecord] = {}
-        self.blobs: dict[str, bytes] = {}
-
-    def lookup(self, links: list[bytes], declared: str | None) -> Lookup:
-        depth, seen, cands, depths = 0, set(), [], []
-        for i in range(len(links) - 1, -1, -1):
-            for o in self.links.get(links[i], ()):
-                depth = depth or i + 1
-                if o not in seen and o in self.records:
-                    seen.add(o)
-                    cands.append(self.records[o])
-                    depths.append(i + 1)
-        return Lookup(depth, tuple(cands), self.records.get(declared or ""), tuple(depths))
-
-    def own(self, link: bytes, lineage: str) -> None:
-        self.links[link] = [lineage, *(o for o in self.links.get(link, ()) if o != lineage)]
-
-    def record(self, out: Outcome) -> None:
-        for link in out.links:
-            self.own(link, out.record.id)
-        self.records[out.record.id] = out.record
-        self.blobs.update(out.blobs)
-
-
-class Harness:
-    def __init__(self, settings: Settings | None = None) -> None:
-        self.canon = Canonicalizer(settings or Settings())
-        self.store = DictStore()
-        self.n = 0
-        self.preps: dict[int, Any] = {}
-
-    def send(self, body: dict[str, Any], *, reply: dict[str, Any] | None = None,
-             declared: str | None = None) -> Outcome:  # fmt: skip
-        self.n += 1
-        prep = self.canon.prepare(copy.deepcopy(body), OPENAI, declared_parent=declared)
-        lookup = self.store.lookup(prep.links, declared)
-        decision = self.canon.classify(prep, lookup)
-        refs = blobs_needed(decision)
-        kwargs: dict[str, Any] = {}
-        if refs and all(r in self.store.blobs for r in refs):
-            kwargs = {
-                "parent_system": orjson.loads(self.store.blobs[refs[0]]),
-                "parent_tools": orjson.loads(self.store.blobs[refs[1]]),
-                "have_parent_blobs": True,
-            }
-        out = self.canon.finalize(prep, lookup, decision, new_id=f"L{self.n}", **kwargs)
-        self.store.record(out)
-        if reply is not None:
-            self.store.own(chain.extend(OPENAI, prep.links, reply), out.record.id)
-        self.preps[id(out)] = prep
-        return out
-
-
-def system_of(out: Outcome) -> str:
+def system_of(out: Sent) -> str:
     return str(out.body["messages"][0]["content"])
 
 
@@ -269,31 +209,49 @@ def test_pins_only_restore_into_the_same_line() -> None:
     assert system_of(out) == "Now: 2026-05-14T14:30:00Z\nDeadline: 2026-06-01 09:00\nNew note 2026-07-01 10:00" + sid
 
 
-def test_tool_order_of_first_request_is_kept_and_new_tools_append() -> None:
+def test_tools_that_mean_the_same_get_the_lineages_first_bytes() -> None:
     h = Harness()
-    tools = hermes.tools_full()
-    h.send(hermes.request(hermes.system_prompt(), [USER1], tools), reply=REPLY2)
-    shuffled = list(reversed(hermes.tools_full()))
+    first = h.send(hermes.request(hermes.system_prompt(), [USER1], hermes.tools_full()), reply=REPLY2)
+    # The same tools, in another order, each schema's keys in another order.
+    shuffled = [
+        {"function": {k: t["function"][k] for k in reversed(list(t["function"]))}, "type": t["type"]}
+        for t in reversed(hermes.tools_full())
+    ]
+    history = [USER1, REPLY2, {"role": "user", "content": "go"}]
+    out = h.send(hermes.request(hermes.system_prompt(), history, shuffled))
+    assert out.role == "continuation"
+    assert "lineage.tools" in out.rewrites
+    assert _tools_bytes(out.raw) == _tools_bytes(first.raw)
+
+
+def test_new_tools_are_forwarded_as_sent() -> None:
+    h = Harness()
+    h.send(hermes.request(hermes.system_prompt(), [USER1], hermes.tools_full()), reply=REPLY2)
     extra = copy.deepcopy(hermes.TOOLS_FULL[0])
     extra["function"]["name"] = "mcp_github_search"
-    out = h.send(hermes.request(hermes.system_prompt(), [USER1, REPLY2, {"role": "user", "content": "go"}],
-                                [extra, *shuffled]))  # fmt: skip
-    names = [t["function"]["name"] for t in out.body["tools"]]
-    assert names == [t["function"]["name"] for t in tools] + ["mcp_github_search"]
-    assert "lineage.tool_order" in out.rewrites
+    tools = [extra, *reversed(hermes.tools_full())]
+    body = hermes.request(hermes.system_prompt(), [USER1, REPLY2, {"role": "user", "content": "go"}], tools)
+    out = h.send(orjson.dumps(body))
+    assert "lineage.tools" not in out.rewrites
+    assert _tools_bytes(out.raw) == orjson.dumps(tools)
 
 
-def test_tool_schema_keys_are_sorted_without_changing_values() -> None:
+def test_tool_schemas_are_never_resorted() -> None:
     h = Harness(Settings(packs=("generic",)))
-    tool = {"type": "function", "function": {"name": "t", "parameters": {
-        "type": "object", "required": ["b", "a"], "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}}}
-    out = h.send({"model": "m", "messages": [USER1], "tools": [tool]})  # fmt: skip
-    params = out.body["tools"][0]["function"]["parameters"]
-    assert list(params) == ["properties", "required", "type"]
-    assert list(params["properties"]) == ["a", "b"]
-    assert params["required"] == ["b", "a"]  # lists keep their order
-    assert params == tool["function"]["parameters"]
-    assert out.rewrites == ["generic.tool_key_order"]
+    raw = (
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":'
+        b'{"name":"t","parameters":{"type":"object","required":["b","a"],"properties":{"b":{"type":"string"},'
+        b'"a":{"type":"integer"}}}}}]}'
+    )
+    out = h.send(raw)
+    assert out.raw == raw
+    assert out.rewrites == []
+
+
+def _tools_bytes(raw: bytes) -> bytes:
+    span = JsonDoc(raw).span(("tools",))
+    assert span is not None
+    return raw[span[0] : span[1]]
 
 
 @pytest.mark.parametrize(
@@ -306,10 +264,10 @@ def test_tool_schema_keys_are_sorted_without_changing_values() -> None:
     ],
 )  # fmt: skip
 def test_hash_chain_ignores_representation(variant: dict[str, Any]) -> None:
-    base, _ = chain.links(OPENAI, [USER1, REPLY1])
-    same, _ = chain.links(OPENAI, [{"role": "user", "content": [{"type": "text", "text": USER1["content"]}]}, variant])
+    base, _ = chain.links(CHAT, [USER1, REPLY1])
+    same, _ = chain.links(CHAT, [{"role": "user", "content": [{"type": "text", "text": USER1["content"]}]}, variant])
     assert base == same
-    other, _ = chain.links(OPENAI, [USER1, {**REPLY1, "content": "different"}])
+    other, _ = chain.links(CHAT, [USER1, {**REPLY1, "content": "different"}])
     assert other[0] == base[0] and other[1] != base[1]
 
 
@@ -317,12 +275,14 @@ def test_prediction_of_continuation_and_break() -> None:
     h = Harness()
     first = h.send(turn1(), reply=REPLY1)
     second = h.send(turn2(minute="02:59 PM"))
-    prep = h.preps[id(second)]
+    prep = second.flow.prep
+    assert prep is not None
     p = predict(second.record.fingerprint, first.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
     assert p.cause is None and p.ratio > 0.8
     third = h.send(hermes.request(hermes.system_prompt(extra="changed"), [USER1, REPLY1, TOOL1, REPLY2,
                    {"role": "user", "content": "x"}], hermes.tools_full()))  # fmt: skip
-    prep = h.preps[id(third)]
+    prep = third.flow.prep
+    assert prep is not None
     p = predict(third.record.fingerprint, second.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
     assert p.cause == "system_changed"
     assert 0 < p.ratio < 0.5
@@ -339,8 +299,8 @@ def test_user_rule_strip_mask_date() -> None:
     h = Harness(Settings(packs=(), rules=rules))
     out = h.send({"model": "m", "messages": [
         {"role": "system", "content": "Local time: 10:00 nonce=abc123 at 2026-05-14 10:00"}, USER1]})  # fmt: skip
-    assert system_of(out) == "Local time: 10:00 nonce=* at 2026-05-14"
-    assert out.rewrites == ["nonce", "day"]
+    assert system_of(out) == "Local time: 10:00 nonce=* at 2026-05-14 10:00"  # a date is pinned, not cut
+    assert out.rewrites == ["nonce"]
     assert re.search("Local time", system_of(out))
 
 

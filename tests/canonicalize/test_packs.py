@@ -9,19 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from canonicalize import (
-    OPENAI,
-    PACKS,
-    Canonicalizer,
-    LineageRecord,
-    Lookup,
-    Outcome,
-    Rule,
-    Settings,
-    blobs_needed,
-    chain,
-)
+from canonicalize import CHAT, PACKS, Canonicalizer, JsonDoc, Prepared, Rule, Settings
 from canonicalize.packs import Pack
+from tests.flows import Harness, Sent
 
 SEP = "═" * 46
 
@@ -185,43 +175,17 @@ def canon(*packs: str) -> Canonicalizer:
     return Canonicalizer(Settings(packs=packs))
 
 
-class Store:
-    """What the proxy's store does for one tenant, just enough to drive the pipeline:
-    each forwarded request's links, and the link of the reply it got, name its lineage."""
-
-    def __init__(self, c: Canonicalizer) -> None:
-        self.c = c
-        self.owner: dict[bytes, LineageRecord] = {}
-        self.blobs: dict[str, bytes] = {}
-
-    def send(self, body: dict[str, Any], reply: dict[str, Any] | None = None) -> Outcome:
-        prep = self.c.prepare(copy.deepcopy(body), OPENAI)
-        depth = next((i for i in range(len(prep.links), 0, -1) if prep.links[i - 1] in self.owner), 0)
-        lookup = Lookup(depth, (self.owner[prep.links[depth - 1]],) if depth else ())
-        decision = self.c.classify(prep, lookup)
-        kwargs: dict[str, Any] = {}
-        refs = blobs_needed(decision)
-        if refs:
-            kwargs = {
-                "parent_system": orjson.loads(self.blobs[refs[0]]),
-                "parent_tools": orjson.loads(self.blobs[refs[1]]),
-                "have_parent_blobs": True,
-            }
-        out = self.c.finalize(prep, lookup, decision, new_id=f"L{len(self.owner)}", **kwargs)
-        self.blobs.update(out.blobs)
-        for link in prep.links:
-            self.owner[link] = out.record
-        if reply is not None:
-            self.owner[chain.extend(OPENAI, prep.links, reply)] = out.record
-        return out
+def prepare(c: Canonicalizer, body: dict[str, Any]) -> Prepared:
+    """The static pass over ``body`` (as if it arrived as orjson writes it)."""
+    return c.prepare(JsonDoc(orjson.dumps(body)), body, CHAT)
 
 
-def two_turns(c: Canonicalizer, first: dict[str, Any], second: dict[str, Any]) -> tuple[Outcome, Outcome]:
+def two_turns(c: Canonicalizer, first: dict[str, Any], second: dict[str, Any]) -> tuple[Sent, Sent]:
     """Forward ``first`` (a new root), record the reply ``second`` replays, forward ``second``."""
-    store = Store(c)
+    h = Harness(c.settings)
     reply = second["messages"][len(first["messages"])]
     assert reply["role"] == "assistant"
-    return store.send(first, reply), store.send(second)
+    return h.send(first, reply=reply), h.send(second)
 
 
 # -- the pack registry -----------------------------------------------------------------
@@ -278,7 +242,7 @@ def test_generic_pipeline_pins_a_changed_datetime_back() -> None:
     c = canon("generic")
     sys1 = "You are a bot.\nCurrent time: 2026-05-14T14:30:00Z\n    indented  code 12"
     sys2 = sys1.replace("14:30:00Z", "14:31:07Z")
-    prep = c.prepare(chat(sys2, user("hi")), OPENAI)
+    prep = prepare(c, chat(sys2, user("hi")))
     assert prep.rewrites == []  # pins only act on a continuation
     assert [s.value for s in prep.spans] == ["2026-05-14T14:31:07Z"]
     _, out2 = two_turns(c, chat(sys1, user("hi")), chat(sys2, user("hi"), assistant("yo"), user("more")))
@@ -287,7 +251,7 @@ def test_generic_pipeline_pins_a_changed_datetime_back() -> None:
     assert "generic.iso_datetime" in out2.rewrites
 
 
-def test_generic_sorts_tool_parameter_keys() -> None:
+def test_generic_never_sorts_tool_parameter_keys() -> None:
     c = canon("generic")
     tool = {
         "type": "function",
@@ -296,9 +260,9 @@ def test_generic_sorts_tool_parameter_keys() -> None:
             "parameters": {"type": "object", "required": ["b"], "properties": {"b": {}, "a": {}}},
         },
     }
-    prep = c.prepare(chat("sys", user("hi"), tools=[tool]), OPENAI)
-    assert "generic.tool_key_order" in prep.rewrites
-    assert prep.body["messages"][0]["content"] == "sys"
+    prep = prepare(c, chat("sys", user("hi"), tools=[tool]))
+    assert prep.rewrites == []
+    assert list(prep.body["tools"][0]["function"]["parameters"]["properties"]) == ["b", "a"]
 
 
 # -- hermes -----------------------------------------------------------------------------
@@ -391,7 +355,7 @@ def test_hermes_markers_ignore_ordinary_user_text(text: str) -> None:
 def test_hermes_pipeline_static_pass() -> None:
     c = canon("generic", "hermes")
     body = chat(hermes_system(), user("hello"))
-    prep = c.prepare(body, OPENAI)
+    prep = prepare(c, body)
     assert prep.rewrites == ["hermes.memory_usage"]
     system = prep.body["messages"][0]["content"]
     assert system == hermes_system().replace(" [49% — 1,085/2,200 chars]", "").replace(" [12% — 170/1,375 chars]", "")
@@ -442,7 +406,7 @@ def test_claude_code_env_date_pin() -> None:
 def test_claude_code_pipeline() -> None:
     c = canon("generic", "claude_code")
     parts = [{"type": "text", "text": CLAUDE_SYSTEM0}, {"type": "text", "text": CLAUDE_SYSTEM}]
-    prep = c.prepare(chat(copy.deepcopy(parts), user("hi")), OPENAI)
+    prep = prepare(c, chat(copy.deepcopy(parts), user("hi")))
     assert prep.rewrites == []
     assert prep.body["messages"][0]["content"] == parts
     assert {s.rule.name: s.value for s in prep.spans} == {
@@ -466,7 +430,7 @@ def test_opencode_todays_date_pin() -> None:
 
 def test_opencode_pipeline_midnight_rollover() -> None:
     c = canon("generic", "opencode")
-    prep = c.prepare(chat(opencode_system(), user("hi")), OPENAI)
+    prep = prepare(c, chat(opencode_system(), user("hi")))
     assert prep.rewrites == []
     assert prep.body["messages"][0]["content"] == opencode_system()
     _, out2 = two_turns(
@@ -477,6 +441,23 @@ def test_opencode_pipeline_midnight_rollover() -> None:
     assert out2.role == "continuation"
     assert out2.body["messages"][0]["content"] == opencode_system()
     assert out2.rewrites == ["opencode.todays_date"]
+    # The model is told: one line on the newest user message.
+    assert out2.body["messages"][-1]["content"] == "b\n\n(Note: the current date is now Fri Jan 02 2026.)"
+
+
+def test_opencode_date_note_stays_on_its_message() -> None:
+    h = Harness(Settings(packs=("generic", "opencode")))
+    h.send(chat(opencode_system(), user("hi")), reply=assistant("a"))
+    history = [user("hi"), assistant("a"), user("b")]
+    second = h.send(chat(opencode_system("Fri Jan 02 2026"), *history), reply=assistant("c"))
+    note = "b\n\n(Note: the current date is now Fri Jan 02 2026.)"
+    assert second.body["messages"][-1]["content"] == note
+    third = h.send(chat(opencode_system("Fri Jan 02 2026"), *history, assistant("c"), user("d")))
+    assert third.role == "continuation"
+    assert third.body["messages"][0]["content"] == opencode_system()
+    assert third.body["messages"][3]["content"] == note  # the same line, at the same message
+    assert third.body["messages"][-1]["content"] == "d"  # and no second one
+    assert third.raw.startswith(second.raw[: second.raw.index(b'"b\\n\\n')])
 
 
 # -- goose ---------------------------------------------------------------------------------
@@ -547,14 +528,14 @@ def test_codex_pack_inherits_prompt_cache_key() -> None:
 
 
 def test_codex_fork_forwards_the_parents_prompt_cache_key() -> None:
-    store = Store(canon("generic", "codex"))
+    store = Harness(Settings(packs=("generic", "codex")))
     tools = [tool_def("shell"), tool_def("apply_patch"), tool_def("spawn_agent")]
     system = "You are Codex, based on GPT-5."
     history = [user(USER_ONLY["codex.environment_context"]), user("fix the bug")]
     key = "019de48f-2c1a-7b3e-9f00-5a1b2c3d4e5f"
     parent = store.send(chat(system, *history, tools=tools, prompt_cache_key=key), reply=assistant("done"))
     assert parent.role == "root"
-    assert parent.record.params.get("prompt_cache_key") == key
+    assert parent.record.params.get("prompt_cache_key") == orjson.dumps(key).decode()
 
     # A side chat replays the thread with a narrower toolset and a fresh key.
     fork = chat(
@@ -592,7 +573,7 @@ def test_pipeline_leaves_user_and_tool_messages_byte_identical() -> None:
     turns.append({"role": "tool", "tool_call_id": "c1", "content": USER_ONLY["hermes.memory_tool_result"]})
     body = chat(hermes_system(), *turns)
     before = orjson.dumps(body["messages"][1:])
-    prep = c.prepare(body, OPENAI)
+    prep = prepare(c, body)
     assert orjson.dumps(prep.body["messages"][1:]) == before
     assert prep.rewrites == ["hermes.memory_usage"]
 
@@ -611,7 +592,7 @@ def test_every_pack_leaves_an_unrelated_prompt_alone(name: str) -> None:
         "You are a coding assistant.\n\n    def f(x):\n        return x  *  2   # 1,085/2,200\n"
         "Version 1.2.3 released\tTuesday.\n"
     )
-    prep = canon(name).prepare(chat(system, user("hi")), OPENAI)
+    prep = prepare(canon(name), chat(system, user("hi")))
     assert prep.rewrites == []
     assert prep.spans == []
     assert prep.body["messages"][0]["content"] == system

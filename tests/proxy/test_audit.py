@@ -47,7 +47,7 @@ def test_audit_json(tmp_path: Path) -> None:
     report = json.loads(out.stdout)
     assert report["requests"] == 4
     assert [m["line"] for m in report["malformed_lines"]] == [3, 6]
-    assert "line 6: skipped: not JSON" in out.stderr
+    assert "trace.jsonl:6: skipped: not JSON" in out.stderr
     kinds = {lin["id"]: (lin["kind"], lin["parent"]) for lin in report["lineages"]}
     assert kinds == {"L1": ("root", None), "L2": ("fork", "L1"), "L3": ("root", None)}
     total = report["total"]

@@ -83,14 +83,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from proxy.audit import run_audit
+    from proxy.cli.audit import run_audit
 
     config = _load_or_exit(args.config)
     return run_audit(args.trace, config, as_json=args.json, progress=not args.no_progress)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from proxy.replay import run_replay
+    from proxy.cli.replay import run_replay
 
     return run_replay(
         args.trace, upstream=args.upstream, via=args.via, as_json=args.json,

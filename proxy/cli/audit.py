@@ -18,19 +18,13 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
-import orjson
-from starlette.datastructures import Headers
-
-from canonicalize import ANTHROPIC, OPENAI, Canonicalizer, Dialect, Fingerprint
-from canonicalize.predict import predict
+from canonicalize import Exchange, Fingerprint, predict
+from proxy.cli.progress import Progress
+from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Config
-from proxy.progress import Progress
-from proxy.resolve import record, resolve
-from proxy.store.memory import MemoryStore
-from proxy.tenancy import tenant_of
+from proxy.offline import Offline
 
 
 @dataclass
@@ -72,8 +66,8 @@ class Lineage:
     last_raw: tuple[Fingerprint, int] | None = None  # as received, with its message count
 
 
-def _reply_of(line: dict[str, Any], dialect: Dialect) -> dict[str, Any] | None:
-    resp = line.get("response")
+def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
+    resp = line.extra.get("response")
     if not isinstance(resp, dict):
         return None
     if isinstance(resp.get("choices"), list) and resp["choices"]:  # a whole chat completion
@@ -84,28 +78,20 @@ def _reply_of(line: dict[str, Any], dialect: Dialect) -> dict[str, Any] | None:
     return resp if resp.get("role") == "assistant" else None
 
 
-async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
-    canon = Canonicalizer(config.settings())
-    store = MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62)
+async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
+    offline = Offline(config)
     lineages: dict[str, Lineage] = {}
     total = Tally()
-    malformed: list[dict[str, Any]] = []
-    counter = iter(range(1, 10**9))
-    for number, line in lines:
+    for line in lines:
         progress.advance()
-        body = line.get("body") if isinstance(line, dict) else None
-        if not isinstance(body, dict):
-            malformed.append({"line": number, "error": "no JSON object under \"body\""})
-            print(f"line {number}: skipped: no JSON object under \"body\"", file=errors)
+        exchange = line.exchange
+        raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
+        flow = await offline.send(line.body, exchange=exchange, headers=line.headers, reply=_reply_of(line, exchange))
+        total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
+        outcome, prep = flow.outcome, flow.prep
+        if outcome is None or prep is None:  # bypassed or not ours: forwarded as sent
+            total.add(total_bytes, 0, 0, None, None)
             continue
-        headers = Headers({str(k).lower(): str(v) for k, v in (line.get("headers") or {}).items()})
-        dialect = ANTHROPIC if line.get("route") == "messages" or "system" in body else OPENAI
-        raw_fp, raw_sizes = canon.measure(body, dialect)
-        work = orjson.loads(orjson.dumps(body))
-        tenant = tenant_of(headers, trust_header=config.tenancy.trust_header)
-        prep = canon.prepare(work, dialect, declared_parent=headers.get("x-prefixpin-parent") or None)
-        outcome = (await resolve(canon, store, tenant, prep, new_id=lambda: f"L{next(counter):04d}")).outcome
-        await record(store, tenant, prep, outcome, _reply_of(line, dialect))
         rec = outcome.record
         lin = lineages.get(rec.id)
         if lin is None:
@@ -115,7 +101,6 @@ async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress
         fp_after, depth = rec.fingerprint, prep.signals.depth
         before = after = 0
         cause_before = cause_after = None
-        total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
         if outcome.parent_fp is not None and fp_after is not None:
             p = predict(fp_after, outcome.parent_fp, depth, prep.sizes)
             after, cause_after = p.shared, p.cause
@@ -135,27 +120,13 @@ async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress
         lin.id, lin.parent = names[lin.id], names.get(lin.parent or "", lin.parent)
     return {
         "requests": total.requests,
-        "malformed_lines": malformed,
+        "malformed_lines": [],
         "lineages": [
             {"id": lin.id, "kind": lin.kind, "parent": lin.parent, **lin.tally.as_dict()} for lin in lineages.values()
         ],
         "lineage_kinds": dict(kinds),
         "total": total.as_dict(),
     }
-
-
-def read_trace(path: str, errors: TextIO) -> tuple[list[tuple[int, Any]], list[dict[str, Any]]]:
-    out, bad = [], []
-    with Path(path).open("rb") as fh:
-        for number, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                out.append((number, orjson.loads(raw)))
-            except orjson.JSONDecodeError as exc:
-                bad.append({"line": number, "error": f"not JSON: {exc}"})
-                print(f"line {number}: skipped: not JSON ({exc})", file=errors)
-    return out, bad
 
 
 def _pct(x: float) -> str:
@@ -197,13 +168,13 @@ def render(report: dict[str, Any], path: str) -> str:
 
 def run_audit(path: str, config: Config, *, as_json: bool = False, progress: bool = True) -> int:
     try:
-        lines, bad = read_trace(path, sys.stderr)
-    except OSError as exc:
-        print(f"prefixpin audit: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        lines, bad = read_trace(path, sys.stderr, "audit")
+    except TraceError as exc:
+        print(f"prefixpin audit: {exc}", file=sys.stderr)
         return 2
     with Progress(len(lines), "auditing", enabled=progress) as bar:
         report = asyncio.run(audit(lines, config, bar, sys.stderr))
-    report["malformed_lines"] = sorted(bad + report["malformed_lines"], key=lambda d: d["line"])
+    report["malformed_lines"] = bad
     if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

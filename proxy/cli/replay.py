@@ -2,11 +2,11 @@
 
 A trace is JSON Lines, one request a line (SPEC section 3)::
 
-    {"t": 1.5, "headers": {...}, "body": {<chat completions request>}, "kind": "fork", "session": "s1"}
+    {"t": 1.5, "headers": {...}, "body": {<request>}, "path": "/v1/messages", "kind": "fork", "session": "s1"}
 
-Other keys are annotations: ``kind`` and ``session`` are shown as columns and
-totalled, the rest is ignored.  Requests go, in order and one at a time, to
-``<via or upstream>/v1/chat/completions``; through ``--via`` the running prefixpin
+(see :mod:`proxy.cli.trace`).  ``kind`` and ``session`` are shown as columns and
+totalled.  Requests go, in order and one at a time, to ``<via or upstream><path>``
+(chat completions when the line names no path); through ``--via`` the running prefixpin
 forwards them to its own upstream and tells us the role it gave each one
 (``x-prefixpin-role``).
 
@@ -29,38 +29,20 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
 
-from canonicalize import ensure_stream_usage
 from canonicalize.sse import SSESplitter
 from canonicalize.usage import Usage, UsageAccumulator, parse_usage
-from proxy.progress import Progress
+from proxy.cli.progress import Progress
+from proxy.cli.trace import TraceError, TraceLine, read_trace
 
-CHAT_PATH = "/v1/chat/completions"
 ATTEMPTS = 3  # the OpenAI SDKs' default: max_retries=2
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 RETRY_BACKOFF_S = 0.25
 # Headers a trace may carry that describe the recorded connection, not the request.
 _CONNECTION_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "accept-encoding"})
-
-
-class TraceError(Exception):
-    """The trace file cannot be read at all (as opposed to one malformed line)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceLine:
-    """One request of a trace."""
-
-    line: int  # 1-based line number in the file
-    t: float
-    headers: dict[str, str]
-    body: dict[str, Any]
-    kind: str | None = None
-    session: str | None = None
 
 
 @dataclass(slots=True)
@@ -159,49 +141,6 @@ class Report:
         }  # fmt: skip
 
 
-# -- reading the trace ---------------------------------------------------------------
-def parse_line(number: int, text: str) -> TraceLine:
-    """One trace line; ``ValueError`` says what is wrong with it."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError("not a JSON object")
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        raise ValueError('"body" is missing or not an object')
-    headers = obj.get("headers") or {}
-    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-        raise ValueError('"headers" is not an object of strings')
-    t = obj.get("t", 0)
-    if isinstance(t, bool) or not isinstance(t, int | float):
-        raise ValueError('"t" is not a number')
-    kind, session = obj.get("kind"), obj.get("session")
-    return TraceLine(
-        number, float(t), dict(headers), body,
-        kind=None if kind is None else str(kind), session=None if session is None else str(session),
-    )  # fmt: skip
-
-
-def read_trace(path: str | Path, errors: TextIO) -> tuple[list[TraceLine], list[dict[str, Any]]]:
-    """All well-formed lines; each malformed one is reported on ``errors`` and skipped."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"cannot read trace {path}: {exc}") from None
-    lines, skipped = [], []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            lines.append(parse_line(number, raw))
-        except ValueError as exc:
-            print(f"prefixpin replay: {path}:{number}: skipped: {exc}", file=errors)
-            skipped.append({"line": number, "error": str(exc)})
-    return lines, skipped
-
-
 # -- sending ------------------------------------------------------------------------
 def request_headers(line: TraceLine, api_key: str | None) -> dict[str, str]:
     headers = {k: v for k, v in line.headers.items() if k.lower() not in _CONNECTION_HEADERS}
@@ -269,7 +208,7 @@ def _attempt(client: httpx.Client, url: str, body: dict[str, Any], headers: dict
     return False
 
 
-def send(client: httpx.Client, url: str, line: TraceLine, api_key: str | None, *, attempts: int = ATTEMPTS) -> Result:
+def send(client: httpx.Client, base: str, line: TraceLine, api_key: str | None, *, attempts: int = ATTEMPTS) -> Result:
     """Send one trace request and read its usage; never raises for request failures.
 
     Like the OpenAI SDKs agents use, a request that got no response, or a 429 /
@@ -277,11 +216,12 @@ def send(client: httpx.Client, url: str, line: TraceLine, api_key: str | None, *
     kept in ``Result.retried`` so the report shows it.
     """
     body = copy.deepcopy(line.body)
-    if body.get("stream") is True:
-        ensure_stream_usage(body)
+    if line.exchange.stream_usage(body):  # usage is only reported when asked for
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     headers = request_headers(line, api_key)
     result = Result(line.line, line.kind, line.session)
     started = time.perf_counter()
+    url = base.rstrip("/") + line.path
     for n in range(attempts):
         if not _attempt(client, url, body, headers, result) or n == attempts - 1:
             break
@@ -295,7 +235,6 @@ def send(client: httpx.Client, url: str, line: TraceLine, api_key: str | None, *
 def replay(lines: list[TraceLine], report: Report, *, api_key: str | None, timeout_s: float,
            honor_timing: bool, progress: Progress) -> None:  # fmt: skip
     """Send ``lines`` in order, appending each :class:`Result` to ``report``."""
-    url = report.target.rstrip("/") + CHAT_PATH
     t0 = lines[0].t if lines else 0.0
     start = time.monotonic()
     with httpx.Client(timeout=httpx.Timeout(timeout_s), trust_env=False) as client:
@@ -304,7 +243,7 @@ def replay(lines: list[TraceLine], report: Report, *, api_key: str | None, timeo
                 wait = (line.t - t0) - (time.monotonic() - start)
                 if wait > 0:
                     time.sleep(wait)
-            report.results.append(send(client, url, line, api_key))
+            report.results.append(send(client, report.target, line, api_key))
             progress.advance()
 
 
@@ -366,7 +305,7 @@ def run_replay(trace: str, *, upstream: str, via: str | None, as_json: bool, pro
                api_key: str | None, timeout_s: float, honor_timing: bool) -> int:  # fmt: skip
     """The ``prefixpin replay`` command; returns the exit code (1: a request failed, 2: no trace)."""
     try:
-        lines, skipped = read_trace(trace, sys.stderr)
+        lines, skipped = read_trace(trace, sys.stderr, "replay")
     except TraceError as exc:
         print(f"prefixpin replay: {exc}", file=sys.stderr)
         return 2

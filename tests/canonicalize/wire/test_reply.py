@@ -1,4 +1,4 @@
-"""canonicalize.reply: pass-through, the usage chunk, the fork tool-call guard and the
+"""canonicalize.wire.reply_chat and reply_messages: pass-through, the usage chunk, the fork tool-call guard and the
 reply message, for OpenAI chat completions and Anthropic messages, streamed or not."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from canonicalize.reply import ChatReply, MessagesReply
 from canonicalize.sse import Event, SSESplitter
 from canonicalize.usage import Usage
+from canonicalize.wire.reply_chat import ChatReply
+from canonicalize.wire.reply_messages import MessagesReply
 
 OFFERED = frozenset({"memory", "skill_manage"})
 
@@ -194,7 +195,19 @@ def test_drop_usage_chunk_keeps_usage_that_rides_on_a_content_chunk() -> None:
 
 def test_drop_usage_chunk_keeps_an_empty_choices_chunk_without_usage() -> None:
     stream = data({**USAGE_CHUNK, "usage": None}) + DONE
-    assert b"".join(run(ChatReply(drop_usage_chunk=True), stream)) == stream
+    expected = data({k: v for k, v in USAGE_CHUNK.items() if k != "usage"}) + DONE
+    assert b"".join(run(ChatReply(drop_usage_chunk=True), stream)) == expected
+
+
+def test_asked_usage_null_is_removed_from_every_chunk_and_nothing_else() -> None:
+    # Asking for usage makes servers add "usage": null to every chunk; the client
+    # did not ask, so it must not see it.  The rest of each chunk keeps its bytes.
+    chunks = [{**c, "usage": None} for c in PLAIN]
+    stream = b"".join(data(c) for c in chunks) + DONE
+    out = b"".join(run(ChatReply(drop_usage_chunk=True), stream, 7))
+    assert out == b"".join(data(c) for c in PLAIN) + DONE
+    # A client that asked for usage itself gets what the server sent.
+    assert b"".join(run(ChatReply(), stream)) == stream
 
 
 # -- the fork guard, streamed ---------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""What every wire API module shares: :class:`Slot`, the :class:`Exchange` and
+:class:`Reply` protocols, and the slot finders."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from canonicalize.edits import Op
+from canonicalize.jsonspan import JsonDoc, Path
+from canonicalize.sse import Event
+from canonicalize.usage import UsageAccumulator
+
+
+class Slot(NamedTuple):
+    container: Any
+    key: Any
+    path: Path
+
+    def get(self) -> str:
+        text: str = self.container[self.key]
+        return text
+
+    def set(self, text: str) -> None:
+        self.container[self.key] = text
+
+
+class Reply(Protocol):
+    """A response state machine: usage, the fork tool guard, the reply message."""
+
+    usage: UsageAccumulator
+    blocked: int
+    first_token: bool
+
+    def feed(self, event: Event) -> bytes | None:
+        """Bytes to forward for a streamed ``event`` (its raw bytes if unchanged), None to drop it."""
+        ...
+
+    def complete(self, obj: Any) -> bool:
+        """Process a whole (non-streamed) response in place; True if it changed."""
+        ...
+
+    def message(self) -> dict[str, Any] | None:
+        """The assistant message as the client received it (the next turn replays it)."""
+        ...
+
+
+class Exchange(Protocol):
+    """One wire API (see the module docstring)."""
+
+    name: str  # the ``route`` metric label
+    schema_key: str  # where a tool's JSON schema sits
+
+    def matches(self, path: str) -> bool: ...
+
+    # -- system ---------------------------------------------------------------------
+    def system_slots(self, body: dict[str, Any]) -> list[Slot]: ...
+
+    def system_value(self, body: dict[str, Any]) -> Any:
+        """The system part as forwarded (what a fork gets from its parent), parsed."""
+        ...
+
+    def system_blob(self, doc: JsonDoc, body: dict[str, Any]) -> bytes:
+        """The raw bytes of the system part of ``doc`` (``body`` is its parse)."""
+        ...
+
+    def set_system(self, body: dict[str, Any], blob: bytes) -> list[Op]:
+        """Replace the system part with recorded bytes: the edits, and ``body`` updated."""
+        ...
+
+    # -- tools ------------------------------------------------------------------------
+    def tools(self, body: dict[str, Any]) -> list[Any] | None: ...
+
+    def tool_name(self, tool: Any) -> str | None: ...
+
+    def tool_slots(self, body: dict[str, Any]) -> list[Slot]: ...
+
+    # -- history ----------------------------------------------------------------------
+    def history(self, body: dict[str, Any]) -> list[Any]: ...
+
+    def message_slots(self, body: dict[str, Any]) -> list[Slot]: ...
+
+    def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:
+        """The text a line may be appended to in history item ``index`` (a user message)."""
+        ...
+
+    def canonical_message(self, msg: Any) -> bytes: ...
+
+    def is_assistant(self, msg: Any) -> bool: ...
+
+    def is_user(self, msg: Any) -> bool: ...
+
+    def last_user_text(self, body: dict[str, Any]) -> str: ...
+
+    # -- streaming, replies, errors ---------------------------------------------------------
+    def stream_usage(self, body: dict[str, Any]) -> list[Op]:
+        """Edits that make a streaming upstream report usage the client did not ask for."""
+        ...
+
+    def reply(self, *, offered: frozenset[str] | None, drop_usage_chunk: bool) -> Reply: ...
+
+    def error_body(self, message: str, type_: str, code: str) -> dict[str, Any]: ...
+
+
+def text_slots(container: Any, key: Any, path: Path, out: list[Slot]) -> None:
+    """The string at ``container[key]``, or the text of each text part of a list there."""
+    value = container[key]
+    if isinstance(value, str):
+        out.append(Slot(container, key, path))
+    elif isinstance(value, list):
+        for j, part in enumerate(value):
+            if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                out.append(Slot(part, "text", (*path, j, "text")))
+
+
+def description_slots(node: Any, path: Path, out: list[Slot]) -> None:
+    """Every ``description`` string under ``node`` (tool descriptions, schema properties)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "description" and isinstance(value, str):
+                out.append(Slot(node, key, (*path, key)))
+            elif isinstance(value, dict | list):
+                description_slots(value, (*path, key), out)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            description_slots(item, (*path, i), out)

@@ -1,0 +1,227 @@
+"""OpenAI chat completions: ``POST /v1/chat/completions`` (also with a trailing
+slash, and Azure's ``/openai/deployments/{name}/chat/completions``).
+
+System text is the content of ``system``/``developer`` messages; tools[] are
+``tools[].function``; the hash chain covers every other message.
+
+``canonical_message`` is the normalised form of one message used only for
+hashing: representations that mean the same (``content`` null / "" / missing, a
+string vs a list of one text part, tool-call ``arguments`` whitespace and key
+order, ``cache_control`` markers) hash the same.  Forwarded bytes never change
+because of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import orjson
+
+from canonicalize.edits import Op, SetItems, SetMember
+from canonicalize.jsonspan import JsonDoc
+from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
+from canonicalize.wire.reply_chat import ChatReply
+
+SYSTEM_ROLES = frozenset({"system", "developer"})
+_PATH = re.compile(r"(?:/v1)?/chat/completions/?|/openai/deployments/[^/]+/chat/completions/?")
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact JSON with sorted keys: the hashing form of structured values."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def _normalize_args(arguments: str) -> orjson.Fragment:
+    try:
+        return orjson.Fragment(canonical_json(orjson.loads(arguments)))
+    except orjson.JSONDecodeError:
+        return orjson.Fragment(orjson.dumps(arguments))
+
+
+# Tool-call arguments replay unchanged turn after turn: normalise each short one
+# once (bounded: at most 8192 entries of at most 4 KB each).
+_cached_args = functools.lru_cache(maxsize=8192)(_normalize_args)
+
+
+def _args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        return _cached_args(arguments) if len(arguments) <= 4096 else _normalize_args(arguments)
+    return arguments
+
+
+def flat_content(content: Any) -> Any:
+    """``None``/"" -> "", one or more text parts -> their text, else parts sans cache_control."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        if all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            return "".join(str(p.get("text", "")) for p in content)
+        return [
+            {k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
+            for p in content
+        ]
+    return content
+
+
+def _is_system(msg: Any) -> bool:
+    return isinstance(msg, dict) and msg.get("role") in SYSTEM_ROLES
+
+
+def _messages(body: dict[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    return messages if isinstance(messages, list) else []
+
+
+class ChatExchange:
+    name = "chat_completions"
+    schema_key = "parameters"
+
+    def matches(self, path: str) -> bool:
+        return _PATH.fullmatch(path) is not None
+
+    # -- system -----------------------------------------------------------------------
+    def system_slots(self, body: dict[str, Any]) -> list[Slot]:
+        out: list[Slot] = []
+        for i, msg in enumerate(_messages(body)):
+            if _is_system(msg) and "content" in msg:
+                text_slots(msg, "content", ("messages", i, "content"), out)
+        return out
+
+    def _lead(self, body: dict[str, Any]) -> int:
+        n = 0
+        for msg in _messages(body):
+            if not _is_system(msg):
+                break
+            n += 1
+        return n
+
+    def system_value(self, body: dict[str, Any]) -> Any:
+        """The leading system messages (a fork gets its parent's)."""
+        return _messages(body)[: self._lead(body)]
+
+    def system_blob(self, doc: JsonDoc, body: dict[str, Any]) -> bytes:
+        parts = []
+        for i in range(self._lead(body)):
+            span = doc.span(("messages", i))
+            if span is None:
+                raise KeyError(("messages", i))
+            parts.append(doc.raw[span[0] : span[1]])
+        return b"[" + b",".join(parts) + b"]"
+
+    def set_system(self, body: dict[str, Any], blob: bytes) -> list[Op]:
+        items = JsonDoc(blob).items(())
+        if items is None:
+            raise ValueError("a recorded system part is not a JSON array")
+        n = self._lead(body)
+        body["messages"] = list(orjson.loads(blob)) + _messages(body)[n:]
+        return [SetItems(("messages",), 0, n, tuple(blob[s:e] for s, e in items))]
+
+    # -- tools ------------------------------------------------------------------------
+    def tools(self, body: dict[str, Any]) -> list[Any] | None:
+        tools = body.get("tools")
+        return tools if isinstance(tools, list) else None
+
+    def tool_name(self, tool: Any) -> str | None:
+        if isinstance(tool, dict):
+            fn = tool.get("function")
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                return str(fn["name"])
+            if isinstance(tool.get("name"), str):
+                return str(tool["name"])
+        return None
+
+    def tool_slots(self, body: dict[str, Any]) -> list[Slot]:
+        out: list[Slot] = []
+        for i, tool in enumerate(self.tools(body) or ()):
+            if isinstance(tool, dict):
+                fn = tool.get("function")
+                if isinstance(fn, dict):
+                    description_slots(fn, ("tools", i, "function"), out)
+                else:
+                    description_slots(tool, ("tools", i), out)
+        return out
+
+    # -- history ----------------------------------------------------------------------
+    def history(self, body: dict[str, Any]) -> list[Any]:
+        return [m for m in _messages(body) if not _is_system(m)]
+
+    def _history_index(self, body: dict[str, Any], index: int) -> int | None:
+        k = 0
+        for i, msg in enumerate(_messages(body)):
+            if _is_system(msg):
+                continue
+            if k == index:
+                return i
+            k += 1
+        return None
+
+    def message_slots(self, body: dict[str, Any]) -> list[Slot]:
+        out: list[Slot] = []
+        for i, msg in enumerate(_messages(body)):
+            if isinstance(msg, dict) and not _is_system(msg) and "content" in msg:
+                text_slots(msg, "content", ("messages", i, "content"), out)
+        return out
+
+    def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:
+        i = self._history_index(body, index)
+        if i is None:
+            return None
+        msg = _messages(body)[i]
+        if not (self.is_user(msg) and "content" in msg):
+            return None
+        found: list[Slot] = []
+        text_slots(msg, "content", ("messages", i, "content"), found)
+        return found[-1] if found else None
+
+    def canonical_message(self, msg: Any) -> bytes:
+        if not isinstance(msg, dict):
+            return canonical_json(msg)
+        out: dict[str, Any] = {"r": msg.get("role"), "c": flat_content(msg.get("content"))}
+        calls = msg.get("tool_calls")
+        if calls:
+            out["t"] = [
+                [(c.get("function") or {}).get("name"), _args((c.get("function") or {}).get("arguments"))]
+                if isinstance(c, dict)
+                else c
+                for c in calls
+            ]
+        if msg.get("name"):
+            out["n"] = msg["name"]
+        return canonical_json(out)
+
+    def is_assistant(self, msg: Any) -> bool:
+        return isinstance(msg, dict) and msg.get("role") == "assistant"
+
+    def is_user(self, msg: Any) -> bool:
+        return isinstance(msg, dict) and msg.get("role") == "user"
+
+    def last_user_text(self, body: dict[str, Any]) -> str:
+        for msg in reversed(self.history(body)):
+            if self.is_user(msg):
+                flat = flat_content(msg.get("content"))
+                return flat if isinstance(flat, str) else ""
+        return ""
+
+    # -- streaming, replies, errors ---------------------------------------------------
+    def stream_usage(self, body: dict[str, Any]) -> list[Op]:
+        if body.get("stream") is not True:
+            return []
+        opts = body.get("stream_options")
+        if isinstance(opts, dict):
+            if opts.get("include_usage") is True:
+                return []
+            return [SetMember(("stream_options",), "include_usage", b"true")]
+        return [SetMember((), "stream_options", b'{"include_usage":true}')]
+
+    def reply(self, *, offered: frozenset[str] | None, drop_usage_chunk: bool) -> Reply:
+        return ChatReply(offered=offered, drop_usage_chunk=drop_usage_chunk)
+
+    def error_body(self, message: str, type_: str, code: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": type_, "code": code}}
+
+
+CHAT = ChatExchange()

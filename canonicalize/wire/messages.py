@@ -1,0 +1,143 @@
+"""Anthropic Messages: ``POST /v1/messages``.
+
+System text is the top-level ``system`` (a string or text blocks); tools[] carry
+``input_schema``; every message is history.  ``cache_control`` markers do not
+change a message's hash: they move between turns.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from canonicalize.edits import DeleteMember, Op, SetMember
+from canonicalize.jsonspan import JsonDoc
+from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
+from canonicalize.wire.chat import canonical_json, flat_content
+from canonicalize.wire.reply_messages import MessagesReply
+
+_PATH = re.compile(r"/v1/messages/?")
+
+
+class MessagesExchange:
+    name = "messages"
+    schema_key = "input_schema"
+
+    def matches(self, path: str) -> bool:
+        return _PATH.fullmatch(path) is not None
+
+    # -- system -----------------------------------------------------------------------
+    def system_slots(self, body: dict[str, Any]) -> list[Slot]:
+        out: list[Slot] = []
+        if "system" in body:
+            text_slots(body, "system", ("system",), out)
+        return out
+
+    def system_value(self, body: dict[str, Any]) -> Any:
+        return body.get("system")
+
+    def system_blob(self, doc: JsonDoc, body: dict[str, Any]) -> bytes:
+        if "system" not in body:
+            return b"null"
+        span = doc.span(("system",))
+        if span is None:
+            raise KeyError(("system",))
+        return doc.raw[span[0] : span[1]]
+
+    def set_system(self, body: dict[str, Any], blob: bytes) -> list[Op]:
+        value = orjson.loads(blob)
+        if value is None:
+            if "system" not in body:
+                return []
+            del body["system"]
+            return [DeleteMember((), "system")]
+        body["system"] = value
+        return [SetMember((), "system", blob)]
+
+    # -- tools ------------------------------------------------------------------------
+    def tools(self, body: dict[str, Any]) -> list[Any] | None:
+        tools = body.get("tools")
+        return tools if isinstance(tools, list) else None
+
+    def tool_name(self, tool: Any) -> str | None:
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            return str(tool["name"])
+        return None
+
+    def tool_slots(self, body: dict[str, Any]) -> list[Slot]:
+        out: list[Slot] = []
+        for i, tool in enumerate(self.tools(body) or ()):
+            description_slots(tool, ("tools", i), out)
+        return out
+
+    # -- history ----------------------------------------------------------------------
+    def history(self, body: dict[str, Any]) -> list[Any]:
+        messages = body.get("messages")
+        return list(messages) if isinstance(messages, list) else []
+
+    def message_slots(self, body: dict[str, Any]) -> list[Slot]:
+        out: list[Slot] = []
+        for i, msg in enumerate(self.history(body)):
+            if isinstance(msg, dict) and "content" in msg:
+                text_slots(msg, "content", ("messages", i, "content"), out)
+        return out
+
+    def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:
+        history = self.history(body)
+        if not 0 <= index < len(history):
+            return None
+        msg = history[index]
+        if not (self.is_user(msg) and "content" in msg):
+            return None
+        found: list[Slot] = []
+        text_slots(msg, "content", ("messages", index, "content"), found)
+        return found[-1] if found else None
+
+    def canonical_message(self, msg: Any) -> bytes:
+        if not isinstance(msg, dict):
+            return canonical_json(msg)
+        content = msg.get("content")
+        if isinstance(content, list):
+            content = [
+                {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+                for b in content
+            ]
+        return canonical_json({"r": msg.get("role"), "c": flat_content(content)})
+
+    def is_assistant(self, msg: Any) -> bool:
+        return isinstance(msg, dict) and msg.get("role") == "assistant"
+
+    def is_user(self, msg: Any) -> bool:
+        return isinstance(msg, dict) and msg.get("role") == "user"
+
+    def last_user_text(self, body: dict[str, Any]) -> str:
+        for msg in reversed(self.history(body)):
+            if self.is_user(msg):
+                flat = flat_content(msg.get("content"))
+                return flat if isinstance(flat, str) else ""
+        return ""
+
+    # -- streaming, replies, errors ---------------------------------------------------
+    def stream_usage(self, body: dict[str, Any]) -> list[Op]:
+        return []  # message_start and message_delta always carry usage
+
+    def reply(self, *, offered: frozenset[str] | None, drop_usage_chunk: bool) -> Reply:
+        return MessagesReply(offered=offered)
+
+    def error_body(self, message: str, type_: str, code: str) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(code) or _ANTHROPIC_TYPES.get(type_, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# prefixpin's error types -> Anthropic's (https://docs.anthropic.com/en/api/errors)
+_ANTHROPIC_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "request_too_large": "request_too_large",
+    "upstream_error": "api_error",
+    "upstream_timeout": "timeout_error",
+    "overloaded": "overloaded_error",
+}
+
+MESSAGES = MessagesExchange()

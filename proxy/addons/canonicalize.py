@@ -1,0 +1,89 @@
+"""Parse once, static rules, one store lookup, classify, pins / notes / tools /
+fork repair: the edits that make this request extend its lineage's cached
+prefix.
+
+A body that is not a JSON object is not ours to judge: it goes upstream
+untouched and the upstream answers it.  A big body is parsed and hashed on a
+worker thread so the event loop keeps serving everyone else.  A store that is
+down or slow costs the lineage, not the request: it goes on as a root with its
+static rules (``fail_open{stage="store"}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+
+import orjson
+
+from canonicalize import JsonDoc, Lookup, Prepared
+from proxy.errors import StoreError
+from proxy.flow import Flow
+from proxy.services import Services
+
+OFFLOAD_BYTES = 1 << 20  # bodies from 1 MiB up are parsed and hashed off the event loop
+LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
+
+
+class Canonicalize:
+    name = "canonicalize"
+
+    def __init__(self, s: Services, *, new_id: Callable[[], str] = lambda: secrets.token_hex(8)) -> None:
+        self.s = s
+        self.new_id = new_id
+
+    async def request(self, flow: Flow) -> None:
+        if flow.skip:
+            return
+        if len(flow.raw) >= OFFLOAD_BYTES:
+            prep = await asyncio.to_thread(self._prepare, flow)
+        else:
+            prep = self._prepare(flow)
+        if prep is None:
+            flow.skip, flow.role = True, "bypass"
+            return
+        s, canon = self.s, self.s.canon
+        flow.prep = prep
+        try:
+            lookup = await s.guard.call(lambda: self._lookup(flow.tenant, prep))
+        except StoreError:
+            lookup, flow.store_ok = Lookup(), False
+        decision = canon.classify(prep, lookup)
+        blobs: dict[str, bytes] = {}
+        refs = canon.blobs_needed(prep, decision)
+        if refs and flow.store_ok:
+            try:
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
+                blobs = {ref: raw for ref, raw in zip(refs, found, strict=True) if raw is not None}
+            except StoreError:
+                flow.store_ok = False
+        outcome = canon.finalize(prep, lookup, decision, new_id=self.new_id(), blobs=blobs)
+        flow.ops.extend(outcome.ops)
+        flow.rewrites = outcome.rewrites
+        if flow.store_ok:
+            flow.outcome, flow.role = outcome, outcome.role
+        else:
+            s.metrics.fail_open.labels("store").inc()
+            flow.role = "fail-open"
+
+    def _prepare(self, flow: Flow) -> Prepared | None:
+        try:
+            body = orjson.loads(flow.raw)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(body, dict):
+            return None
+        flow.body = body
+        flow.doc = JsonDoc(flow.raw)
+        parent = flow.headers.get("x-prefixpin-parent") or None
+        return self.s.canon.prepare(flow.doc, body, flow.exchange, declared_parent=parent)
+
+    async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
+        """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
+        links = prep.links
+        offset = max(len(links) - LOOKUP_LINKS, 0)
+        found = await self.s.store.lookup(tenant, links[offset:], prep.signals.declared_parent)
+        if not offset or not found.depth:
+            return found
+        return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))

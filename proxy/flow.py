@@ -1,0 +1,60 @@
+"""One request on its way through prefixpin: what came in, what the addons
+decided, what went out and what came back.
+
+A :class:`Flow` is created by the handler once the body is read and handed to
+every addon in order (see :mod:`proxy.addons`).  Addons write their decisions
+here; nothing about a request lives anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from canonicalize import Exchange, JsonDoc, Op, Outcome, Prepared, Reply
+
+
+@dataclass(slots=True)
+class Flow:
+    exchange: Exchange
+    headers: Headers
+    query: str
+    raw: bytes  # the body as the client sent it
+    started: float  # perf_counter() when the body was in
+    body: dict[str, Any] | None = None  # its parse; None when it is not a JSON object
+    doc: JsonDoc | None = None
+    role: str = "root"  # x-prefixpin-role and the ``role`` label
+    skip: bool = False  # bypass, or a body that is not ours to judge: forward untouched
+    failed: bool = False  # an addon failed: forward what the client sent, edit nothing more
+    tenant: str = ""
+    prep: Prepared | None = None
+    outcome: Outcome | None = None
+    store_ok: bool = True
+    ops: list[Op] = field(default_factory=list)
+    rewrites: list[str] = field(default_factory=list)
+    offered: frozenset[str] | None = None  # fork guard: the tools the request itself offered
+    drop_usage_chunk: bool = False  # usage was asked for on the client's behalf
+    out: bytes = b""  # what goes upstream
+    reply: Reply | None = None
+    status: int = 0
+    message: dict[str, Any] | None = None  # the reply as the client received it (the next turn replays it)
+
+    @property
+    def editable(self) -> bool:
+        return not (self.skip or self.failed) and self.body is not None
+
+    @property
+    def model(self) -> Any:
+        return self.body.get("model") if self.body is not None else None
+
+    def fail_open(self) -> None:
+        """Forward what the client sent: no edits, nothing recorded."""
+        self.failed = True
+        self.role = "fail-open"
+        self.ops = []
+        self.rewrites = []
+        self.outcome = None
+        self.offered = None
+        self.drop_usage_chunk = False

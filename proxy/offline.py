@@ -1,0 +1,82 @@
+"""The proxy's request flow without sockets: the real addons and runner on an
+embedded store, a request in, the flow out.  ``prefixpin audit`` replays traces
+through it, and tests drive lineage, pins and forks through it: there is no
+second implementation of the request path or of the store's semantics.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+
+from canonicalize import CHAT, Canonicalizer, Exchange, Settings
+from proxy.addons import Runner
+from proxy.addons.bypass import Bypass
+from proxy.addons.canonicalize import Canonicalize
+from proxy.addons.fork_guard import ForkGuard
+from proxy.addons.record import Record
+from proxy.addons.stream_usage import StreamUsage
+from proxy.addons.tenancy import Tenancy
+from proxy.config import Config
+from proxy.flow import Flow
+from proxy.metrics import Metrics
+from proxy.services import Services
+from proxy.store import Store
+from proxy.store.guard import StoreGuard
+from proxy.store.memory import MemoryStore
+
+
+def _unbounded() -> MemoryStore:
+    return MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62)
+
+
+class Offline:
+    """Send requests through the request hooks, then record their replies."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        settings: Settings | None = None,
+        store: Store | None = None,
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
+        """``settings`` replaces the config's packs, rules and fork policy (tests)."""
+        canon = Canonicalizer(settings or config.settings())
+        self.s = Services(config=config, canon=canon, store=store or _unbounded(), guard=StoreGuard(),
+                          metrics=Metrics(rules=canon.rule_names))  # fmt: skip
+        counter = itertools.count(1)
+        ids = new_id or (lambda: f"L{next(counter):04d}")
+        addons = (
+            Bypass(),
+            Tenancy(config.tenancy),
+            Canonicalize(self.s, new_id=ids),
+            StreamUsage(),
+            ForkGuard(),
+            Record(self.s),
+        )
+        self.runner = Runner(addons, self.s.metrics)
+
+    async def send(
+        self,
+        body: dict[str, Any] | bytes,
+        *,
+        exchange: Exchange = CHAT,
+        headers: Mapping[str, str] | None = None,
+        reply: dict[str, Any] | None = None,
+        status: int = 200,
+    ) -> Flow:
+        """One request: what would be forwarded (``flow.out``), its role and outcome;
+        ``reply`` (the assistant message the client received) is recorded with it."""
+        raw = body if isinstance(body, bytes) else orjson.dumps(body)
+        flow = Flow(exchange, Headers({k.lower(): v for k, v in (headers or {}).items()}), "", raw, 0.0)
+        await self.runner.request(flow)
+        self.runner.render(flow)
+        flow.message, flow.status = reply, status
+        self.runner.done(flow)
+        await self.s.drain()
+        return flow

@@ -1,0 +1,66 @@
+"""Every response prefixpin writes itself, in one place, in each API's own shape.
+
+An OpenAI-speaking client gets ``{"error": {"message", "type", "code"}}``, an
+Anthropic one ``{"type": "error", "error": {"type", "message"}}``: the SDKs turn
+exactly these into their exceptions.  Routes that are not a known wire API (the
+passthrough ones, prefixpin's own) use the OpenAI shape.  Upstream 4xx/5xx are
+never rewritten: they pass through verbatim and do not come here.
+"""
+
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response
+
+from canonicalize import CHAT, Exchange, encode
+from proxy.errors import PrefixpinError
+
+JSON = "application/json"
+
+
+def error_bytes(exchange: Exchange | None, message: str, type_: str, code: str) -> bytes:
+    return orjson.dumps((exchange or CHAT).error_body(message, type_, code))
+
+
+def error(
+    exchange: Exchange | None,
+    status: int,
+    message: str,
+    type_: str,
+    code: str,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return Response(error_bytes(exchange, message, type_, code), status, headers=headers, media_type=JSON)
+
+
+def from_error(exc: PrefixpinError, exchange: Exchange | None = None) -> Response:
+    """The response for one of prefixpin's own errors (see :mod:`proxy.errors`)."""
+    return error(exchange, exc.status, str(exc), exc.type, exc.code)
+
+
+def overloaded(exchange: Exchange | None, limit: int) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """503 past ``limits.max_concurrency``, as raw ASGI parts (admission is pure ASGI)."""
+    body = error_bytes(
+        exchange,
+        f"prefixpin is at its limit of {limit} requests in flight (limits.max_concurrency); retry shortly",
+        "overloaded",
+        "overloaded",
+    )
+    headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode()), (b"retry-after", b"1")]
+    return 503, headers, body
+
+
+def client_gone() -> Response:
+    """Nobody reads it: the client left (nginx's 499), for the access log and metrics."""
+    return Response(status_code=499)
+
+
+def stream_cut(exchange: Exchange, what: str) -> bytes:
+    """The in-band event that ends a stream the upstream cut, so the client can tell."""
+    body = error_bytes(exchange, f"the upstream stream ended early: {what}", "upstream_error", "upstream_stream_cut")
+    if exchange.name == "messages":
+        return b"event: error\n" + encode(body)
+    return encode(body)
+
+
+__all__ = ["client_gone", "error", "error_bytes", "from_error", "overloaded", "stream_cut"]

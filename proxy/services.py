@@ -1,0 +1,35 @@
+"""What the request path needs, built once in the app's lifespan (or by audit)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from canonicalize import Canonicalizer
+from proxy.config import Config
+from proxy.metrics import Metrics
+from proxy.store import Store
+from proxy.store.guard import StoreGuard
+
+
+@dataclass
+class Services:
+    config: Config
+    canon: Canonicalizer
+    store: Store
+    guard: StoreGuard
+    metrics: Metrics
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` after the response, keeping a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait for the work spawned so far (audit between lines; shutdown)."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)
