@@ -1,0 +1,521 @@
+"""Byte spans of JSON values by path, and edits spliced into the raw bytes.
+
+The proxy must forward every byte it did not mean to change exactly as the client
+sent it (``0.50``, ``1e5``, key order, duplicate keys, ``\\u00e9``, whitespace), so
+it never re-serializes a body: :class:`JsonDoc` locates the ``[start, end)`` byte
+span of a value by path and :class:`Edits` splices replacements into the raw bytes.
+
+``raw`` must be valid JSON (the proxy has already parsed it with orjson); on
+malformed input the scanner raises :class:`ValueError` rather than guess.
+
+Locating is lazy and cached per document: a container is scanned member by
+member only as far as a path needs, and a value that must be stepped over is
+consumed by one precompiled regex (balanced brackets up to ``_NEST`` levels,
+whole strings included), so the Python loop runs per member on the path, never
+per string.  Object keys follow orjson / ``json.loads``: the *last* occurrence
+of a duplicate key wins.  A nested object is simply scanned to its end; for the
+top-level object that would mean stepping over the whole body, so
+:meth:`JsonDoc._absent_after` first asks a cheap, conservative question of the raw
+bytes — does any spelling of ``"key"`` occur after this point at all? — and the
+scan goes on only when it might.
+
+Errors (``KeyError`` so callers fail open)::
+
+    KeyError
+     └── PathError        no value at that path (absent key, index out of range, not a container)
+    ValueError
+     └── EditConflict     two edits overlap in a way apply() cannot order
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+import orjson
+
+__all__ = ["EditConflict", "Edits", "JsonDoc", "Member", "Path", "PathError"]
+
+Path = tuple[str | int, ...]
+"""Keys and indexes from the top-level value: ``("messages", 0, "content")``; ``()`` is the whole value."""
+
+# [^"\\] spelled as ranges: sre compiles a 2-literal negated set to a slow per-byte
+# op sequence, but three ranges to a bitmap (~4x faster on long string bodies).
+_NQ = rb"[\x00-!#-\[\]-\xff]"
+_STR = rb'"' + _NQ + rb"*+(?:\\." + _NQ + rb'*+)*+"'
+_RUN = rb'[^"\[\]{}]++'  # bytes that are neither a string nor a bracket
+_NEST = 16  # bracket levels one regex call consumes; deeper values fall back to a Python loop
+
+
+def _nested(levels: int) -> bytes:
+    """A balanced container of at most ``levels`` bracket levels (possessive: never backtracks)."""
+    inner = _RUN + rb"|" + _STR + (rb"|" + _nested(levels - 1) if levels > 1 else b"")
+    return rb"[\[{](?:" + inner + rb")*+[\]}]"
+
+
+_WS = re.compile(rb"[ \t\n\r]*+")
+_STRING = re.compile(_STR, re.S)
+_SCALAR = re.compile(rb"[^ \t\n\r,\]}]++")
+_CONTAINER = re.compile(_nested(_NEST), re.S)
+_FILL = re.compile(rb"(?:" + _RUN + rb"|" + _STR + rb"|" + _nested(_NEST - 1) + rb")*+", re.S)
+_KEY = re.compile(rb"(" + _STR + rb")[ \t\n\r]*+:[ \t\n\r]*+", re.S)
+_ASCII_ESCAPE = re.compile(rb"\\u00([0-7][0-9a-fA-F])")
+_OPEN = (0x7B, 0x5B)  # { [
+_CLOSE = {0x7B: 0x7D, 0x5B: 0x5D}
+_COMMA, _QUOTE = 0x2C, 0x22
+
+
+class PathError(KeyError):
+    """No value at this path: a key or index is absent, or the path runs through a scalar."""
+
+
+class EditConflict(ValueError):
+    """Two edits overlap and apply() cannot order them (partial overlap, or an edit inside an earlier one)."""
+
+
+class Member(NamedTuple):
+    """One ``"key": value`` of an object, as written: ``key`` decoded, byte offsets into the raw body."""
+
+    key: str
+    key_start: int
+    value_start: int
+    value_end: int
+
+
+def _skip(pattern: re.Pattern[bytes], raw: bytes, pos: int) -> int:
+    """End of ``pattern`` (one that also matches the empty string) at ``pos``."""
+    m = pattern.match(raw, pos)
+    return pos if m is None else m.end()
+
+
+def _malformed(pos: int) -> ValueError:
+    return ValueError(f"malformed JSON at byte {pos}")
+
+
+class _Node:
+    """What is known so far about one container: members/items scanned in source order."""
+
+    __slots__ = ("done", "end", "is_obj", "keys", "ks", "last", "pos", "start", "sure", "ve", "vs")
+
+    def __init__(self, start: int, is_obj: bool, end: int) -> None:
+        self.start = start
+        self.is_obj = is_obj
+        self.end = end  # one past the closing bracket; -1 until known
+        self.pos = start + 1  # where scanning resumes; -1 while the last value's end is unknown
+        self.done = False  # every member/item scanned
+        self.keys: list[str] = []
+        self.ks: list[int] = []  # key starts (objects)
+        self.vs: list[int] = []  # value starts
+        self.ve: list[int] = []  # value ends; -1 until needed
+        self.last: dict[str, int] = {}  # key -> index of its last occurrence scanned so far
+        self.sure: set[str] = set()  # keys whose last occurrence is proven
+
+
+class JsonDoc:
+    """Raw JSON bytes with lazily located byte spans (located containers are cached)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        start = _skip(_WS, raw, 0)
+        end = len(raw)
+        while end > start and raw[end - 1] in b" \t\n\r":
+            end -= 1
+        if start == end:
+            raise _malformed(0)
+        self._root = (start, end)
+        self._nodes: dict[int, _Node] = {}
+        self._escapes: list[tuple[int, str]] | None = None
+
+    # -- public lookups -------------------------------------------------------------
+    def span(self, path: Path) -> tuple[int, int] | None:
+        """``[start, end)`` of the value at ``path``, or None when it does not exist."""
+        found = self._locate(path)
+        if found is None:
+            return None
+        node, j = found
+        if node is None:
+            return self._root
+        return node.vs[j], self._end_of(node, j)
+
+    def members(self, path: Path) -> list[Member] | None:
+        """Every member of the object at ``path`` in source order, duplicates included; None if not an object."""
+        node = self._container(path)
+        if node is None or not node.is_obj:
+            return None
+        self._finish(node)
+        return [Member(k, ks, vs, ve) for k, ks, vs, ve in zip(node.keys, node.ks, node.vs, node.ve, strict=True)]
+
+    def items(self, path: Path) -> list[tuple[int, int]] | None:
+        """The ``[start, end)`` span of each element of the array at ``path``; None if not an array."""
+        node = self._container(path)
+        if node is None or node.is_obj:
+            return None
+        self._finish(node)
+        return list(zip(node.vs, node.ve, strict=True))
+
+    # -- locating ---------------------------------------------------------------------
+    def _locate(self, path: Path) -> tuple[_Node | None, int] | None:
+        """The container holding the value at ``path`` and its index there (None, 0 for the root)."""
+        start = self._root[0]
+        parent: _Node | None = None
+        j = 0
+        for step in path:
+            node = self._node(start)
+            if node is None:
+                return None
+            if isinstance(step, str):
+                found = self._member(node, step) if node.is_obj else None
+            else:
+                found = None if node.is_obj else self._item(node, step)
+            if found is None:
+                return None
+            parent, j, start = node, found, node.vs[found]
+        return parent, j
+
+    def _container(self, path: Path) -> _Node | None:
+        span = self.span(path)
+        return None if span is None else self._node(span[0])
+
+    def _node(self, start: int) -> _Node | None:
+        node = self._nodes.get(start)
+        if node is None:
+            c = self.raw[start]
+            if c not in _OPEN:
+                return None
+            end = self._root[1] if start == self._root[0] else -1
+            node = self._nodes[start] = _Node(start, c == 0x7B, end)
+        return node
+
+    def _member(self, node: _Node, key: str) -> int | None:
+        j = node.last.get(key)
+        if node.done or key in node.sure:
+            return j
+        if node.start != self._root[0]:
+            # A nested object is small next to the rest of the body: scanning it to its
+            # end is cheaper than searching the whole remainder for a duplicate.
+            self._finish_members(node)
+            return node.last.get(key)
+        if j is None and self._absent_after(key, self._resume(node)):
+            return None
+        if j is not None and self._absent_after(key, node.vs[j]):
+            node.sure.add(key)
+            return j
+        while self._step(node):
+            if node.keys[-1] == key and self._absent_after(key, node.vs[-1]):
+                node.sure.add(key)
+                break
+        return node.last.get(key)
+
+    def _item(self, node: _Node, index: int) -> int | None:
+        if index < 0:
+            self._finish(node)
+            index += len(node.vs)
+            return index if index >= 0 else None
+        while len(node.vs) <= index and self._step(node):
+            pass
+        return index if index < len(node.vs) else None
+
+    def _resume(self, node: _Node) -> int:
+        return node.pos if node.pos >= 0 else node.vs[-1]
+
+    def _finish_members(self, node: _Node) -> None:
+        while self._step(node):
+            pass
+
+    def _finish(self, node: _Node) -> None:
+        self._finish_members(node)
+        for j, end in enumerate(node.ve):
+            if end < 0:
+                node.ve[j] = self._value_end(node.vs[j])
+
+    def _end_of(self, node: _Node, j: int) -> int:
+        end = node.ve[j]
+        if end < 0:
+            end = node.ve[j] = self._value_end(node.vs[j])
+            if j == len(node.vs) - 1:
+                node.pos = end
+        return end
+
+    def _step(self, node: _Node) -> bool:
+        """Scan one more member/item of ``node``; False once the closing bracket is reached."""
+        if node.done:
+            return False
+        raw = self.raw
+        if node.pos < 0:
+            node.pos = self._end_of(node, len(node.vs) - 1)
+        i = _skip(_WS, raw, node.pos)
+        c = raw[i] if i < len(raw) else -1
+        if c == _CLOSE[raw[node.start]]:
+            node.done, node.end = True, i + 1
+            return False
+        if node.vs:
+            if c != _COMMA:
+                raise _malformed(i)
+            i = _skip(_WS, raw, i + 1)
+        if node.is_obj:
+            m = _KEY.match(raw, i)
+            if m is None:
+                raise _malformed(i)
+            ks, ke = m.span(1)
+            text = raw[ks + 1 : ke - 1]
+            # Decoding through a JSON parser only when needed: escapes are rare in keys.
+            key: str = orjson.loads(raw[ks:ke]) if b"\\" in text else text.decode()
+            node.last[key] = len(node.vs)
+            node.keys.append(key)
+            node.ks.append(ks)
+            i = m.end()
+        node.vs.append(i)
+        node.ve.append(-1)
+        node.pos = -1
+        return True
+
+    def _value_end(self, start: int) -> int:
+        raw = self.raw
+        c = raw[start] if start < len(raw) else -1
+        if c == _QUOTE:
+            return self._string_end(start)
+        elif c in _OPEN:
+            node = self._nodes.get(start)
+            if node is not None and node.end >= 0:
+                return node.end
+            m = _CONTAINER.match(raw, start)
+            if m is None:
+                return self._deep_end(start)
+        else:
+            m = _SCALAR.match(raw, start)
+        if m is None or m.end() == start:
+            raise _malformed(start)
+        return m.end()
+
+    def _string_end(self, start: int) -> int:
+        """End of the string at ``start``: memchr to each quote, the regex only after many ``\\"``."""
+        raw = self.raw
+        i = start
+        for _ in range(8):
+            i = raw.find(b'"', i + 1)
+            if i < 0:
+                raise _malformed(start)
+            j = i
+            while raw[j - 1] == 0x5C:  # a quote after an odd run of backslashes is escaped
+                j -= 1
+            if (i - j) % 2 == 0:
+                return i + 1
+        m = _STRING.match(raw, start)
+        if m is None:
+            raise _malformed(start)
+        return m.end()
+
+    def _deep_end(self, start: int) -> int:
+        """End of a container nested deeper than ``_NEST``: a Python step per too-deep bracket only."""
+        raw, depth, i = self.raw, 0, start
+        while i < len(raw):
+            c = raw[i]
+            if c in _OPEN:
+                depth += 1
+            elif c in b"]}":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            else:
+                break
+            i = _skip(_FILL, raw, i + 1)
+        raise _malformed(i)
+
+    def _absent_after(self, key: str, pos: int) -> bool:
+        """True when no spelling of ``"key"`` occurs at or after ``pos``, so no later member has this key.
+
+        Conservative: False means "maybe", and the caller scans.  The canonical spelling
+        is found with one bytes.find; any other spelling of an ASCII key must contain a
+        ``\\u00XX`` escape of one of its characters (or ``\\/``), which are listed once per
+        document.  Non-ASCII keys always answer "maybe".
+        """
+        if not key.isascii():
+            return False
+        raw = self.raw
+        if raw.find(orjson.dumps(key), pos) >= 0 or ("/" in key and raw.find(b"\\/", pos) >= 0):
+            return False
+        if self._escapes is None:
+            # bytes.find is several times faster than a regex scan, and most bodies have no \u00XX at all.
+            first = raw.find(b"\\u00")
+            hits = _ASCII_ESCAPE.finditer(raw, first) if first >= 0 else ()
+            self._escapes = [(m.start(), chr(int(m.group(1), 16))) for m in hits]
+        return not any(p >= pos and ch in key for p, ch in self._escapes)
+
+
+class _Edit(NamedTuple):
+    start: int
+    end: int
+    data: bytes
+    seq: int  # order of adding: a later edit supersedes the edits inside its range
+
+
+class Edits:
+    """Collects edits against one :class:`JsonDoc`, then splices them into the raw bytes once.
+
+    Member deletions and insertions are kept per object and turned into byte ranges
+    only in :meth:`apply`, so several of them in one object keep its commas right.
+    """
+
+    def __init__(self, doc: JsonDoc) -> None:
+        self.doc = doc
+        self._edits: list[_Edit] = []
+        self._seq = 0
+        self._deleted: dict[int, tuple[set[int], int]] = {}  # object start -> (member indexes, seq)
+        self._inserted: dict[int, list[tuple[str, bytes, int]]] = {}  # object start -> [(key, value, seq)]
+
+    def __bool__(self) -> bool:
+        """Whether any edit was collected."""
+        return bool(self._edits or self._deleted or self._inserted)
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _object(self, path: Path) -> _Node:
+        node = self.doc._container(path)
+        if node is None or not node.is_obj:
+            raise PathError(path)
+        return node
+
+    def replace(self, path: Path, new: bytes) -> None:
+        """Replace the value at ``path`` with ``new`` (raw JSON bytes, inserted verbatim)."""
+        span = self.doc.span(path)
+        if span is None:
+            raise PathError(path)
+        self._edits.append(_Edit(span[0], span[1], new, self._next()))
+
+    def replace_string(self, path: Path, text: str) -> None:
+        """Replace the value at ``path`` with the JSON string ``text``."""
+        self.replace(path, orjson.dumps(text))
+
+    def set_member(self, obj: Path, key: str, value: bytes) -> None:
+        """Replace the (last) ``key`` of the object at ``obj``, or append ``"key":value`` before its ``}``.
+
+        Appending leaves the object's whitespace as it is and adds a comma when the
+        object still has members at that point.
+        """
+        doc = self.doc
+        node = self._object(obj)
+        j = doc._member(node, key)
+        if j is not None:
+            self._edits.append(_Edit(node.vs[j], doc._end_of(node, j), value, self._next()))
+            return
+        # No scan needed here: a nested object was scanned to its end by the lookup, and
+        # the top-level one ends where the body does.
+        self._inserted.setdefault(node.start, []).append((key, value, self._next()))
+
+    def delete_member(self, obj: Path, key: str) -> None:
+        """Remove ``key`` (every occurrence, if duplicated) and exactly one adjacent comma for each run removed."""
+        node = self._object(obj)
+        self.doc._finish(node)
+        hits = {j for j, k in enumerate(node.keys) if k == key}
+        if not hits:
+            raise PathError((*obj, key))
+        done, _ = self._deleted.get(node.start, (set(), 0))
+        self._deleted[node.start] = (done | hits, self._next())
+
+    def replace_items(self, array: Path, start: int, stop: int, new_items: list[bytes]) -> None:
+        """Replace elements ``[start, stop)`` of the array at ``array`` with ``new_items`` (raw JSON each).
+
+        ``start == stop`` inserts, ``new_items == []`` deletes; the separators stay
+        valid and every other element keeps its bytes.
+        """
+        doc = self.doc
+        node = doc._container(array)
+        if node is None or node.is_obj:
+            raise PathError(array)
+        doc._finish(node)
+        vs, ve, n = node.vs, node.ve, len(node.vs)
+        if not 0 <= start <= stop <= n:
+            raise PathError((*array, start, stop))
+        body = b",".join(new_items)
+        if start < stop and new_items:
+            edit = (vs[start], ve[stop - 1], body)
+        elif start < stop:  # delete: take the separator after the run, or before it at the end
+            if stop < n:
+                edit = (vs[start], vs[stop], b"")
+            elif start > 0:
+                edit = (ve[start - 1], ve[stop - 1], b"")
+            else:
+                edit = (vs[0], ve[n - 1], b"")
+        elif not new_items:
+            return
+        elif start < n:
+            edit = (vs[start], vs[start], body + b",")
+        elif n:
+            edit = (ve[n - 1], ve[n - 1], b"," + body)
+        else:
+            edit = (node.start + 1, node.start + 1, body)
+        self._edits.append(_Edit(*edit, self._next()))
+
+    def _member_edits(self) -> list[_Edit]:
+        """Byte-range edits for the collected deletions and insertions, object by object."""
+        out: list[_Edit] = []
+        nodes = self.doc._nodes
+        for start, (hits, seq) in self._deleted.items():
+            node = nodes[start]
+            ks, ve, n = node.ks, node.ve, len(node.vs)
+            for a, b in _runs(sorted(hits)):
+                if b < n - 1:
+                    out.append(_Edit(ks[a], ks[b + 1], b"", seq))
+                elif a > 0:
+                    out.append(_Edit(ve[a - 1], ve[b], b"", seq))
+                else:
+                    out.append(_Edit(ks[0], ve[n - 1], b"", seq))
+        for start, added in self._inserted.items():
+            node = nodes[start]
+            if node.done:
+                left = len(node.vs) - len(self._deleted.get(start, ((), 0))[0])
+            else:  # the top level, not scanned to its end: is anything before the brace?
+                left = int(self.doc.raw[_skip(_WS, self.doc.raw, start + 1)] != 0x7D)
+            parts = []
+            for key, value, _ in added:
+                parts.append((b"," if left else b"") + orjson.dumps(key) + b":" + value)
+                left += 1
+            at = node.end - 1
+            out.append(_Edit(at, at, b"".join(parts), added[0][2]))
+        return out
+
+    def apply(self) -> bytes:
+        """The spliced bytes.
+
+        An edit lying inside another edit's range is dropped when that other edit was
+        added later (a structural replacement supersedes finer edits inside it; equal
+        ranges: the later wins); inside an earlier edit's range, or overlapping one
+        partially, it raises :class:`EditConflict`.  Insertions at one point keep their order.
+        """
+        edits = self._edits + self._member_edits()
+        kept = [e for e in edits if not any(f.seq > e.seq and _inside(e, f) for f in edits)]
+        kept.sort(key=lambda e: (e.start, e.end, e.seq))
+        raw = self.doc.raw
+        out: list[bytes] = []
+        pos = 0
+        for e in kept:
+            # Sorted by (start, end): any overlap or containment left shows as a start before the last end.
+            if e.start < pos:
+                raise EditConflict(f"edit of bytes {e.start}-{e.end} overlaps another edit ending at {pos}")
+            out.append(raw[pos : e.start])
+            out.append(e.data)
+            pos = e.end
+        out.append(raw[pos:])
+        return b"".join(out)
+
+
+def _inside(e: _Edit, f: _Edit) -> bool:
+    """Whether ``e`` lies within ``f``'s replaced range (an insertion at its edges does not)."""
+    if e is f or f.start == f.end:
+        return False
+    if e.start == e.end:
+        return f.start < e.start < f.end
+    return f.start <= e.start and e.end <= f.end
+
+
+def _runs(indexes: list[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive indexes, as inclusive ``(first, last)`` pairs."""
+    runs: list[tuple[int, int]] = []
+    for j in indexes:
+        if runs and runs[-1][1] == j - 1:
+            runs[-1] = (runs[-1][0], j)
+        else:
+            runs.append((j, j))
+    return runs

@@ -1,0 +1,402 @@
+"""jsonspan: byte spans by path and edits spliced into raw bytes.  Assertions compare bytes."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from canonicalize.jsonspan import EditConflict, Edits, JsonDoc, Member, Path, PathError
+
+
+def at(raw: bytes, path: Path) -> bytes | None:
+    span = JsonDoc(raw).span(path)
+    return None if span is None else raw[span[0] : span[1]]
+
+
+NUMBERS = b'{"a": 0.50, "b":1e5,"c" : -0, "d":123456789012345678901234567890, "s":"x", "e":[0.50,1E+2]}'
+
+
+def test_numbers_untouched_next_to_an_edit() -> None:
+    edits = Edits(JsonDoc(NUMBERS))
+    edits.replace_string(("s",), "y")
+    assert edits.apply() == NUMBERS.replace(b'"s":"x"', b'"s":"y"')
+    assert at(NUMBERS, ("d",)) == b"123456789012345678901234567890"
+    assert at(NUMBERS, ("c",)) == b"-0"
+    assert at(NUMBERS, ("e", 1)) == b"1E+2"
+
+
+def test_escapes_inside_and_outside_edited_strings() -> None:
+    raw = rb'{"p":"caf\u00e9 a\/b \"q\" c:\\","m":[{"content":"x\u00e9\\\"}]"}],"z":"\/"}'
+    assert orjson.loads(at(raw, ("m", 0, "content")) or b"") == 'xé\\"}]'
+    edits = Edits(JsonDoc(raw))
+    edits.replace_string(("m", 0, "content"), 'é "new" \\ /')
+    out = edits.apply()
+    assert out == raw.replace(rb'"x\u00e9\\\"}]"', orjson.dumps('é "new" \\ /'))
+    assert orjson.loads(out)["p"] == 'café a/b "q" c:\\'
+
+
+def test_escaped_keys_match_their_decoded_text() -> None:
+    raw = rb'{"\u006dodel":"m","a\"b":1,"\/":2}'
+    assert at(raw, ("model",)) == b'"m"'
+    assert at(raw, ('a"b',)) == b"1"
+    assert at(raw, ("/",)) == b"2"
+    assert JsonDoc(raw).members(())[0] == Member("model", 1, 14, 17)  # type: ignore[index]
+
+
+def test_duplicate_keys_last_wins_and_the_other_stays() -> None:
+    raw = b'{"model":"a","x":{"k":1},"model":"b","\\u006dodel":"c","y":2}'
+    assert at(raw, ("model",)) == b'"c"'
+    edits = Edits(JsonDoc(raw))
+    edits.replace_string(("model",), "z")
+    assert edits.apply() == raw.replace(b'"c"', b'"z"')
+    members = JsonDoc(raw).members(())
+    assert members is not None
+    assert [m.key for m in members] == ["model", "x", "model", "model", "y"]
+    edits = Edits(JsonDoc(raw))
+    edits.delete_member((), "model")
+    assert edits.apply() == b'{"x":{"k":1},"y":2}'
+
+
+def test_duplicate_found_after_a_confirmed_lookup_of_another_key() -> None:
+    raw = b'{"a":1,"b":{"a":5},"a":2}'
+    doc = JsonDoc(raw)
+    assert at(raw, ("b", "a")) == b"5"
+    assert doc.span(("a",)) == (raw.index(b"2"), raw.index(b"2") + 1)
+
+
+PRETTY = b"""{
+  "model" : "m",
+  "messages" : [
+    {
+      "role" : "system",
+      "content" : [ { "type" : "text", "text" : "sys [x] {y}" } ]
+    },
+    { "role" : "user", "content" : [ { "type" : "text", "text" : "a" },
+                                     { "type" : "image_url", "image_url" : { "url" : "u" } } ] }
+  ],
+  "tools" : [ ],
+  "opts" : { }
+}
+"""
+
+
+def test_pretty_printed_paths_and_edits_keep_whitespace() -> None:
+    assert at(PRETTY, ()) == PRETTY.strip()
+    assert at(PRETTY, ("messages", 1, "content", 0, "text")) == b'"a"'
+    assert at(PRETTY, ("messages", 1, "content", 1, "image_url", "url")) == b'"u"'
+    edits = Edits(JsonDoc(PRETTY))
+    edits.replace_string(("messages", 0, "content", 0, "text"), "new")
+    edits.set_member(("opts",), "k", b"1")
+    edits.set_member((), "stream_options", b'{"include_usage":true}')
+    edits.replace_items(("tools",), 0, 0, [b'{"t":1}', b"2"])
+    out = edits.apply()
+    expected = (
+        PRETTY.replace(b'"sys [x] {y}"', b'"new"')
+        .replace(b'"opts" : { }', b'"opts" : { "k":1}')
+        .replace(b'"tools" : [ ]', b'"tools" : [{"t":1},2 ]')
+        .replace(b'{ "k":1}\n}', b'{ "k":1}\n,"stream_options":{"include_usage":true}}')
+    )
+    assert out == expected
+    assert orjson.loads(out)["stream_options"] == {"include_usage": True}
+
+
+def test_strings_with_brackets_quotes_and_backslashes_before_quotes() -> None:
+    raw = rb'{"a":"[{\"}","b":"\\","c":["\\\\\"]","}"],"d":{"e":"]}{["}}'
+    assert at(raw, ("b",)) == rb'"\\"'
+    assert at(raw, ("c", 1)) == b'"}"'
+    assert at(raw, ("d", "e")) == b'"]}{["'
+
+
+def test_unicode_outside_the_bmp() -> None:
+    raw = '{"a":"😀 raw","b":"\\ud83d\\ude00","é":1,"c":2}'.encode()
+    assert orjson.loads(at(raw, ("b",)) or b"") == "😀"
+    assert at(raw, ("é",)) == b"1"
+    edits = Edits(JsonDoc(raw))
+    edits.replace_string(("c",), "𝄞")
+    assert edits.apply() == raw.replace(b'"c":2', '"c":"𝄞"'.encode())
+
+
+@pytest.mark.parametrize(
+    ("raw", "path", "expected"),
+    [
+        (b"  [1, [2, 3]]  ", (1, 0), b"2"),
+        (b'"top"', (), b'"top"'),
+        (b" 42 ", (), b"42"),
+        (b"[]", (0,), None),
+        (b"[1,2]", (-1,), b"2"),
+        (b"[1,2]", (-3,), None),
+        (b'{"a":1}', (0,), None),
+        (b"[1]", ("a",), None),
+        (b'{"a":"s"}', ("a", "b"), None),
+        (b'{"a":1}', ("a", 0), None),
+    ],
+)
+def test_top_level_values_and_absent_paths(raw: bytes, path: Path, expected: bytes | None) -> None:
+    assert at(raw, path) == expected
+
+
+def test_invalid_paths_raise_key_error() -> None:
+    edits = Edits(JsonDoc(b'{"a":[1],"o":{"k":1}}'))
+    with pytest.raises(KeyError):
+        edits.replace(("b",), b"1")
+    with pytest.raises(PathError):
+        edits.replace_string(("a", 3), "x")
+    with pytest.raises(KeyError):
+        edits.delete_member(("o",), "missing")
+    with pytest.raises(KeyError):
+        edits.set_member(("a",), "k", b"1")  # not an object
+    with pytest.raises(KeyError):
+        edits.replace_items(("o",), 0, 0, [])
+    with pytest.raises(KeyError):
+        edits.replace_items(("a",), 1, 3, [])
+    assert not edits
+
+
+def test_set_member_on_empty_and_non_empty_objects() -> None:
+    raw = b'{"e":{},"f":{ "a" : 1 }}'
+    edits = Edits(JsonDoc(raw))
+    edits.set_member(("e",), "x", b"1")
+    edits.set_member(("e",), "y", b"2")
+    edits.set_member(("f",), "a", b"3")
+    assert edits.apply() == b'{"e":{"x":1,"y":2},"f":{ "a" : 3 }}'
+
+
+def test_delete_then_insert_in_one_object() -> None:
+    raw = b'{"a":1, "b":2}'
+    edits = Edits(JsonDoc(raw))
+    edits.delete_member((), "a")
+    edits.delete_member((), "b")
+    edits.set_member((), "c", b"3")
+    assert edits.apply() == b'{"c":3}'
+    for key, expected in [("a", b'{"b":2}'), ("b", b'{"a":1}')]:
+        edits = Edits(JsonDoc(raw))
+        edits.delete_member((), key)
+        assert edits.apply() == expected
+
+
+@pytest.mark.parametrize(
+    ("start", "stop", "new", "expected"),
+    [
+        (0, 0, [], b"[1, 2 ,3]"),
+        (0, 0, [b"0"], b"[0,1, 2 ,3]"),
+        (3, 3, [b"4", b"5"], b"[1, 2 ,3,4,5]"),
+        (1, 2, [b'"x"'], b'[1, "x" ,3]'),
+        (0, 2, [], b"[3]"),
+        (1, 3, [], b"[1]"),
+        (0, 3, [], b"[]"),
+        (0, 1, [b"7", b"8"], b"[7,8, 2 ,3]"),
+    ],
+)
+def test_replace_items(start: int, stop: int, new: list[bytes], expected: bytes) -> None:
+    edits = Edits(JsonDoc(b"[1, 2 ,3]"))
+    edits.replace_items((), start, stop, new)
+    assert edits.apply() == expected
+
+
+def test_replace_items_on_an_empty_array_and_a_fork_of_system_messages() -> None:
+    edits = Edits(JsonDoc(b"[ ]"))
+    edits.replace_items((), 0, 0, [b"1"])
+    assert edits.apply() == b"[1 ]"
+    raw = b'{"messages":[{"role":"system","content":"fork"},{"role":"user","content":"u"}]}'
+    parent = [b'{"role":"system","content":"p1"}', b'{"role":"system","content":"p2"}']
+    edits = Edits(JsonDoc(raw))
+    edits.replace_items(("messages",), 0, 1, parent)
+    out = edits.apply()
+    assert out == b'{"messages":[' + b",".join(parent) + b',{"role":"user","content":"u"}]}'
+
+
+def test_later_structural_replacement_supersedes_earlier_fine_edits() -> None:
+    raw = b'{"tools":[{"description":"a"},{"description":"b"}],"x":1}'
+    edits = Edits(JsonDoc(raw))
+    edits.replace_string(("tools", 0, "description"), "A")
+    edits.replace(("tools",), b"[]")
+    edits.replace(("x",), b"2")
+    assert edits.apply() == b'{"tools":[],"x":2}'
+
+
+def test_edit_inside_an_earlier_edit_or_a_partial_overlap_conflicts() -> None:
+    raw = b'{"tools":[{"description":"a"}],"x":[1,2,3]}'
+    edits = Edits(JsonDoc(raw))
+    edits.replace(("tools",), b"[]")
+    edits.replace_string(("tools", 0, "description"), "A")
+    with pytest.raises(EditConflict):
+        edits.apply()
+    edits = Edits(JsonDoc(raw))
+    edits.replace_items(("x",), 0, 2, [])  # [1,2, : up to the start of 3
+    edits.replace_items(("x",), 2, 3, [])  # ,3 : from the end of 2
+    with pytest.raises(EditConflict):
+        edits.apply()
+
+
+def test_equal_ranges_later_wins_and_insertions_keep_their_order() -> None:
+    raw = b"[1,2]"
+    edits = Edits(JsonDoc(raw))
+    edits.replace((0,), b"8")
+    edits.replace((0,), b"9")
+    edits.replace_items((), 2, 2, [b"3"])
+    edits.replace_items((), 2, 2, [b"4"])
+    assert edits.apply() == b"[9,2,3,4]"
+
+
+def test_no_edits_returns_the_same_bytes() -> None:
+    edits = Edits(JsonDoc(PRETTY))
+    assert not edits
+    assert edits.apply() == PRETTY
+
+
+def test_deeper_than_one_regex_call() -> None:
+    deep = b"[" * 40 + b'"]"' + b"]" * 40
+    raw = b'{"d":' + deep + b',"k":"v"}'
+    assert at(raw, ("k",)) == b'"v"'
+    assert at(raw, ("d",)) == deep
+
+
+# -- property test: a seeded random generator with random formatting and escapes ------------
+
+_CHARS = 'aZ09 _-"\\/[]{},:\né\x01😀'
+
+
+def _ws(rng: random.Random) -> str:
+    return rng.choice(["", "", "", " ", "\n  ", "\t", "\r\n "])
+
+
+def _char(rng: random.Random, c: str) -> str:
+    if c == '"':
+        return rng.choice(['\\"', "\\u0022"])
+    if c == "\\":
+        return rng.choice(["\\\\", "\\u005C", "\\u005c"])
+    if c == "/":
+        return rng.choice(["/", "\\/"])
+    if c == "\n":
+        return rng.choice(["\\n", "\\u000a"])
+    if c == "\x01":
+        return "\\u0001"
+    if ord(c) > 0xFFFF:
+        hi, lo = divmod(ord(c) - 0x10000, 0x400)
+        return rng.choice([c, f"\\u{0xD800 + hi:04x}\\u{0xDC00 + lo:04X}"])
+    return rng.choice([c] * 5 + [f"\\u{ord(c):04x}"])
+
+
+def _string(rng: random.Random, text: str) -> str:
+    return '"' + "".join(_char(rng, c) for c in text) + '"'
+
+
+def _value(rng: random.Random, depth: int) -> str:
+    kind = rng.randrange(8 if depth < 4 else 4)
+    if kind == 0:
+        return rng.choice(["0.50", "1e5", "-0", "12345678901234567", "-1.5E-3", "0"])
+    if kind == 1:
+        return rng.choice(["true", "false", "null"])
+    if kind in (2, 3):
+        return _string(rng, "".join(rng.choice(_CHARS) for _ in range(rng.randrange(6))))
+    if kind in (4, 5):
+        items = [_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+        return "[" + _ws(rng) + ("," + _ws(rng)).join(f"{v}{_ws(rng)}" for v in items) + "]"
+    keys = [rng.choice(["a", "b", "model", "k/", 'q"', "é", "content"]) for _ in range(rng.randrange(5))]
+    members = [f"{_string(rng, k)}{_ws(rng)}:{_ws(rng)}{_value(rng, depth + 1)}{_ws(rng)}" for k in keys]
+    return "{" + _ws(rng) + ("," + _ws(rng)).join(members) + "}"
+
+
+def _paths(value: Any, path: Path = ()) -> list[Path]:
+    out = [path]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*path, k))
+    elif isinstance(value, list):
+        for j, v in enumerate(value):
+            out += _paths(v, (*path, j))
+    return out
+
+
+def _get(value: Any, path: Path) -> Any:
+    for step in path:
+        value = value[step]
+    return value
+
+
+def _unrelated(a: Path, b: Path) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] != b[:n]
+
+
+CASES = range(500)
+
+
+@pytest.mark.parametrize("seed", CASES)
+def test_random_documents(seed: int) -> None:
+    rng = random.Random(seed)
+    raw = (_ws(rng) + _value(rng, 0) + _ws(rng)).encode()
+    value = orjson.loads(raw)
+    doc = JsonDoc(raw)
+    paths = _paths(value)
+    for path in rng.sample(paths, min(len(paths), 8)):
+        span = doc.span(path)
+        assert span is not None, path
+        assert orjson.dumps(orjson.loads(raw[span[0] : span[1]])) == orjson.dumps(_get(value, path))
+        assert doc.span((*path, "absent")) is None
+        assert doc.span((*path, 99)) is None
+    _random_edits(rng, raw, value, paths)
+
+
+def _random_edits(rng: random.Random, raw: bytes, value: Any, paths: list[Path]) -> None:
+    doc = JsonDoc(raw)
+    edits = Edits(doc)
+    expected = orjson.loads(raw)
+    targets: list[Path] = []
+    regions: list[tuple[int, int]] = []
+    for path in rng.sample(paths, min(len(paths), 4)):
+        node = _get(value, path)
+        key = rng.choice(["a", "new", "é", "k/"])
+        kind = rng.randrange(3)
+        if isinstance(node, dict) and kind == 2 and key not in node:
+            kind = 1
+        kind = kind if isinstance(node, (dict, list)) else 0
+        target = (*path, key) if isinstance(node, dict) and kind else path
+        if not all(_unrelated(target, t) for t in targets) or not (kind or path):
+            continue
+        parent = _get(expected, path)
+        if isinstance(node, dict) and kind == 1:
+            edits.set_member(path, key, b'"set"')
+            parent[key] = "set"
+        elif isinstance(node, dict) and kind == 2:
+            edits.delete_member(path, key)
+            del parent[key]
+        elif isinstance(node, list) and kind:
+            start = rng.randrange(len(node) + 1)
+            stop = rng.randrange(start, len(node) + 1)
+            new = [rng.choice([b"1", b'"n"', b"[]"]) for _ in range(rng.randrange(3))]
+            edits.replace_items(path, start, stop, new)
+            parent[start:stop] = [orjson.loads(b) for b in new]
+        else:
+            edits.replace_string(path, 'R\\"')
+            _get(expected, path[:-1])[path[-1]] = 'R\\"'
+        targets.append(target)
+        span = doc.span(path)
+        assert span is not None
+        regions.append(span)
+    out = edits.apply()
+    expected = expected if targets else value
+    assert orjson.dumps(orjson.loads(out), option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+        expected, option=orjson.OPT_SORT_KEYS
+    )
+    _assert_outside_untouched(raw, out, regions)
+
+
+def _assert_outside_untouched(raw: bytes, out: bytes, regions: list[tuple[int, int]]) -> None:
+    """Every byte outside the edited values/containers reaches ``out`` unchanged and in order."""
+    merged: list[list[int]] = []
+    for a, b in sorted(regions):
+        if merged and a < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    pos, cut = 0, 0
+    for a, b in merged:
+        gap = raw[cut:a]
+        found = out.find(gap, pos)
+        assert found >= pos if cut else found == 0, (gap, out)
+        pos, cut = found + len(gap), b
+    assert out.endswith(raw[cut:]) and len(out) - len(raw[cut:]) >= pos
