@@ -8,7 +8,9 @@ duplicate keys, escapes, whitespace.  The body is never re-serialized whole.
 
     SetString(path, text)          a string value a rule changed (re-encoded: that string only)
     SetValue(path, raw)            a value replaced by recorded bytes (a fork's tools[])
-    SetMember(obj, key, raw)       a member replaced, or added last (stream_options, id_slot)
+    SetMember(obj, key, raw)       a member replaced, or added last
+    AddMember(key, raw)            a top-level member the request does not have, added last
+                                   (stream_options): found from the body's end, no scan
     DeleteMember(obj, key)         a member removed (a param the fork's parent did not send)
     SetItems(array, start, stop, items)   a run of array items replaced (a fork's system messages)
 """
@@ -43,6 +45,12 @@ class SetMember:
 
 
 @dataclass(frozen=True, slots=True)
+class AddMember:
+    key: str
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteMember:
     obj: Path
     key: str
@@ -56,7 +64,7 @@ class SetItems:
     items: tuple[bytes, ...]
 
 
-Op = SetString | SetValue | SetMember | DeleteMember | SetItems
+Op = SetString | SetValue | SetMember | AddMember | DeleteMember | SetItems
 
 
 def render(doc: JsonDoc, ops: Sequence[Op]) -> bytes:
@@ -68,8 +76,11 @@ def render(doc: JsonDoc, ops: Sequence[Op]) -> bytes:
     if not ops:
         return doc.raw
     edits = Edits(doc)
+    added: list[AddMember] = []
     for op in ops:
-        if isinstance(op, SetString):
+        if isinstance(op, AddMember):
+            added.append(op)
+        elif isinstance(op, SetString):
             edits.replace(op.path, orjson.dumps(op.text))
         elif isinstance(op, SetValue):
             edits.replace(op.path, op.raw)
@@ -79,7 +90,19 @@ def render(doc: JsonDoc, ops: Sequence[Op]) -> bytes:
             edits.delete_member(op.obj, op.key)
         else:
             edits.replace_items(op.array, op.start, op.stop, list(op.items))
-    return edits.apply()
+    out = edits.apply() if edits else doc.raw
+    return _append(out, added) if added else out
 
 
-__all__ = ["DeleteMember", "Op", "SetItems", "SetMember", "SetString", "SetValue", "render"]
+def _append(raw: bytes, members: Sequence[AddMember]) -> bytes:
+    """``members`` added before the closing brace of the top-level object."""
+    end = len(raw.rstrip())
+    if end == 0 or raw[end - 1 : end] != b"}":
+        raise ValueError("the body is not a JSON object")
+    before = raw[: end - 1].rstrip()
+    sep = b"" if before.endswith(b"{") else b","
+    added = b",".join(orjson.dumps(m.key) + b":" + m.raw for m in members)
+    return raw[: end - 1] + sep + added + raw[end - 1 :]
+
+
+__all__ = ["AddMember", "DeleteMember", "Op", "SetItems", "SetMember", "SetString", "SetValue", "render"]

@@ -24,7 +24,7 @@ import orjson
 import xxhash
 
 from canonicalize import chain, notes, pins
-from canonicalize.edits import DeleteMember, Op, SetMember, SetString, SetValue
+from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString, SetValue
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, Role, Signals, classify
 from canonicalize.packs import PACKS, Pack
@@ -424,8 +424,9 @@ class Canonicalizer:
         parent_tools = orjson.loads(tools_blob)
         if (exchange.tools(body) or []) != (parent_tools or []):
             if parent_tools:
+                had = "tools" in body
                 body["tools"] = parent_tools
-                ops.append(SetMember((), "tools", tools_blob))
+                ops.append(SetMember((), "tools", tools_blob) if had else AddMember("tools", tools_blob))
             else:
                 body.pop("tools", None)
                 ops.append(DeleteMember((), "tools"))
@@ -436,8 +437,8 @@ class Canonicalizer:
                 raw = record.params[p].encode("utf-8", "surrogatepass")
                 value = orjson.loads(raw)
                 if p not in body or body[p] != value:
+                    ops.append(SetMember((), p, raw) if p in body else AddMember(p, raw))
                     body[p] = value
-                    ops.append(SetMember((), p, raw))
                     changed_params = True
             elif p in body:
                 del body[p]

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize.edits import Op, SetItems, SetMember
+from canonicalize.edits import AddMember, Op, SetItems, SetMember
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
 from canonicalize.wire.reply_chat import ChatReply
@@ -215,7 +215,9 @@ class ChatExchange:
             if opts.get("include_usage") is True:
                 return []
             return [SetMember(("stream_options",), "include_usage", b"true")]
-        return [SetMember((), "stream_options", b'{"include_usage":true}')]
+        if "stream_options" in body:  # null or another non-object: replaced
+            return [SetMember((), "stream_options", b'{"include_usage":true}')]
+        return [AddMember("stream_options", b'{"include_usage":true}')]
 
     def reply(self, *, offered: frozenset[str] | None, drop_usage_chunk: bool) -> Reply:
         return ChatReply(offered=offered, drop_usage_chunk=drop_usage_chunk)

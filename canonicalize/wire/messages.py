@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize.edits import DeleteMember, Op, SetMember
+from canonicalize.edits import AddMember, DeleteMember, Op, SetMember
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
 from canonicalize.wire.chat import canonical_json, flat_content
@@ -53,8 +53,9 @@ class MessagesExchange:
                 return []
             del body["system"]
             return [DeleteMember((), "system")]
+        had = "system" in body
         body["system"] = value
-        return [SetMember((), "system", blob)]
+        return [SetMember((), "system", blob) if had else AddMember("system", blob)]
 
     # -- tools ------------------------------------------------------------------------
     def tools(self, body: dict[str, Any]) -> list[Any] | None:

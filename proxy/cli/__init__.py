@@ -68,6 +68,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=config.log.access,
         lifespan="on",
         timeout_graceful_shutdown=10,
+        # Responses carry the upstream's own date and server headers: a second
+        # pair from uvicorn would make each appear twice.
+        server_header=False,
+        date_header=False,
     )
     return 0
 

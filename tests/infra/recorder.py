@@ -99,7 +99,9 @@ async def chat(request: Request) -> Response:
     include_usage = (body.get("stream_options") or {}).get("include_usage") is True
 
     async def gen() -> AsyncIterator[bytes]:
-        chunk = {**base, "object": "chat.completion.chunk"}
+        chunk: dict[str, Any] = {**base, "object": "chat.completion.chunk"}
+        if include_usage:  # as OpenAI and vLLM do: every chunk carries "usage": null
+            chunk["usage"] = None
         yield _sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         if ctl.get("slow_chunks"):  # a long stream that notes whether it was closed early
             STATE["stream_closed_early"] = None
@@ -220,6 +222,8 @@ async def health(request: Request) -> Response:
 app = Starlette(
     routes=[
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/chat/completions/", chat, methods=["POST"]),
+        Route("/openai/deployments/{name}/chat/completions", chat, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/_control", control, methods=["POST"]),
         Route("/_requests", requests_, methods=["GET"]),
