@@ -56,7 +56,7 @@ def create_app(
         the_store = store or open_store(
             config.store.backend, redis_url=config.store.redis_url, ttl_s=config.store.ttl_s,
             max_entries=config.store.max_entries, max_bytes=config.store.max_bytes,
-            timeout_ms=config.store.timeout_ms,
+            timeout_ms=config.store.timeout_ms, bounds=config.store.bounds(),
         )  # fmt: skip
         s = Services(
             canon=canon,
@@ -65,7 +65,7 @@ def create_app(
             upstream=upstream,
             metrics=metrics,
             max_body_bytes=config.limits.max_body_bytes,
-            trust_tenant_header=config.tenancy.trust_header,
+            tenancy=config.tenancy,
         )
         holder["s"] = s
         app.state.services = s

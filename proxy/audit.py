@@ -17,18 +17,20 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import orjson
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
 
 from canonicalize import ANTHROPIC, OPENAI, Canonicalizer, Dialect, Fingerprint
 from canonicalize.predict import predict
 from proxy.config import Config
 from proxy.progress import Progress
 from proxy.resolve import record, resolve
+from proxy.store import Bounds
 from proxy.store.memory import MemoryStore
 from proxy.tenancy import tenant_of
 
@@ -86,7 +88,10 @@ def _reply_of(line: dict[str, Any], dialect: Dialect) -> dict[str, Any] | None:
 
 async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
     canon = Canonicalizer(config.settings())
-    store = MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62)
+    store = MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62,
+                        bounds=Bounds(10**9, 2**62, config.store.max_links_per_request))  # fmt: skip
+    # A trace's credentials are usually stripped: its anonymous lines are one user's.
+    tenancy = replace(config.tenancy, anonymous="shared")
     lineages: dict[str, Lineage] = {}
     total = Tally()
     malformed: list[dict[str, Any]] = []
@@ -102,7 +107,7 @@ async def audit(lines: list[tuple[int, Any]], config: Config, progress: Progress
         dialect = ANTHROPIC if line.get("route") == "messages" or "system" in body else OPENAI
         raw_fp, raw_sizes = canon.measure(body, dialect)
         work = orjson.loads(orjson.dumps(body))
-        tenant = tenant_of(headers, trust_header=config.tenancy.trust_header)
+        tenant = tenant_of(headers, QueryParams(urlsplit(str(line.get("path") or "")).query), tenancy)
         prep = canon.prepare(work, dialect, declared_parent=headers.get("x-prefixpin-parent") or None)
         outcome = (await resolve(canon, store, tenant, prep, new_id=lambda: f"L{next(counter):04d}")).outcome
         await record(store, tenant, prep, outcome, _reply_of(line, dialect))

@@ -30,6 +30,7 @@ from canonicalize import ANTHROPIC, OPENAI, Canonicalizer, Dialect, Outcome, Pre
 from canonicalize.predict import predict
 from canonicalize.reply import ChatReply, MessagesReply
 from canonicalize.sse import SSESplitter, encode
+from proxy.config import Tenancy
 from proxy.errors import BodyTooLarge, PrefixpinError, StoreError, UpstreamError, from_httpx
 from proxy.forward import UpstreamClient, request_headers, response_headers
 from proxy.metrics import Metrics
@@ -54,7 +55,7 @@ class Services:
     upstream: UpstreamClient
     metrics: Metrics
     max_body_bytes: int
-    trust_tenant_header: bool
+    tenancy: Tenancy
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Any) -> None:
@@ -138,7 +139,7 @@ class ChatRoute:
             body = None
         if not isinstance(body, dict):  # not ours to judge: the upstream answers it
             return Plan("bypass", raw)
-        tenant = tenant_of(headers, trust_header=s.trust_tenant_header)
+        tenant = tenant_of(headers, request.query_params, s.tenancy)
         try:
             prep = s.canon.prepare(body, self.dialect, declared_parent=headers.get("x-prefixpin-parent") or None)
         except Exception:
@@ -267,7 +268,7 @@ class ChatRoute:
         m.request_duration.labels(self.route).observe(time.perf_counter() - started)
         outcome = plan.outcome
         role = plan.role
-        model = m.model_label(plan.model)
+        model = m.model_label(plan.model, answered=200 <= status < 300)  # a junk name gets no slot (#16)
         usage = reply.usage.result
         if usage is not None:
             m.prompt_tokens.labels(model, role).inc(usage.prompt)

@@ -6,17 +6,28 @@ request's chain, the lineages owning it, and the lineage named by
 tools[] blobs.  After the response, one write records the new links, the
 response's link, the lineage record and any new blobs.  Everything is namespaced
 by tenant and expires after ``store.ttl_s``.
+
+Bounds, so that no client can push another one's lineages out: each tenant holds
+at most ``tenant_max_entries`` entries and ``tenant_max_bytes`` of blobs (past
+them its own least recently used entries go first), on top of the store's global
+bounds; a request records, and a lookup walks, only the newest
+``max_links_per_request`` links of its chain (the next turn extends the newest
+ones, so a long conversation still continues).  The tenant :data:`ISOLATED` owns
+nothing: its lookups find nothing and its records are dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from canonicalize import LineageRecord, Lookup
 from canonicalize.pipeline import CANDIDATES, LINKS_PER_KEY, SCAN_UP
 
 Links = Sequence[bytes]
+
+ISOLATED = ""  # the tenant of a request that shares nothing (see proxy.tenancy)
 
 
 class Store(Protocol):
@@ -34,8 +45,9 @@ class Store(Protocol):
         blobs: dict[str, bytes],
         touch: Sequence[str],
     ) -> None:
-        """Save ``record``; add its id in front of each link's owners (deduped,
-        at most LINKS_PER_KEY); store new blobs once; keep ``touch`` blobs alive."""
+        """Save ``record``; add its id in front of each of the newest
+        ``max_links_per_request`` links' owners (deduped, at most LINKS_PER_KEY);
+        store new blobs once; keep ``touch`` blobs alive."""
         ...
 
     async def ping(self) -> None: ...
@@ -43,17 +55,37 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """Per-tenant bounds, shared by both backends (config: ``store.*``)."""
+
+    tenant_max_entries: int = 50_000
+    tenant_max_bytes: int = 128 * 2**20
+    max_links_per_request: int = 256
+
+
+DEFAULT_BOUNDS = Bounds()
+
+
+def newest(links: Sequence[bytes], bounds: Bounds) -> int:
+    """Index of the first of the newest links a request records or looks up."""
+    return max(0, len(links) - bounds.max_links_per_request)
+
+
 def open_store(
-    backend: str, *, redis_url: str, ttl_s: int, max_entries: int, max_bytes: int, timeout_ms: int
-) -> Store:
+    backend: str, *, redis_url: str, ttl_s: int, max_entries: int, max_bytes: int, timeout_ms: int,
+    bounds: Bounds = DEFAULT_BOUNDS,
+) -> Store:  # fmt: skip
     """The factory the app calls from its lifespan."""
     if backend == "redis":
         from proxy.store.redis import RedisStore
 
-        return RedisStore(redis_url, ttl_s=ttl_s, timeout_s=timeout_ms / 1000)
+        return RedisStore(redis_url, ttl_s=ttl_s, timeout_s=timeout_ms / 1000, bounds=bounds)
     from proxy.store.memory import MemoryStore
 
-    return MemoryStore(ttl_s=ttl_s, max_entries=max_entries, max_bytes=max_bytes)
+    return MemoryStore(ttl_s=ttl_s, max_entries=max_entries, max_bytes=max_bytes, bounds=bounds)
 
 
-__all__ = ["CANDIDATES", "LINKS_PER_KEY", "SCAN_UP", "Store", "open_store"]
+__all__ = [
+    "CANDIDATES", "DEFAULT_BOUNDS", "ISOLATED", "LINKS_PER_KEY", "SCAN_UP", "Bounds", "Store", "newest", "open_store",
+]  # fmt: skip
