@@ -37,6 +37,7 @@ import httpx
 from canonicalize import ensure_stream_usage
 from canonicalize.sse import SSESplitter
 from canonicalize.usage import Usage, UsageAccumulator, parse_usage
+from proxy.config import Tenancy
 from proxy.progress import Progress
 
 CHAT_PATH = "/v1/chat/completions"
@@ -203,9 +204,12 @@ def read_trace(path: str | Path, errors: TextIO) -> tuple[list[TraceLine], list[
 
 
 # -- sending ------------------------------------------------------------------------
+_CREDENTIAL_HEADERS = frozenset(Tenancy().credential_headers)
+
+
 def request_headers(line: TraceLine, api_key: str | None) -> dict[str, str]:
     headers = {k: v for k, v in line.headers.items() if k.lower() not in _CONNECTION_HEADERS}
-    if api_key and not any(k.lower() in ("authorization", "x-api-key") for k in headers):
+    if api_key and not any(k.lower() in _CREDENTIAL_HEADERS for k in headers):
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
 

@@ -109,7 +109,8 @@ def test_the_same_key_in_another_place_is_another_tenant(marker_proxy: str, reco
     system = hermes.system_prompt(minute="02:30 PM")
     first = _post(marker_proxy, ("header", "x-goog-api-key"), "sk-same", hermes.request(system, [USER1]))
     time.sleep(0.2)
-    nxt = hermes.request(hermes.system_prompt(minute="02:31 PM"), [USER1, _reply(first), {"role": "user", "content": "x"}])
+    history = [USER1, _reply(first), {"role": "user", "content": "x"}]
+    nxt = hermes.request(hermes.system_prompt(minute="02:31 PM"), history)
     again = _post(marker_proxy, ("header", "x-goog-api-key"), "sk-same", nxt)
     elsewhere = _post(marker_proxy, ("param", "key"), "sk-same", nxt)
     assert again.headers["x-prefixpin-role"] == "continuation"
@@ -169,3 +170,19 @@ def test_model_names_the_upstream_refused_take_no_label_slot(serve: Callable[...
     metrics = http.get(proxy + "/metrics").text
     assert 'prefixpin_prompt_tokens_total{model="real-model",role="root"}' in metrics
     assert "junk-" not in metrics
+
+
+def test_query_keys_are_not_in_the_access_log(serve: Callable[..., str], recorder: Recorder, log_dir: Path,
+                                              write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+    proxy = serve(recorder.base, write_config({"log": {"level": "debug", "access": True}}))
+    secret = "sk-QUERY-SECRET-do-not-log-77"
+    http = track(httpx.Client(trust_env=False, timeout=30))
+    for param in ("key", "api_key", "api-key", "access_token"):
+        r = http.post(proxy + f"/v1/chat/completions?api-version=1&{param}={secret}", json={"messages": [USER1]})
+        assert r.status_code == 200
+        assert http.get(proxy + f"/v1/models?{param}={secret}").status_code == 200
+    assert recorder.requests()[0]["query"] == f"api-version=1&key={secret}"  # forwarded, of course
+    time.sleep(0.3)
+    logs = "".join(log.read_text(errors="replace") for log in log_dir.glob("prefixpin-*.log"))
+    assert "key=***" in logs and "access_token=***" in logs  # the access log ran and redacted
+    assert secret not in logs
