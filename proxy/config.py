@@ -22,6 +22,7 @@ import yaml
 
 from canonicalize import ForkPolicy, RuleError, Settings, compile_rule
 from canonicalize.packs import PACKS
+from proxy.store import Bounds
 
 
 class ConfigError(ValueError):
@@ -58,14 +59,21 @@ class Store:
     ttl_s: int = 86400
     max_entries: int = 200_000
     max_bytes: int = 512 * 2**20
+    # One tenant's share (a noisy neighbour evicts its own entries, not others'):
+    tenant_max_entries: int = Bounds.tenant_max_entries
+    tenant_max_bytes: int = Bounds.tenant_max_bytes
+    max_links_per_request: int = Bounds.max_links_per_request  # newest links recorded / looked up
     timeout_ms: int = 250
 
+    def bounds(self) -> Bounds:
+        return Bounds(self.tenant_max_entries, self.tenant_max_bytes, self.max_links_per_request)
+
     def __repr__(self) -> str:
-        return (
-            f"Store(backend={self.backend!r}, redis_url={_hide_password(self.redis_url)!r}, "
-            f"ttl_s={self.ttl_s}, max_entries={self.max_entries}, max_bytes={self.max_bytes}, "
-            f"timeout_ms={self.timeout_ms})"
+        shown = ", ".join(
+            f"{f.name}={_hide_password(self.redis_url) if f.name == 'redis_url' else getattr(self, f.name)!r}"
+            for f in fields(self)
         )
+        return f"Store({shown})"
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,9 @@ class Fork:
 @dataclass(frozen=True)
 class Tenancy:
     trust_header: bool = False
+    credential_headers: tuple[str, ...] = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+    credential_params: tuple[str, ...] = ("key", "api_key", "api-key", "access_token")
+    anonymous: str = "isolated"  # isolated | shared
 
 
 @dataclass(frozen=True)
@@ -173,9 +184,11 @@ _ENUMS = {
     "upstream.kind": ("openai", "litellm"),
     "store.backend": ("memory", "redis"),
     "log.level": ("debug", "info", "warning", "error"),
+    "tenancy.anonymous": ("isolated", "shared"),
 }
 _POSITIVE = {"listen.port", "upstream.timeout_s", "upstream.connect_timeout_s", "upstream.max_connections",
-             "store.ttl_s", "store.max_entries", "store.max_bytes", "store.timeout_ms", "limits.max_body_bytes",
+             "store.ttl_s", "store.max_entries", "store.max_bytes", "store.tenant_max_entries",
+             "store.tenant_max_bytes", "store.max_links_per_request", "store.timeout_ms", "limits.max_body_bytes",
              "metrics.max_models"}  # fmt: skip
 
 
@@ -290,6 +303,7 @@ def validate(config: Config) -> None:
         raise ConfigError(f"limits.max_concurrency: must be 0 (no limit) or more (got {config.limits.max_concurrency})")
     if config.fork.min_depth < 1:
         raise ConfigError(f"fork.min_depth: must be at least 1 (got {config.fork.min_depth})")
+    _validate_tenancy(config)
     url = urlsplit(config.upstream.url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
@@ -298,6 +312,25 @@ def validate(config: Config) -> None:
     ):  # fmt: skip
         raise ConfigError("store.redis_url: must be a redis://, rediss:// or unix:// URL")
     config.settings()  # compiles user rules; raises ConfigError naming the rule
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _validate_tenancy(config: Config) -> None:
+    for i, name in enumerate(config.tenancy.credential_headers):
+        if not _TOKEN.fullmatch(name):
+            raise ConfigError(f"tenancy.credential_headers[{i}]: not a header name (got {name!r})")
+    for i, name in enumerate(config.tenancy.credential_params):
+        if not name:
+            raise ConfigError(f"tenancy.credential_params[{i}]: must be a non-empty string")
+    store = config.store
+    if store.tenant_max_entries <= store.max_links_per_request:
+        raise ConfigError(
+            f"store.tenant_max_entries: must be more than store.max_links_per_request "
+            f"({store.max_links_per_request}), or one request could evict its own lineage "
+            f"(got {store.tenant_max_entries})"
+        )
 
 
 def load(

@@ -1,8 +1,8 @@
 """Every metric prefixpin exports, on a per-app registry (names: SPEC section 6).
 
 Label values are bounded: ``model`` is the request's model only for models named
-in ``metrics.models`` or among the first ``metrics.max_models`` seen, else
-``other``; rule names come from the loaded config; no label ever carries a
+in ``metrics.models`` or among the first ``metrics.max_models`` the upstream
+answered with a 2xx, else ``other``; rule names come from the loaded config; no label ever carries a
 session, lineage, tenant or user value.
 """
 
@@ -29,7 +29,11 @@ LINEAGE_REWRITES = ("lineage.tools", "fork.system", "fork.tools", "fork.params")
 
 
 class ModelLabels:
-    """Maps model names to a bounded label set."""
+    """Maps model names to a bounded label set.
+
+    A name takes one of the ``limit`` free slots only once the upstream answered a
+    request for it with a 2xx: a client sending made-up names gets errors back, and
+    its names count as ``other`` instead of crowding out the real models."""
 
     def __init__(self, named: Iterable[str] = (), limit: int = 50) -> None:
         self._named = frozenset(named)
@@ -37,11 +41,14 @@ class ModelLabels:
         self._limit = limit
         self._lock = threading.Lock()
 
-    def __call__(self, model: object) -> str:
+    def __call__(self, model: object, *, answered: bool) -> str:
+        """The label of ``model``; ``answered``: the upstream answered it with a 2xx."""
         if not isinstance(model, str) or not model:
             return "unknown"
         if model in self._named or model in self._seen:
             return model
+        if not answered:
+            return "other"
         with self._lock:
             if len(self._seen) < self._limit:
                 self._seen.add(model)

@@ -25,13 +25,14 @@ from proxy.config import Config
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.services import Services
-from proxy.store import Store
+from proxy.store import Bounds, Store
 from proxy.store.guard import StoreGuard
 from proxy.store.memory import MemoryStore
 
 
-def _unbounded() -> MemoryStore:
-    return MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62)
+def _unbounded(config: Config) -> MemoryStore:
+    bounds = Bounds(10**9, 2**62, config.store.max_links_per_request)
+    return MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62, bounds=bounds)
 
 
 class Offline:
@@ -47,7 +48,7 @@ class Offline:
     ) -> None:
         """``settings`` replaces the config's packs, rules and fork policy (tests)."""
         canon = Canonicalizer(settings or config.settings())
-        self.s = Services(config=config, canon=canon, store=store or _unbounded(), guard=StoreGuard(),
+        self.s = Services(config=config, canon=canon, store=store or _unbounded(config), guard=StoreGuard(),
                           metrics=Metrics(rules=canon.rule_names))  # fmt: skip
         counter = itertools.count(1)
         ids = new_id or (lambda: f"L{next(counter):04d}")
@@ -67,13 +68,14 @@ class Offline:
         *,
         exchange: Exchange = CHAT,
         headers: Mapping[str, str] | None = None,
+        query: str = "",
         reply: dict[str, Any] | None = None,
         status: int = 200,
     ) -> Flow:
         """One request: what would be forwarded (``flow.out``), its role and outcome;
         ``reply`` (the assistant message the client received) is recorded with it."""
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
-        flow = Flow(exchange, Headers({k.lower(): v for k, v in (headers or {}).items()}), "", raw, 0.0)
+        flow = Flow(exchange, Headers({k.lower(): v for k, v in (headers or {}).items()}), query, raw, 0.0)
         await self.runner.request(flow)
         self.runner.render(flow)
         flow.message, flow.status = reply, status

@@ -1,30 +1,82 @@
 """Who a request belongs to.
 
-The default tenant is a hash of the ``Authorization`` / ``x-api-key`` value: two
-clients with different keys never share a lineage, and the key itself is never
-stored or logged (only this one-way hash is).  ``x-prefixpin-tenant`` names the
-tenant instead only when ``tenancy.trust_header`` is on (a trusted gateway in
-front of prefixpin sets it).
+Every credential the request carries, wherever it carries it, makes up its
+tenant: the values of the ``tenancy.credential_headers`` (``Authorization``,
+``x-api-key``, Azure's ``api-key``, Google's ``x-goog-api-key``) and of the
+``tenancy.credential_params`` of the query string (``?key=``, ``?api_key=``, ...)
+are combined, each with its place, into one blake2b hash.  Two clients with
+different credentials never share a lineage, and no credential is stored or
+logged (only this one-way hash is).  The place is part of the hash: the same key
+sent as ``x-api-key`` and as ``?key=`` makes two tenants (a client keeps its
+place, so it loses nothing; nothing is ever shared across places).
+
+A request with no credential at all has no tenant to share with anyone: under
+``tenancy.anonymous: isolated`` (the default) it is :data:`ISOLATED`, which the
+stores treat as owning nothing (it never continues or forks from anything and
+records nothing).  ``shared`` puts every anonymous request in one ``anon``
+tenant (a sidecar whose only client is trusted).
+
+``x-prefixpin-tenant`` names the tenant instead only when
+``tenancy.trust_header`` is on (a trusted gateway in front of prefixpin sets it).
+
+:class:`RedactCredentials` keeps the credential query parameters out of the
+access log, which prints each request's path with its query string.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
+from collections.abc import Iterable
 
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
+
+from proxy.config import Tenancy
+from proxy.store import ISOLATED
+
+SHARED_ANONYMOUS = "anon"
 
 
-def tenant_of(headers: Headers, *, trust_header: bool) -> str:
-    if trust_header:
+def tenant_of(headers: Headers, query: QueryParams, policy: Tenancy) -> str:
+    """The tenant of a request with these headers and query parameters."""
+    if policy.trust_header:
         named = headers.get("x-prefixpin-tenant")
         if named:
-            return "t" + _hash(b"tenant:" + named.encode("utf-8", "replace"))
-    secret = headers.get("authorization") or headers.get("x-api-key") or ""
-    if not secret:
-        return "anon"
-    return "k" + _hash(b"key:" + secret.encode("utf-8", "replace"))
+            return "t" + _hash([b"tenant", named.encode("utf-8", "replace")])
+    parts: list[bytes] = []
+    for name in policy.credential_headers:
+        name = name.lower()
+        parts += (b"h:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in headers.getlist(name) if v)
+    for name in policy.credential_params:
+        parts += (b"q:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in query.getlist(name) if v)
+    if not parts:
+        return SHARED_ANONYMOUS if policy.anonymous == "shared" else ISOLATED
+    return "k" + _hash(parts)
 
 
-def _hash(data: bytes) -> str:
-    # A cryptographic hash: the key cannot be recovered from what is stored.
-    return hashlib.blake2b(data, digest_size=16, person=b"prefixpin").hexdigest()
+def _hash(parts: list[bytes]) -> str:
+    # A cryptographic hash: no credential can be recovered from what is stored.
+    # Each part is length-prefixed, so no two lists of credentials hash alike.
+    h = hashlib.blake2b(digest_size=16, person=b"prefixpin")
+    for part in parts:
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()
+
+
+class RedactCredentials(logging.Filter):
+    """Replaces the values of credential query parameters in a log record's
+    arguments with ``***`` (uvicorn's access log passes the path and query)."""
+
+    def __init__(self, params: Iterable[str]) -> None:
+        super().__init__()
+        names = "|".join(re.escape(p) for p in params)
+        self._pattern = re.compile(rf"([?&](?:{names})=)[^&#\s\"]*") if names else None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._pattern is not None and isinstance(record.args, tuple):
+            record.args = tuple(
+                self._pattern.sub(r"\1***", a) if isinstance(a, str) and "=" in a else a for a in record.args
+            )
+        return True

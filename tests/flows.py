@@ -60,6 +60,9 @@ class Sent:
         return self.flow.offered
 
 
+KEY = {"authorization": "Bearer sk-test"}  # one tenant: a request without a key shares nothing
+
+
 class Harness:
     def __init__(self, settings: Settings | None = None, *, config: Config | None = None) -> None:
         self.offline = Offline(config or load(None, env={}), settings=settings)
@@ -74,7 +77,7 @@ class Harness:
         headers: dict[str, str] | None = None,
         exchange: Exchange = CHAT,
     ) -> Sent:
-        h = dict(headers or {})
+        h = dict(headers if headers is not None else KEY)
         if declared:
             h["x-prefixpin-parent"] = declared
         flow = asyncio.run(self.offline.send(body, exchange=exchange, headers=h, reply=reply))

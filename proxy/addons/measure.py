@@ -23,7 +23,7 @@ class Measure:
         reply = flow.reply
         usage = reply.usage.result if reply is not None else None
         if usage is not None:
-            model = m.model_label(flow.model)
+            model = m.model_label(flow.model, answered=200 <= flow.status < 300)  # a junk name gets no slot
             m.prompt_tokens.labels(model, flow.role).inc(usage.prompt)
             m.cached_tokens.labels(model, flow.role).inc(usage.cached)
             m.cache_write_tokens.labels(model, flow.role).inc(usage.cache_write)

@@ -3,6 +3,8 @@ never cross tenants."""
 
 from __future__ import annotations
 
+from starlette.datastructures import QueryParams
+
 from proxy.config import Tenancy as TenancyConfig
 from proxy.flow import Flow
 from proxy.tenancy import tenant_of
@@ -12,9 +14,9 @@ class Tenancy:
     name = "tenancy"
 
     def __init__(self, config: TenancyConfig) -> None:
-        self.trust_header = config.trust_header
+        self.policy = config
 
     async def request(self, flow: Flow) -> None:
         if flow.skip:
             return
-        flow.tenant = tenant_of(flow.headers, trust_header=self.trust_header)
+        flow.tenant = tenant_of(flow.headers, QueryParams(flow.query), self.policy)

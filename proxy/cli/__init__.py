@@ -26,6 +26,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.tenancy import RedactCredentials
 
     config = _load_or_exit(
         args.config,
@@ -35,6 +36,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    logging.getLogger("uvicorn.access").addFilter(RedactCredentials(config.tenancy.credential_params))
     if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
         from proxy.litellm_upstream import _import_litellm
 

@@ -17,8 +17,9 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 from canonicalize import Exchange, Fingerprint, predict
 from proxy.cli.progress import Progress
@@ -79,14 +80,21 @@ def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
 
 
 async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
-    offline = Offline(config)
+    # A trace's credentials are usually stripped: its anonymous lines are one user's.
+    offline = Offline(replace(config, tenancy=replace(config.tenancy, anonymous="shared")))
     lineages: dict[str, Lineage] = {}
     total = Tally()
     for line in lines:
         progress.advance()
         exchange = line.exchange
         raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
-        flow = await offline.send(line.body, exchange=exchange, headers=line.headers, reply=_reply_of(line, exchange))
+        flow = await offline.send(
+            line.body,
+            exchange=exchange,
+            headers=line.headers,
+            query=urlsplit(line.path).query,
+            reply=_reply_of(line, exchange),
+        )
         total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
         outcome, prep = flow.outcome, flow.prep
         if outcome is None or prep is None:  # bypassed or not ours: forwarded as sent

@@ -37,6 +37,7 @@ from canonicalize.sse import SSESplitter
 from canonicalize.usage import Usage, UsageAccumulator, parse_usage
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
+from proxy.config import Tenancy
 
 ATTEMPTS = 3  # the OpenAI SDKs' default: max_retries=2
 RETRY_STATUS = frozenset({429, 502, 503, 504})
@@ -142,9 +143,12 @@ class Report:
 
 
 # -- sending ------------------------------------------------------------------------
+_CREDENTIAL_HEADERS = frozenset(Tenancy().credential_headers)
+
+
 def request_headers(line: TraceLine, api_key: str | None) -> dict[str, str]:
     headers = {k: v for k, v in line.headers.items() if k.lower() not in _CONNECTION_HEADERS}
-    if api_key and not any(k.lower() in ("authorization", "x-api-key") for k in headers):
+    if api_key and not any(k.lower() in _CREDENTIAL_HEADERS for k in headers):
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
 

@@ -6,11 +6,20 @@ request's chain, the lineages owning it, and the lineage named by
 tools[] blobs.  After the response, one write records the new links, the
 response's link, the lineage record and any new blobs.  Everything is namespaced
 by tenant and expires after ``store.ttl_s``.
+
+Bounds, so that no client can push another one's lineages out: each tenant holds
+at most ``tenant_max_entries`` entries and ``tenant_max_bytes`` of blobs (past
+them its own least recently used entries go first), on top of the store's global
+bounds; a request records, and a lookup walks, only the newest
+``max_links_per_request`` links of its chain (the next turn extends the newest
+ones, so a long conversation still continues).  The tenant :data:`ISOLATED` owns
+nothing: its lookups find nothing and its records are dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
@@ -19,6 +28,8 @@ if TYPE_CHECKING:
     from proxy.config import Store as StoreConfig
 
 Links = Sequence[bytes]
+
+ISOLATED = ""  # the tenant of a request that shares nothing (see proxy.tenancy)
 
 
 class Store(Protocol):
@@ -36,8 +47,9 @@ class Store(Protocol):
         blobs: dict[str, bytes],
         touch: Sequence[str],
     ) -> None:
-        """Save ``record``; add its id in front of each link's owners (deduped,
-        at most LINKS_PER_KEY); store new blobs once; keep ``touch`` blobs alive."""
+        """Save ``record``; add its id in front of each of the newest
+        ``max_links_per_request`` links' owners (deduped, at most LINKS_PER_KEY);
+        store new blobs once; keep ``touch`` blobs alive."""
         ...
 
     async def ping(self) -> None: ...
@@ -45,15 +57,34 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """Per-tenant bounds, shared by both backends (config: ``store.*``)."""
+
+    tenant_max_entries: int = 50_000
+    tenant_max_bytes: int = 128 * 2**20
+    max_links_per_request: int = 256
+
+
+DEFAULT_BOUNDS = Bounds()
+
+
+def newest(links: Sequence[bytes], bounds: Bounds) -> int:
+    """Index of the first of the newest links a request records or looks up."""
+    return max(0, len(links) - bounds.max_links_per_request)
+
+
 def open_store(cfg: StoreConfig) -> Store:
     """The factory the app (and audit) calls: the ``store`` config section's backend."""
     if cfg.backend == "redis":
         from proxy.store.redis import RedisStore
 
-        return RedisStore(cfg.redis_url, ttl_s=cfg.ttl_s, timeout_s=cfg.timeout_ms / 1000)
+        return RedisStore(cfg.redis_url, ttl_s=cfg.ttl_s, timeout_s=cfg.timeout_ms / 1000, bounds=cfg.bounds())
     from proxy.store.memory import MemoryStore
 
-    return MemoryStore(ttl_s=cfg.ttl_s, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes)
+    return MemoryStore(ttl_s=cfg.ttl_s, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes, bounds=cfg.bounds())
 
 
-__all__ = ["CANDIDATES", "LINKS_PER_KEY", "SCAN_UP", "Store", "open_store"]
+__all__ = [
+    "CANDIDATES", "DEFAULT_BOUNDS", "ISOLATED", "LINKS_PER_KEY", "SCAN_UP", "Bounds", "Store", "newest", "open_store",
+]  # fmt: skip

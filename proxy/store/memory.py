@@ -1,5 +1,6 @@
-"""The embedded store: one LRU dict bounded in entries and in blob bytes, TTL on
-every entry, clock injected."""
+"""The embedded store: one LRU dict bounded in entries and in blob bytes, the same
+bounds per tenant (a tenant over its share loses its own least recently used
+entries, never another tenant's), TTL on every entry, clock injected."""
 
 from __future__ import annotations
 
@@ -9,23 +10,36 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from canonicalize import LineageRecord, Lookup
-from proxy.store import CANDIDATES, LINKS_PER_KEY, SCAN_UP, Links
+from proxy.store import CANDIDATES, DEFAULT_BOUNDS, ISOLATED, LINKS_PER_KEY, SCAN_UP, Bounds, Links, newest
 
 Key = tuple[str, str, Any]
 
 
+class _Share:
+    """One tenant's entries in use order, and the bytes of its blobs."""
+
+    __slots__ = ("bytes", "keys")
+
+    def __init__(self) -> None:
+        self.keys: OrderedDict[Key, None] = OrderedDict()
+        self.bytes = 0
+
+
 class MemoryStore:
-    """Bounded by ``max_entries`` and ``max_bytes`` of blobs (least recently used go
-    first) and by ``ttl_s``."""
+    """Bounded by ``max_entries`` and ``max_bytes`` of blobs in all, by
+    ``bounds.tenant_max_entries`` and ``bounds.tenant_max_bytes`` per tenant (least
+    recently used go first) and by ``ttl_s``."""
 
     def __init__(self, *, ttl_s: int = 86400, max_entries: int = 200_000, max_bytes: int = 512 * 2**20,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 bounds: Bounds = DEFAULT_BOUNDS, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.bounds = bounds
         self.clock = clock
         self._data: OrderedDict[Key, tuple[float, Any]] = OrderedDict()
         self._bytes = 0  # total size of the blobs held
+        self._shares: dict[str, _Share] = {}
 
     def __len__(self) -> int:
         return len(self._data)
@@ -39,19 +53,33 @@ class MemoryStore:
             self._drop(key)
             return None
         self._data.move_to_end(key)
+        self._shares[key[0]].keys.move_to_end(key)
         return value
 
     def _drop(self, key: Key) -> None:
         _, value = self._data.pop(key)
+        share = self._shares[key[0]]
+        del share.keys[key]
         if isinstance(value, bytes):
             self._bytes -= len(value)
+            share.bytes -= len(value)
+        if not share.keys:
+            del self._shares[key[0]]
 
     def _set(self, key: Key, value: Any) -> None:
         if key in self._data:
             self._drop(key)
+        share = self._shares.get(key[0])
+        if share is None:
+            share = self._shares[key[0]] = _Share()
         self._data[key] = (self.clock() + self.ttl_s, value)
+        share.keys[key] = None
         if isinstance(value, bytes):
             self._bytes += len(value)
+            share.bytes += len(value)
+        b = self.bounds
+        while len(share.keys) > b.tenant_max_entries or (share.bytes > b.tenant_max_bytes and len(share.keys) > 1):
+            self._drop(next(iter(share.keys)))
         while len(self._data) > self.max_entries or (self._bytes > self.max_bytes and len(self._data) > 1):
             self._drop(next(iter(self._data)))
 
@@ -61,11 +89,13 @@ class MemoryStore:
             self._set(key, value)
 
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
+        if tenant == ISOLATED:
+            return Lookup()
         depth = 0
         seen: set[str] = set()
         candidates: list[LineageRecord] = []
         depths: list[int] = []
-        for i in range(len(links) - 1, -1, -1):
+        for i in range(len(links) - 1, newest(links, self.bounds) - 1, -1):
             if depth and (depth - 1 - i > SCAN_UP or len(candidates) >= CANDIDATES):
                 break
             ids = self._get((tenant, "l", links[i]))
@@ -88,7 +118,9 @@ class MemoryStore:
 
     async def record(self, tenant: str, record: LineageRecord, links: Links,
                      blobs: dict[str, bytes], touch: Sequence[str]) -> None:  # fmt: skip
-        for link in links:
+        if tenant == ISOLATED:
+            return
+        for link in links[newest(links, self.bounds) :]:
             owners = self._get((tenant, "l", link)) or []
             if not owners or owners[0] != record.id:
                 owners = [record.id, *(o for o in owners if o != record.id)][:LINKS_PER_KEY]
@@ -104,3 +136,5 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._data.clear()
+        self._shares.clear()
+        self._bytes = 0

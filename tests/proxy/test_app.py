@@ -98,7 +98,18 @@ def test_internal_failure_forwards_request_unchanged() -> None:
 
 def test_model_labels_are_bounded() -> None:
     labels = ModelLabels(named=["gpt-x"], limit=2)
-    assert [labels(m) for m in ("a", "b", "c", "gpt-x", "a", None)] == ["a", "b", "other", "gpt-x", "a", "unknown"]
+    got = [labels(m, answered=True) for m in ("a", "b", "c", "gpt-x", "a", None)]
+    assert got == ["a", "b", "other", "gpt-x", "a", "unknown"]
+
+
+def test_model_label_slots_go_only_to_answered_models() -> None:
+    labels = ModelLabels(named=["gpt-x"], limit=2)
+    assert {labels(f"junk-{i}", answered=False) for i in range(10)} == {"other"}
+    assert labels("gpt-x", answered=False) == "gpt-x"  # named in the config: always itself
+    assert labels("real", answered=True) == "real"
+    assert labels("real", answered=False) == "real"  # it has its slot: a later error keeps the label
+    assert labels("junk-0", answered=True) == "junk-0"  # answered now: takes the last free slot
+    assert labels("late", answered=True) == "other"
 
 
 def test_metrics_exposition_has_every_spec_name() -> None:

@@ -186,9 +186,10 @@ def test_text_report_has_annotations_roles_and_totals(recorder: Recorder, trace)
 def test_via_prefixpin_reports_roles_and_usage_of_streams(recorder: Recorder, serve, trace) -> None:
     proxy = serve(recorder.base)
     recorder.control(usage={"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 30}})
+    key = {"Authorization": "Bearer sk-replay"}  # without a key each request would be its own tenant
     path = trace(
-        {"body": body("hello", stream=True), "kind": "root"},
-        {"body": body("hello", "again", stream=True), "kind": "turn"},
+        {"headers": key, "body": body("hello", stream=True), "kind": "root"},
+        {"headers": key, "body": body("hello", "again", stream=True), "kind": "turn"},
     )
     code, out, _ = replay_json(path, "http://127.0.0.1:9", "--via", proxy)
     assert code == 0

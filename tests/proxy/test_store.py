@@ -11,7 +11,7 @@ import pytest
 
 from canonicalize import LineageRecord
 from canonicalize.pipeline import LINKS_PER_KEY
-from proxy.store import Store
+from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 
@@ -24,15 +24,34 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+def _both(request: pytest.FixtureRequest, bounds: Bounds, **memory: int) -> Iterator[Store]:
     if request.param == "memory":
-        yield MemoryStore(ttl_s=60)
+        yield MemoryStore(ttl_s=60, bounds=bounds, **memory)
     else:
         url = request.getfixturevalue("redis_url")
-        s = RedisStore(url, ttl_s=60, timeout_s=2)
+        s = RedisStore(url, ttl_s=60, timeout_s=2, bounds=bounds)
         yield s
         asyncio.run(_flush(s))
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    yield from _both(request, DEFAULT_BOUNDS)
+
+
+SMALL = Bounds(tenant_max_entries=40, tenant_max_bytes=10_000, max_links_per_request=16)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def bounded(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A store with small per-tenant bounds (SMALL); the memory store's global bounds
+    hold two tenants' shares, not one tenant's whole traffic (Redis: no global bound)."""
+    yield from _both(request, SMALL, max_entries=100, max_bytes=30_000)
+
+
+async def _done(store: Store) -> None:
+    if isinstance(store, RedisStore):
+        await store._redis.aclose()
 
 
 async def _flush(s: RedisStore) -> None:
@@ -129,7 +148,8 @@ def test_redis_keys_expire_and_are_namespaced(redis_url: str) -> None:
         s = RedisStore(redis_url, ttl_s=30, timeout_s=2)
         await s.record("tenantA", LineageRecord(id="a"), L[:2], {"h": b"x"}, [])
         keys = sorted(k.decode() for k in await s._redis.keys("pp:*"))
-        assert all(k.startswith("pp:{tenantA}:") for k in keys) and len(keys) == 4
+        # 2 links, the record, 1 blob, and the tenant's use index and blob sizes.
+        assert all(k.startswith("pp:{tenantA}:") for k in keys) and len(keys) == 6, keys
         for k in keys:
             assert 0 < await s._redis.ttl(k) <= 30
         await s._redis.flushdb()
@@ -148,6 +168,112 @@ def test_redis_down_raises_store_error() -> None:
             await s.lookup("t", L[:2], None)
         with pytest.raises(StoreError):
             await s.ping()
+        await s.close()
+
+    run(go())
+
+
+# -- per-tenant bounds (#16: a noisy neighbour) -------------------------------------
+
+
+def _chain(tag: int, n: int) -> list[bytes]:
+    return [tag.to_bytes(2, "big") + i.to_bytes(14, "big") for i in range(n)]
+
+
+def test_heavy_tenant_never_evicts_another(bounded: Store) -> None:
+    async def go() -> None:
+        victim = _chain(1, 3)
+        await bounded.record("A", LineageRecord(id="a", system_ref="sa"), victim, {"sa": b"s" * 4000}, [])
+        # Tenant B: far more entries and blob bytes than its share, in many requests.
+        for i in range(60):
+            await bounded.record("B", LineageRecord(id=f"b{i}"), _chain(100 + i, 5), {f"bb{i}": bytes(3000)}, [])
+        found = await bounded.lookup("A", [*victim, b"\xee" * 16], None)
+        assert (found.depth, [c.id for c in found.candidates]) == (3, ["a"])
+        assert await bounded.blobs("A", ["sa"]) == [b"s" * 4000]
+        # B lost its own oldest entries, kept its newest, and holds no more than its bounds.
+        assert (await bounded.lookup("B", _chain(100, 5), None)).depth == 0
+        newest = await bounded.lookup("B", _chain(159, 5), None)
+        assert (newest.depth, newest.candidates[0].id) == (5, "b59")
+        held = [b for b in await bounded.blobs("B", [f"bb{i}" for i in range(60)]) if b is not None]
+        assert 0 < len(held) * 3000 <= SMALL.tenant_max_bytes and held[-1:] != []
+        assert await bounded.blobs("B", ["bb59"]) == [bytes(3000)]
+        await _done(bounded)
+
+    run(go())
+
+
+def test_tenant_bound_counts_entries(bounded: Store) -> None:
+    async def go() -> None:
+        await bounded.record("A", LineageRecord(id="a"), _chain(1, 2), {}, [])
+        for i in range(200):  # 200 lineages of 1 link + 1 record: 400 entries, B's share is 40
+            await bounded.record("B", LineageRecord(id=f"b{i}"), _chain(100 + i, 1), {}, [])
+        assert (await bounded.lookup("A", _chain(1, 2), None)).depth == 2
+        alive = [i for i in range(200) if (await bounded.lookup("B", _chain(100 + i, 1), None)).depth]
+        assert alive == list(range(200 - len(alive), 200)) and 10 <= len(alive) <= 20, alive
+        if isinstance(bounded, RedisStore):
+            assert await bounded._redis.zcard("pp:{B}:i") <= SMALL.tenant_max_entries
+        await _done(bounded)
+
+    run(go())
+
+
+def test_a_request_records_only_its_newest_links(bounded: Store) -> None:
+    async def go() -> None:
+        links = _chain(7, 100)
+        await bounded.record("A", LineageRecord(id="long"), links, {}, [])
+        nxt = await bounded.lookup("A", [*links, b"\xee" * 16], None)
+        assert (nxt.depth, [c.id for c in nxt.candidates]) == (100, ["long"])
+        assert (await bounded.lookup("A", links[:50], None)).depth == 0  # older links were not recorded
+        # A lookup walks the newest links only: 20 new messages at once (> 16) start anew.
+        assert (await bounded.lookup("A", [*links, *_chain(8, 20)], None)).depth == 0
+        await _done(bounded)
+
+    run(go())
+
+
+def test_a_long_conversation_keeps_continuing(bounded: Store) -> None:
+    async def go() -> None:
+        """Turn after turn (3 messages each) well past max_links_per_request and the
+        tenant's entry bound, each turn records from the deepest link it found on, as
+        canonicalize.pipeline does, and the next turn finds it."""
+        history = _chain(9, 1)
+        await bounded.record("A", LineageRecord(id="c"), history, {}, [])
+        for turn in range(60):
+            history = history + _chain(10 + turn, 3)
+            found = await bounded.lookup("A", history, None)
+            assert (found.depth, found.candidates[0].id) == (len(history) - 3, "c"), turn
+            await bounded.record("A", LineageRecord(id="c"), history[found.depth - 1 :], {}, [])
+        await _done(bounded)
+
+    run(go())
+
+
+def test_the_isolated_tenant_owns_nothing(store: Store) -> None:
+    async def go() -> None:
+        await store.record(ISOLATED, LineageRecord(id="a"), L[:3], {"h": b"x"}, [])
+        assert (await store.lookup(ISOLATED, L[:3], "a")) == (await store.lookup("other", L[:3], "a"))
+        assert (await store.lookup(ISOLATED, L[:3], "a")).depth == 0
+        assert await store.blobs(ISOLATED, ["h"]) == [None]
+        if isinstance(store, RedisStore):
+            assert await store._redis.keys("*") == []
+        else:
+            assert len(store) == 0
+        await _done(store)
+
+    run(go())
+
+
+def test_redis_expired_entries_leave_the_tenant_index(redis_url: str) -> None:
+    async def go() -> None:
+        s = RedisStore(redis_url, ttl_s=1, timeout_s=2, bounds=SMALL)
+        await s.record("A", LineageRecord(id="a"), L[:3], {"h": bytes(500)}, [])
+        assert await s._redis.zcard("pp:{A}:i") == 5
+        assert await s._redis.hget("pp:{A}:s", "") == b"500"
+        await asyncio.sleep(1.2)  # Redis's own clock: the TTL cannot be injected
+        await s.record("A", LineageRecord(id="b"), L[4:5], {}, [])
+        assert await s._redis.zcard("pp:{A}:i") == 2
+        assert await s._redis.hget("pp:{A}:s", "") == b"0"
+        await s._redis.flushdb()
         await s.close()
 
     run(go())

@@ -1,0 +1,96 @@
+"""tenant_of: every credential, wherever the request carries it, and no credential."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.datastructures import Headers, QueryParams
+
+from proxy.config import ConfigError, Tenancy, from_mapping
+from proxy.store import ISOLATED
+from proxy.tenancy import SHARED_ANONYMOUS, tenant_of
+
+POLICY = Tenancy()
+PLACES = [("header", h) for h in POLICY.credential_headers] + [("param", p) for p in POLICY.credential_params]
+
+
+def _tenant(place: tuple[str, str], secret: str, policy: Tenancy = POLICY, **headers: str) -> str:
+    kind, name = place
+    h = {name: secret} if kind == "header" else {}
+    q = {name: secret} if kind == "param" else {}
+    return tenant_of(Headers({**h, **headers}), QueryParams(q), policy)
+
+
+@pytest.mark.parametrize("place", PLACES, ids=[f"{k}:{n}" for k, n in PLACES])
+def test_every_credential_place_makes_a_tenant(place: tuple[str, str]) -> None:
+    a, b = _tenant(place, "sk-AAAA"), _tenant(place, "sk-BBBB")
+    assert a != b and a == _tenant(place, "sk-AAAA")
+    assert a not in (ISOLATED, SHARED_ANONYMOUS) and "AAAA" not in a
+
+
+def test_the_place_is_part_of_the_tenant() -> None:
+    """Documented: one key sent in two places is two tenants (nothing is shared across them)."""
+    tenants = {_tenant(place, "sk-same") for place in PLACES}
+    assert len(tenants) == len(PLACES)
+
+
+def test_all_credentials_together_make_one_tenant() -> None:
+    def t(headers: dict[str, str], query: str = "") -> str:
+        return tenant_of(Headers(headers), QueryParams(query), POLICY)
+
+    both = t({"authorization": "Bearer A"}, "key=G")
+    assert both not in (t({"authorization": "Bearer A"}), t({}, "key=G"))
+    assert both == t({"Authorization": "Bearer A"}, "key=G&other=1")  # header names: any case
+    assert t({"api-key": "A"}) != t({"api-key": "A", "x-goog-api-key": "G"})
+    assert t({}, "key=ab&api_key=c") != t({}, "key=a&api_key=bc")  # no ambiguous concatenation
+
+
+def test_no_credential() -> None:
+    assert tenant_of(Headers({}), QueryParams(""), POLICY) == ISOLATED
+    assert tenant_of(Headers({"authorization": ""}), QueryParams("key="), POLICY) == ISOLATED
+    shared = Tenancy(anonymous="shared")
+    assert tenant_of(Headers({}), QueryParams(""), shared) == SHARED_ANONYMOUS
+
+
+def test_configured_places_only() -> None:
+    policy = Tenancy(credential_headers=("X-Team-Token",), credential_params=())
+    assert _tenant(("header", "x-team-token"), "one", policy) != _tenant(("header", "x-team-token"), "two", policy)
+    assert _tenant(("header", "authorization"), "one", policy) == ISOLATED
+    assert _tenant(("param", "key"), "one", policy) == ISOLATED
+
+
+def test_tenant_header_only_when_trusted() -> None:
+    trusted = Tenancy(trust_header=True)
+    named = _tenant(("header", "authorization"), "k1", trusted, **{"x-prefixpin-tenant": "acme"})
+    assert named == _tenant(("param", "key"), "k2", trusted, **{"x-prefixpin-tenant": "acme"})
+    assert _tenant(("header", "authorization"), "k1", **{"x-prefixpin-tenant": "acme"}) == _tenant(
+        ("header", "authorization"), "k1"
+    )
+    assert tenant_of(Headers({"x-prefixpin-tenant": "acme"}), QueryParams(""), POLICY) == ISOLATED
+
+
+@pytest.mark.parametrize(
+    ("tenancy", "message"),
+    [
+        ({"anonymous": "everyone"}, "tenancy.anonymous: must be one of isolated, shared"),
+        ({"credential_headers": ["bad header"]}, "tenancy.credential_headers[0]: not a header name"),
+        ({"credential_headers": "authorization"}, "tenancy.credential_headers: must be a list of strings"),
+        ({"credential_params": [""]}, "tenancy.credential_params[0]: must be a non-empty string"),
+    ],
+)
+def test_tenancy_config_errors_name_the_key(tenancy: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        from_mapping({"tenancy": tenancy})
+
+
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [
+        ({"tenant_max_entries": 0}, "store.tenant_max_entries: must be greater than 0"),
+        ({"tenant_max_bytes": -1}, "store.tenant_max_bytes: must be greater than 0"),
+        ({"max_links_per_request": "many"}, "store.max_links_per_request: must be an integer"),
+        ({"tenant_max_entries": 100, "max_links_per_request": 100}, "store.tenant_max_entries: must be more than"),
+    ],
+)
+def test_store_bounds_config_errors_name_the_key(store: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_mapping({"store": store})
