@@ -30,12 +30,13 @@ from canonicalize import ANTHROPIC, OPENAI, Canonicalizer, Dialect, Outcome, Pre
 from canonicalize.predict import predict
 from canonicalize.reply import ChatReply, MessagesReply
 from canonicalize.sse import SSESplitter, encode
-from proxy.errors import BodyTooLarge, PrefixpinError, StoreError, UpstreamError, from_httpx
+from proxy.errors import BodyTooLarge, PrefixpinError, RequestRejected, StoreError, UpstreamError, from_httpx
 from proxy.forward import UpstreamClient, request_headers, response_headers
 from proxy.metrics import Metrics
 from proxy.resolve import record, resolve
 from proxy.store import Store
 from proxy.store.guard import StoreGuard
+from proxy.target import client_path
 from proxy.tenancy import tenant_of
 
 log = logging.getLogger("prefixpin")
@@ -120,9 +121,12 @@ class ChatRoute:
             m.upstream_errors.labels(exc.metric_kind).inc()
             m.requests.labels(self.route, plan.role, str(exc.status)).inc()
             m.request_duration.labels(self.route).observe(time.perf_counter() - started)
-            log.warning("upstream error on %s: %s", self.route, exc)
+            log.warning("upstream error on %s: %s (%s)", self.route, exc, exc.detail)
             if plan.outcome is not None:  # record the request so a retry still finds its lineage
                 s.spawn(self._record(plan, None))
+            return _tag(exc.response(), plan)
+        except RequestRejected as exc:  # a path the upstream must not get
+            m.requests.labels(self.route, plan.role, str(exc.status)).inc()
             return _tag(exc.response(), plan)
         return _tag(response, plan)
 
@@ -171,7 +175,7 @@ class ChatRoute:
         sent = time.perf_counter()
         try:
             resp = await _unless_client_leaves(
-                request, s.upstream.send("POST", request.url.path, request.url.query, headers, plan.body)
+                request, s.upstream.send("POST", client_path(request), request.url.query, headers, plan.body)
             )
         except httpx.HTTPError as exc:
             raise from_httpx(exc, s.upstream.base) from exc

@@ -26,6 +26,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.redact import AccessLogRedactor, redact
+    from proxy.server import protocol
 
     config = _load_or_exit(
         args.config,
@@ -49,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("prefixpin")
     log.info(
         "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
-        config.listen.host, config.listen.port, config.upstream.url, config.store.backend,
+        config.listen.host, config.listen.port, redact(config.upstream.url), config.store.backend,
         ",".join(config.canonicalize.packs),
     )  # fmt: skip
     try:
@@ -58,18 +60,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
-    uvicorn.run(
-        app,
-        host=config.listen.host,
-        port=config.listen.port,
-        loop=loop,
-        http="httptools",
-        log_level=config.log.level,
-        access_log=config.log.access,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.listen.host,
+            port=config.listen.port,
+            loop=loop,
+            http=protocol(config.limits.header_timeout_s),  # httptools + a header deadline
+            log_level=config.log.level,
+            access_log=config.log.access,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
     )
-    return 0
+    # uvicorn.Config has configured its loggers by now: access lines lose query secrets.
+    logging.getLogger("uvicorn.access").addFilter(AccessLogRedactor())
+    server.run()
+    return 0 if server.started else 3
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
