@@ -96,3 +96,31 @@ def test_target_joins_base_path_and_query() -> None:
         base.target("/v1/../../admin")
     with pytest.raises(PathRefused):
         base.target("/v1/../v1/models")  # climbs above the base on the way, even if it comes back
+
+
+def test_timeouts_say_which_phase_and_no_url_secrets() -> None:
+    import aiohttp
+
+    from proxy.errors import from_httpx
+    from proxy.transport import _translate
+
+    url = "http://alice:pw-SECRET@h:1/v1?api_key=qs-SECRET"
+    connect = _translate(aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}/chat/completions"))
+    read = _translate(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+    assert isinstance(connect, httpx.ConnectTimeout) and isinstance(read, httpx.ReadTimeout)
+    assert "SECRET" not in str(connect)
+    c, r = from_httpx(connect, url), from_httpx(read, url)
+    assert (c.status, r.status) == (504, 504)
+    assert "connecting" in str(c) and "waiting for the upstream's response" in str(r)
+    for e in (c, r):
+        assert "SECRET" not in str(e) + e.detail and "h:1" not in str(e)
+
+
+def test_access_log_query_redaction() -> None:
+    from proxy.redact import redact, redact_query
+
+    assert redact_query("/v1/x?key=a&api-key=b&Access_Token=c&token=d&limit=5&x") == (
+        "/v1/x?key=***&api-key=***&Access_Token=***&token=***&limit=5&x"
+    )
+    assert redact_query("/v1/x") == "/v1/x"
+    assert redact("https://u:p@[::1]:8443/v1?api_key=k#f") == "https://[::1]:8443/v1"
