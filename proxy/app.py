@@ -28,10 +28,11 @@ from canonicalize import Canonicalizer, match
 from proxy import addons, responses
 from proxy.admission import Admission
 from proxy.config import Config
-from proxy.errors import PrefixpinError, StoreError, UpstreamError, from_httpx
+from proxy.errors import Overloaded, PrefixpinError, StoreError, UpstreamError, UpstreamStreamCut, from_httpx
 from proxy.forward import UpstreamClient, passthrough
 from proxy.handler import Handler, read_body
 from proxy.metrics import Metrics
+from proxy.server import CutStreams
 from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
@@ -78,9 +79,9 @@ def create_app(
             r = await handler.upstream.send("GET", "/health", "", [], b"", timeout=2)
             await r.aclose()
             if r.status_code >= 500:
-                problems.append(f"upstream: {handler.upstream.base} answered {r.status_code}")
+                problems.append(f"upstream: answered {r.status_code}")
         except httpx.HTTPError as exc:
-            problems.append(f"upstream: {from_httpx(exc, handler.upstream.base)}")
+            problems.append(f"upstream: {from_httpx(exc, handler.upstream.base)}")  # names no URL
         if problems:
             return JSONResponse({"status": "not ready", "reasons": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
@@ -101,9 +102,12 @@ def create_app(
             response = await passthrough(request, handler.upstream, body)
         except ClientDisconnect:
             return responses.client_gone()
+        except Overloaded:
+            raise  # answered and counted by Admission
         except PrefixpinError as exc:
             if isinstance(exc, UpstreamError):
                 metrics.upstream_errors.labels(exc.metric_kind).inc()
+                log.warning("upstream error on passthrough: %s (%s)", exc, exc.detail)
             metrics.requests.labels("passthrough", "bypass", str(exc.status)).inc()
             return responses.from_error(exc)
         metrics.requests.labels("passthrough", "bypass", str(response.status_code)).inc()
@@ -113,9 +117,17 @@ def create_app(
         exchange = match(path)
         metrics.requests.labels(exchange.name if exchange else "passthrough", "rejected", "503").inc()
 
+    def cut(exc: UpstreamStreamCut) -> None:
+        metrics.upstream_errors.labels(exc.metric_kind).inc()
+        log.warning("the upstream cut a passthrough response; the client's is cut too (%s)", exc.detail)
+
     all_methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     return Starlette(
-        middleware=[Middleware(Admission, limit=config.limits.max_concurrency, on_reject=rejected)],
+        middleware=[
+            Middleware(Admission, limit=config.limits.max_concurrency, body_timeout_s=config.limits.body_timeout_s,
+                       on_reject=rejected),
+            Middleware(CutStreams, on_cut=cut),
+        ],
         routes=[
             Route("/healthz", healthz, methods=["GET", "HEAD"]),
             Route("/readyz", readyz, methods=["GET", "HEAD"]),

@@ -22,6 +22,7 @@ import yaml
 
 from canonicalize import ForkPolicy, RuleError, Settings, compile_rule
 from canonicalize.packs import PACKS
+from proxy.redact import redact
 from proxy.store import Bounds
 
 
@@ -45,11 +46,17 @@ class Listen:
 
 @dataclass(frozen=True)
 class Upstream:
-    url: str = "http://127.0.0.1:8080"
+    url: str = field(default="http://127.0.0.1:8080", repr=False)  # may carry a password or a key
     kind: str = "openai"
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_connections: int = 512
+
+    def __repr__(self) -> str:
+        return (
+            f"Upstream(url={redact(self.url)!r}, kind={self.kind!r}, timeout_s={self.timeout_s}, "
+            f"connect_timeout_s={self.connect_timeout_s}, max_connections={self.max_connections})"
+        )
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,8 @@ class Metrics:
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024
     max_concurrency: int = 0  # 0: no limit
+    header_timeout_s: float = 60.0  # request line + headers, from connect / the request's first byte
+    body_timeout_s: float = 60.0  # the longest wait for the next piece of the body
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,7 @@ class Config:
         """The effective config as plain data, secrets hidden (for check-config)."""
         out: dict[str, Any] = _to_plain(self)
         out["store"]["redis_url"] = _hide_password(self.store.redis_url)
+        out["upstream"]["url"] = redact(self.upstream.url)
         return out
 
 
@@ -189,7 +199,7 @@ _ENUMS = {
 _POSITIVE = {"listen.port", "upstream.timeout_s", "upstream.connect_timeout_s", "upstream.max_connections",
              "store.ttl_s", "store.max_entries", "store.max_bytes", "store.tenant_max_entries",
              "store.tenant_max_bytes", "store.max_links_per_request", "store.timeout_ms", "limits.max_body_bytes",
-             "metrics.max_models"}  # fmt: skip
+             "limits.header_timeout_s", "limits.body_timeout_s", "metrics.max_models"}  # fmt: skip
 
 
 def _check_scalar(key: str, value: Any, default: Any) -> Any:

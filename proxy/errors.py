@@ -2,16 +2,23 @@
 
     PrefixpinError
      ├── RequestRejected          the client's request cannot be taken (-> 4xx)
-     │    └── BodyTooLarge        over limits.max_body_bytes (-> 413)
+     │    ├── BodyTooLarge        over limits.max_body_bytes (-> 413)
+     │    ├── PathRefused         the path would climb above the upstream's base path (-> 400)
+     │    └── RequestTimeout      the body did not arrive within limits.body_timeout_s (-> 408)
+     ├── Overloaded               past limits.max_concurrency (-> 503 + Retry-After)
      ├── UpstreamError            the upstream failed us (-> 5xx with an OpenAI-style body)
-     │    ├── UpstreamUnavailable refused, unreachable, reset before a response (-> 502)
-     │    ├── UpstreamTimeout     connect or read timeout (-> 504)
-     │    └── UpstreamProtocol    the upstream spoke broken HTTP (-> 502)
+     │    ├── UpstreamUnavailable refused or unreachable: the request never left (-> 502)
+     │    │    └── UpstreamReset  the connection broke after the request was sent (-> 502, never resent)
+     │    ├── UpstreamTimeout     connect or response timeout (-> 504)
+     │    ├── UpstreamProtocol    the upstream spoke broken HTTP (-> 502)
+     │    └── UpstreamStreamCut   a response body ended early (the client's response is cut too)
      └── StoreError               the store is down or slow (never a response: fail open)
 
 Upstream 4xx/5xx *responses* are not errors here: they pass through verbatim.
 The response for each error is built in :mod:`proxy.responses`, in the shape of
 the API the client spoke.
+Messages a client sees never name the upstream's URL ("the upstream"); what
+helps an operator goes in ``detail``, scrubbed of credentials, for the log.
 """
 
 from __future__ import annotations
@@ -20,12 +27,19 @@ from typing import ClassVar
 
 import httpx
 
+from proxy.redact import redact, scrub
+
 
 class PrefixpinError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "prefixpin_error"
     code: ClassVar[str] = "internal_error"
     metric_kind: ClassVar[str] = "other"
+    headers: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail  # for the log only (already scrubbed)
 
 
 class RequestRejected(PrefixpinError):
@@ -39,6 +53,23 @@ class BodyTooLarge(RequestRejected):
     code = "request_too_large"
 
 
+class PathRefused(RequestRejected):
+    code = "invalid_path"
+
+
+class RequestTimeout(RequestRejected):
+    status = 408
+    code = "request_timeout"
+    headers = (("connection", "close"),)  # the rest of the body may still be on its way
+
+
+class Overloaded(PrefixpinError):
+    status = 503
+    type = "overloaded_error"
+    code = "overloaded"
+    headers = (("retry-after", "1"),)
+
+
 class UpstreamError(PrefixpinError):
     status = 502
     type = "upstream_error"
@@ -48,6 +79,10 @@ class UpstreamError(PrefixpinError):
 class UpstreamUnavailable(UpstreamError):
     code = "upstream_unavailable"
     metric_kind = "connect"
+
+
+class UpstreamReset(UpstreamUnavailable):
+    metric_kind = "reset"
 
 
 class UpstreamTimeout(UpstreamError):
@@ -61,17 +96,29 @@ class UpstreamProtocol(UpstreamError):
     metric_kind = "protocol"
 
 
+class UpstreamStreamCut(UpstreamError):
+    code = "upstream_stream_cut"
+    metric_kind = "stream_cut"
+
+
 class StoreError(PrefixpinError):
     code = "store_unavailable"
 
 
 def from_httpx(exc: httpx.HTTPError, url: str) -> UpstreamError:
-    """Translate an httpx failure talking to ``url`` (never includes headers or keys)."""
+    """Translate an httpx failure talking to ``url``.  The message names no URL,
+    header or key; ``detail`` (for the log) has the redacted URL and the cause."""
+    detail = f"{redact(url)}: {type(exc).__name__}: {scrub(str(exc))}"
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return UpstreamTimeout("prefixpin timed out connecting to the upstream", detail=detail)
     if isinstance(exc, httpx.TimeoutException):
-        phase = "connecting to" if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout) else "waiting for"
-        return UpstreamTimeout(f"prefixpin timed out {phase} the upstream at {url}")
+        return UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail)
     if isinstance(exc, httpx.ConnectError):
-        return UpstreamUnavailable(f"prefixpin could not connect to the upstream at {url}: {exc}")
+        return UpstreamUnavailable("prefixpin could not connect to the upstream", detail=detail)
     if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return UpstreamUnavailable(f"the upstream at {url} closed the connection before responding: {exc}")
-    return UpstreamProtocol(f"the upstream at {url} failed: {type(exc).__name__}: {exc}")
+        return UpstreamReset(
+            "the upstream closed the connection after the request was sent, before responding; "
+            "prefixpin did not resend it (the upstream may have received it)",
+            detail=detail,
+        )
+    return UpstreamProtocol(f"the upstream failed: {type(exc).__name__}", detail=detail)

@@ -26,10 +26,11 @@ from starlette.responses import Response, StreamingResponse
 from canonicalize import Exchange, Reply, SSESplitter
 from proxy import responses
 from proxy.addons import Runner
-from proxy.errors import BodyTooLarge, UpstreamError, from_httpx
+from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError, from_httpx
 from proxy.flow import Flow
 from proxy.forward import UpstreamClient, request_headers, response_headers
 from proxy.services import Services
+from proxy.target import client_path
 
 log = logging.getLogger("prefixpin")
 T = TypeVar("T")
@@ -82,7 +83,11 @@ class Handler:
             return responses.client_gone()
         except UpstreamError as exc:
             m.upstream_errors.labels(exc.metric_kind).inc()
-            log.warning("upstream error on %s: %s", exchange.name, exc)
+            log.warning("upstream error on %s: %s (%s)", exchange.name, exc, exc.detail)
+            flow.status = exc.status
+            self.runner.done(flow)
+            return _tag(responses.from_error(exc, exchange), flow)
+        except RequestRejected as exc:  # a path the upstream must not get
             flow.status = exc.status
             self.runner.done(flow)
             return _tag(responses.from_error(exc, exchange), flow)
@@ -94,7 +99,7 @@ class Handler:
         sent = time.perf_counter()
         try:
             resp = await _unless_client_leaves(
-                request, self.upstream.send("POST", request.url.path, flow.query, headers, flow.out)
+                request, self.upstream.send("POST", client_path(request), flow.query, headers, flow.out)
             )
         except httpx.HTTPError as exc:
             raise from_httpx(exc, self.upstream.base) from exc

@@ -22,6 +22,7 @@ import httpx
 import orjson
 
 from proxy.config import Upstream
+from proxy.redact import scrub
 
 
 def _import_litellm() -> Any:
@@ -96,7 +97,7 @@ class LiteLLMTransport(httpx.AsyncBaseTransport):
         except Exception as exc:  # LiteLLM maps provider errors to exceptions with a status
             status = getattr(exc, "status_code", None)
             status = status if isinstance(status, int) and 400 <= status < 600 else 502
-            return _error(status, f"litellm: {type(exc).__name__}: {exc}", "litellm_error")
+            return _error(status, f"litellm: {type(exc).__name__}: {scrub(str(exc))}", "litellm_error")
         if body.get("stream"):
             return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Stream(result))
         return httpx.Response(

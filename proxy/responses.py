@@ -35,19 +35,7 @@ def error(
 
 def from_error(exc: PrefixpinError, exchange: Exchange | None = None) -> Response:
     """The response for one of prefixpin's own errors (see :mod:`proxy.errors`)."""
-    return error(exchange, exc.status, str(exc), exc.type, exc.code)
-
-
-def overloaded(exchange: Exchange | None, limit: int) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """503 past ``limits.max_concurrency``, as raw ASGI parts (admission is pure ASGI)."""
-    body = error_bytes(
-        exchange,
-        f"prefixpin is at its limit of {limit} requests in flight (limits.max_concurrency); retry shortly",
-        "overloaded",
-        "overloaded",
-    )
-    headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode()), (b"retry-after", b"1")]
-    return 503, headers, body
+    return error(exchange, exc.status, str(exc), exc.type, exc.code, dict(exc.headers) or None)
 
 
 def client_gone() -> Response:
@@ -63,4 +51,4 @@ def stream_cut(exchange: Exchange, what: str) -> bytes:
     return encode(body)
 
 
-__all__ = ["client_gone", "error", "error_bytes", "from_error", "overloaded", "stream_cut"]
+__all__ = ["client_gone", "error", "error_bytes", "from_error", "stream_cut"]

@@ -26,9 +26,6 @@ access log, which prints each request's path with its query string.
 from __future__ import annotations
 
 import hashlib
-import logging
-import re
-from collections.abc import Iterable
 
 from starlette.datastructures import Headers, QueryParams
 
@@ -65,18 +62,3 @@ def _hash(parts: list[bytes]) -> str:
     return h.hexdigest()
 
 
-class RedactCredentials(logging.Filter):
-    """Replaces the values of credential query parameters in a log record's
-    arguments with ``***`` (uvicorn's access log passes the path and query)."""
-
-    def __init__(self, params: Iterable[str]) -> None:
-        super().__init__()
-        names = "|".join(re.escape(p) for p in params)
-        self._pattern = re.compile(rf"([?&](?:{names})=)[^&#\s\"]*") if names else None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self._pattern is not None and isinstance(record.args, tuple):
-            record.args = tuple(
-                self._pattern.sub(r"\1***", a) if isinstance(a, str) and "=" in a else a for a in record.args
-            )
-        return True

@@ -9,28 +9,34 @@ time a request enters or leaves the pool, which gets worse as the pool grows
 cost (measured in tests/bench/overhead).
 
 aiohttp's exceptions are translated to httpx's here, at this one boundary, so the
-rest of prefixpin only ever sees httpx errors.
+rest of prefixpin only ever sees httpx errors.  Only a failure to connect becomes
+``httpx.ConnectError``/``ConnectTimeout``: everything after a connection was taken
+may have reached the upstream, and the caller must not send it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import httpx
+from yarl import URL
+
+from proxy.redact import scrub
 
 # Headers aiohttp would otherwise add or compute itself: what httpx built is what goes out.
 _SKIP_AUTO = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 _COMPUTED = frozenset({b"content-length", b"transfer-encoding"})
 
 
-def _translate(exc: BaseException, *, connecting: bool) -> httpx.TransportError:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError) or (connecting and isinstance(exc, TimeoutError)):
+def _translate(exc: BaseException) -> httpx.TransportError:
+    text = scrub(str(exc) or type(exc).__name__)  # aiohttp quotes the URL in some messages
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return httpx.ConnectTimeout(text)
-    if isinstance(exc, aiohttp.SocketTimeoutError | TimeoutError):
+    if isinstance(exc, aiohttp.ServerTimeoutError | TimeoutError):
         return httpx.ReadTimeout(text)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return httpx.ConnectError(text)
@@ -39,6 +45,34 @@ def _translate(exc: BaseException, *, connecting: bool) -> httpx.TransportError:
     if isinstance(exc, aiohttp.ClientOSError | OSError):
         return httpx.ReadError(text)
     return httpx.RemoteProtocolError(text)
+
+
+def _peer_closed(proto: Any) -> bool:
+    """Is this idle pooled connection readable?  An idle HTTP/1.1 connection has
+    nothing to read unless the server closed it (EOF, RST) or is about to (a 408
+    some servers send first): either way it must not carry a request.  The event
+    loop may not have noticed yet; the kernel has."""
+    transport = proto.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(0))
+
+
+class _CheckedConnector(aiohttp.TCPConnector):
+    """Before a pooled connection is reused, look at its socket (_peer_closed);
+    a closed one is dropped and the next one (or a new connection) is used, so the
+    request never goes out on a connection the upstream already closed."""
+
+    async def _get(self, key: Any, traces: list[Any]) -> Any:
+        for proto, _ in self._conns.get(key, ()):
+            if proto.is_connected() and _peer_closed(proto):
+                proto.close()  # aiohttp's _get skips and discards closed connections
+                continue
+            break
+        return await super()._get(key, traces)
 
 
 class _Body(httpx.AsyncByteStream):
@@ -52,7 +86,7 @@ class _Body(httpx.AsyncByteStream):
             async for chunk in self._resp.content.iter_any():
                 yield chunk
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise _translate(exc, connecting=False) from exc
+            raise _translate(exc) from exc
 
     async def aclose(self) -> None:
         # A body read to its end returns the connection to the pool; one the client
@@ -76,11 +110,14 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         # Created on first use, inside the running loop (aiohttp requires it).
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(**self._connector_args),
+                connector=_CheckedConnector(**self._connector_args),
                 auto_decompress=False,  # bytes pass through as the upstream sent them
                 trust_env=False,
                 skip_auto_headers=_SKIP_AUTO,
             )
+            # aiohttp resends a GET/PUT/DELETE whose pooled connection broke, even
+            # after the request was written; a proxy must not (see UpstreamClient).
+            self._session._retry_connection = False
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -90,13 +127,21 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw if k.lower() not in _COMPUTED
         ]
         body = request.content if request.method not in ("GET", "HEAD") or request.content else None
+        # The request target as the caller built it: httpx and yarl would both
+        # normalize dot segments away (proxy.target decides which paths may go).
+        target = request.extensions.get("target")
+        url = (
+            URL(f"{request.url.scheme}://{request.url.netloc.decode('ascii')}{target.decode('latin-1')}", encoded=True)
+            if isinstance(target, bytes)
+            else URL(str(request.url))
+        )
         try:
             resp = await self._get_session().request(
-                request.method, str(request.url), headers=headers, data=body, timeout=timeout,
+                request.method, url, headers=headers, data=body, timeout=timeout,
                 allow_redirects=False, compress=None, chunked=None,
             )  # fmt: skip
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise _translate(exc, connecting=True) from exc
+            raise _translate(exc) from exc
         except asyncio.CancelledError:
             raise
         return httpx.Response(

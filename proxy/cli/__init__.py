@@ -26,7 +26,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.tenancy import RedactCredentials
+    from proxy.redact import AccessLogRedactor, redact
+    from proxy.server import protocol
 
     config = _load_or_exit(
         args.config,
@@ -36,7 +37,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-    logging.getLogger("uvicorn.access").addFilter(RedactCredentials(config.tenancy.credential_params))
     if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
         from proxy.litellm_upstream import _import_litellm
 
@@ -51,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("prefixpin")
     log.info(
         "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
-        config.listen.host, config.listen.port, config.upstream.url, config.store.backend,
+        config.listen.host, config.listen.port, redact(config.upstream.url), config.store.backend,
         ",".join(config.canonicalize.packs),
     )  # fmt: skip
     try:
@@ -60,22 +60,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
-    uvicorn.run(
-        app,
-        host=config.listen.host,
-        port=config.listen.port,
-        loop=loop,
-        http="httptools",
-        log_level=config.log.level,
-        access_log=config.log.access,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-        # Responses carry the upstream's own date and server headers: a second
-        # pair from uvicorn would make each appear twice.
-        server_header=False,
-        date_header=False,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.listen.host,
+            port=config.listen.port,
+            loop=loop,
+            http=protocol(config.limits.header_timeout_s),  # httptools + a header deadline
+            log_level=config.log.level,
+            access_log=config.log.access,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            # Responses carry the upstream's own date and server headers: a second
+            # pair from uvicorn would make each appear twice.
+            server_header=False,
+            date_header=False,
+        )
     )
-    return 0
+    # uvicorn.Config has configured its loggers by now: access lines lose query secrets.
+    logging.getLogger("uvicorn.access").addFilter(AccessLogRedactor(config.tenancy.credential_params))
+    server.run()
+    return 0 if server.started else 3
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

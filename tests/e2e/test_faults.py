@@ -202,11 +202,12 @@ def test_client_leaving_a_non_stream_request_cancels_it(serve: Callable[..., str
         assert http.post(proxy + "/v1/chat/completions", json=BODY).status_code == 200
 
 
-class DropsReusedConnections:
-    """A raw HTTP/1.1 upstream that answers the first request on a connection with
-    keep-alive, then closes the connection on the next request without answering:
-    what a pooled connection the upstream closed meanwhile looks like (llama-server
-    closes after every stream while advertising keep-alive)."""
+class ClosesAfterEachAnswer:
+    """A raw HTTP/1.1 upstream that answers each request with ``connection:
+    keep-alive`` and then closes the connection, as llama-server does after every
+    stream.  (One that reads a request and then drops the connection without an
+    answer may be generating: that is tests/e2e/test_abuse.py's case, a 502 never
+    resent.)"""
 
     def __init__(self) -> None:
         import socket
@@ -231,32 +232,36 @@ class DropsReusedConnections:
 
     def _conn(self, conn: Any) -> None:
         with conn:
-            for n in range(2):
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                head, _, rest = data.partition(b"\r\n\r\n")
-                length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
-                               if ln.lower().startswith(b"content-length:")), 0)  # fmt: skip
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                if n == 1:
-                    return  # the reused connection: drop it without a response
-                body = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\n"
-                             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
-                self.served += 1
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
+                           if ln.lower().startswith(b"content-length:")), 0)  # fmt: skip
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            body = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\n"
+                         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+            self.served += 1
 
 
-def test_stale_pooled_connection_is_retried(serve: Callable[..., str]) -> None:
-    upstream = DropsReusedConnections()
+def test_upstream_closing_kept_alive_connections_is_not_an_error(serve: Callable[..., str]) -> None:
+    upstream = ClosesAfterEachAnswer()
     proxy = serve(f"http://127.0.0.1:{upstream.port}")
+    statuses, passthrough = [], []
     with _http() as http:
-        statuses = [http.post(proxy + "/v1/chat/completions", json=BODY).status_code for _ in range(5)]
-        passthrough = [http.post(proxy + "/v1/embeddings", json={"input": "x"}).status_code for _ in range(3)]
+        for i in range(8):
+            # The upstream thread closes right after answering; under load it may lag
+            # by a few ms, and a request sent into that window is lost: not retried.
+            time.sleep(0.05)
+            if i < 5:
+                statuses.append(http.post(proxy + "/v1/chat/completions", json=BODY).status_code)
+            else:
+                passthrough.append(http.post(proxy + "/v1/embeddings", json={"input": "x"}).status_code)
     assert statuses == [200] * 5 and passthrough == [200] * 3
     assert upstream.served == 8
     upstream.sock.close()

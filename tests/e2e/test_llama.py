@@ -159,7 +159,8 @@ def test_llama_usage_shapes_from_the_real_server(llama_server: str) -> None:
 
 def test_back_to_back_streams_never_fail(llama_server: str, serve: Callable[..., str]) -> None:
     """llama-server closes the connection after each stream while advertising
-    keep-alive: prefixpin must resend on a fresh connection, never answer 502."""
+    keep-alive: prefixpin must notice the closed connection before it sends on it
+    (it never resends a request that went out), never answer 502."""
     proxy = serve(llama_server)
     client = _client(proxy)
     for i in range(12):

@@ -1,0 +1,82 @@
+"""Where a request goes upstream: the client's request target on the upstream's base.
+
+The path is forwarded as the client sent it (ASGI ``raw_path``), never decoded
+or normalized, so an upstream sees what the client meant, ``%2F`` included.  A
+path whose dot segments (literal or percent-encoded, in any case, also behind
+``%2F`` or ``\\``) would climb above the upstream's base path is refused: with
+``upstream.url: http://host/tenantA/v1``, ``/v1/../../admin`` must never become
+``/admin``.  Scheme, host and port come from the configured URL only; an
+absolute-URI request target or a ``Host`` header changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from starlette.requests import Request
+
+from proxy.errors import PathRefused
+
+_SEPARATORS = re.compile(r"[/\\]")
+
+
+def client_path(request: Request) -> str:
+    """The path exactly as the client sent it (latin-1, like ASGI's query string)."""
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes) and raw:
+        return raw.decode("latin-1").partition("?")[0]
+    return request.url.path
+
+
+def climbs(path: str) -> bool:
+    """Would resolving ``path``'s dot segments go above its start?  Decoded up to
+    three times (double encoding), split on ``/`` and ``\\``; empty segments
+    count for nothing (the strictest reading of ``a//..``)."""
+    for _ in range(3):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    depth = 0
+    for seg in _SEPARATORS.split(path):
+        if seg == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif seg not in ("", "."):
+            depth += 1
+    return False
+
+
+@dataclass(frozen=True)
+class Base:
+    """The configured upstream URL, split once: origin, base path, base query, userinfo."""
+
+    origin: str
+    path: str
+    query: str
+    userinfo: tuple[str, str] | None
+
+    @classmethod
+    def parse(cls, url: str) -> Base:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        origin = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+        userinfo = (unquote(parts.username), unquote(parts.password or "")) if parts.username else None
+        return cls(origin, parts.path.rstrip("/"), parts.query, userinfo)
+
+    def target(self, path: str, query: str = "") -> str:
+        """The upstream request target for a client's path and query (``.../v1`` +
+        ``/v1/x`` -> ``.../v1/x``); raises PathRefused for a path that escapes."""
+        if not path.startswith("/"):
+            raise PathRefused("the request path must start with '/'")
+        if self.path.endswith("/v1") and (path == "/v1" or path.startswith("/v1/")):
+            path = path[3:]
+        if climbs(path):
+            raise PathRefused("the request path climbs above the API's base path ('..' segments)")
+        q = "&".join(p for p in (self.query, query) if p)
+        return self.path + path + (f"?{q}" if q else "")

@@ -1,0 +1,126 @@
+"""The upstream transport and client against a raw-socket upstream (no prefixpin process)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from proxy.config import Upstream
+from proxy.errors import PathRefused
+from proxy.forward import UpstreamClient
+from proxy.target import Base, climbs
+from proxy.transport import AiohttpTransport
+from tests.infra import rawupstream as raw
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_pooled_connection_the_upstream_closed_is_not_used(loop: str) -> None:
+    """The race behind llama-server's "keep-alive, then close": the FIN is in the
+    kernel but the event loop has not seen it yet when the next request takes the
+    pooled connection.  The transport looks at the socket first."""
+    closed = threading.Event()
+
+    def script(conn: raw.Conn) -> None:
+        if conn.read_request() is not None:
+            conn.send(raw.json_response(keep_alive=True))
+            conn.sock.close()
+            closed.set()
+
+    up = raw.RawUpstream(script)
+
+    async def main() -> list[int]:
+        transport = AiohttpTransport(max_connections=4)
+        statuses = []
+        try:
+            for _ in range(3):
+                r = await transport.handle_async_request(httpx.Request("POST", up.url + "/v1/x", content=b"{}"))
+                await r.aread()
+                await r.aclose()
+                statuses.append(r.status_code)
+                assert closed.wait(5)  # blocking: the loop does not run, so it cannot see the FIN
+                closed.clear()
+                time.sleep(0.05)
+        finally:
+            await transport.aclose()
+        return statuses
+
+    try:
+        factory = asyncio.new_event_loop if loop == "asyncio" else pytest.importorskip("uvloop").new_event_loop
+        with asyncio.Runner(loop_factory=factory) as runner:
+            assert runner.run(main()) == [200, 200, 200]
+        assert len(up.requests) == 3
+    finally:
+        up.close()
+
+
+def test_a_request_reset_after_it_was_sent_is_not_resent() -> None:
+    up = raw.RawUpstream(raw.reset_after_read)
+
+    async def main() -> None:
+        client = UpstreamClient(Upstream(url=up.url))
+        try:
+            with pytest.raises(httpx.TransportError) as info:
+                await client.send("PUT", "/v1/x", "", [], b"{}")  # aiohttp itself would resend a PUT
+            assert not isinstance(info.value, httpx.ConnectError | httpx.TimeoutException)
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(main())
+        time.sleep(0.2)
+        assert len(up.requests) == 1
+    finally:
+        up.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "escapes"),
+    [("/v1/models", False), ("/v1/a/../models", False), ("/v1/..", False), ("/..", True), ("/a/../..", True),
+     ("/%2E%2e/x", True), ("/a%2f..%2f..", True), ("/a\\..\\..", True), ("/%252e%252e/x", True),
+     ("/a//../..", True), ("/./a/./..", False)],
+)  # fmt: skip
+def test_climbs(path: str, escapes: bool) -> None:
+    assert climbs(path) is escapes
+
+
+def test_target_joins_base_path_and_query() -> None:
+    base = Base.parse("http://u:p@h:1/tenantA/v1?api_key=k")
+    assert base.origin == "http://h:1" and base.userinfo == ("u", "p")
+    assert base.target("/v1/chat/completions", "x=1") == "/tenantA/v1/chat/completions?api_key=k&x=1"
+    assert base.target("/v1/a/%2e/b") == "/tenantA/v1/a/%2e/b?api_key=k"
+    with pytest.raises(PathRefused):
+        base.target("/v1/../../admin")
+    with pytest.raises(PathRefused):
+        base.target("/v1/../v1/models")  # climbs above the base on the way, even if it comes back
+
+
+def test_timeouts_say_which_phase_and_no_url_secrets() -> None:
+    import aiohttp
+
+    from proxy.errors import from_httpx
+    from proxy.transport import _translate
+
+    url = "http://alice:pw-SECRET@h:1/v1?api_key=qs-SECRET"
+    connect = _translate(aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}/chat/completions"))
+    read = _translate(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+    assert isinstance(connect, httpx.ConnectTimeout) and isinstance(read, httpx.ReadTimeout)
+    assert "SECRET" not in str(connect)
+    c, r = from_httpx(connect, url), from_httpx(read, url)
+    assert (c.status, r.status) == (504, 504)
+    assert "connecting" in str(c) and "waiting for the upstream's response" in str(r)
+    for e in (c, r):
+        assert "SECRET" not in str(e) + e.detail and "h:1" not in str(e)
+
+
+def test_access_log_query_redaction() -> None:
+    from proxy.redact import redact, redact_query
+
+    assert redact_query("/v1/x?key=a&api-key=b&Access_Token=c&token=d&limit=5&x") == (
+        "/v1/x?key=***&api-key=***&Access_Token=***&token=***&limit=5&x"
+    )
+    assert redact_query("/v1/x") == "/v1/x"
+    assert redact("https://u:p@[::1]:8443/v1?api_key=k#f") == "https://[::1]:8443/v1"
