@@ -15,6 +15,10 @@ from starlette.datastructures import Headers
 
 from canonicalize import Exchange, JsonDoc, Op, Outcome, Prepared, Reply
 
+# Bodies from 1 MiB up are parsed, hashed, spliced and recorded on a worker thread,
+# so one huge request never stalls the event loop (and /healthz) for the others.
+OFFLOAD_BYTES = 1 << 20
+
 
 @dataclass(slots=True)
 class Flow:
@@ -40,6 +44,10 @@ class Flow:
     reply: Reply | None = None
     status: int = 0
     message: dict[str, Any] | None = None  # the reply as the client received it (the next turn replays it)
+
+    @property
+    def big(self) -> bool:
+        return len(self.raw) >= OFFLOAD_BYTES
 
     @property
     def editable(self) -> bool:

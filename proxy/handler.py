@@ -70,7 +70,10 @@ class Handler:
             return responses.client_gone()
         flow = Flow(exchange, request.headers, request.url.query, raw, started)
         await self.runner.request(flow)
-        self.runner.render(flow)
+        if flow.big:
+            await asyncio.to_thread(self.runner.render, flow)
+        else:
+            self.runner.render(flow)
         if not flow.skip:
             flow.reply = exchange.reply(offered=flow.offered, drop_usage_chunk=flow.drop_usage_chunk)
         m.overhead.observe(time.perf_counter() - started)

@@ -3,8 +3,8 @@ fork repair: the edits that make this request extend its lineage's cached
 prefix.
 
 A body that is not a JSON object is not ours to judge: it goes upstream
-untouched and the upstream answers it.  A big body is parsed and hashed on a
-worker thread so the event loop keeps serving everyone else.  A store that is
+untouched and the upstream answers it.  A big body is parsed, hashed and
+finalized on a worker thread so the event loop keeps serving everyone else.  A store that is
 down or slow costs the lineage, not the request: it goes on as a root with its
 static rules (``fail_open{stage="store"}``).
 """
@@ -22,7 +22,6 @@ from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.services import Services
 
-OFFLOAD_BYTES = 1 << 20  # bodies from 1 MiB up are parsed and hashed off the event loop
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
 
 
@@ -36,7 +35,7 @@ class Canonicalize:
     async def request(self, flow: Flow) -> None:
         if flow.skip:
             return
-        if len(flow.raw) >= OFFLOAD_BYTES:
+        if flow.big:
             prep = await asyncio.to_thread(self._prepare, flow)
         else:
             prep = self._prepare(flow)
@@ -58,7 +57,11 @@ class Canonicalize:
                 blobs = {ref: raw for ref, raw in zip(refs, found, strict=True) if raw is not None}
             except StoreError:
                 flow.store_ok = False
-        outcome = canon.finalize(prep, lookup, decision, new_id=self.new_id(), blobs=blobs)
+        new_id = self.new_id()
+        if flow.big:
+            outcome = await asyncio.to_thread(canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs)
+        else:
+            outcome = canon.finalize(prep, lookup, decision, new_id=new_id, blobs=blobs)
         flow.ops.extend(outcome.ops)
         flow.rewrites = outcome.rewrites
         if flow.store_ok:

@@ -4,6 +4,7 @@ A request the upstream failed is recorded too, so a retry finds its lineage."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from canonicalize import JsonDoc, chain
@@ -33,7 +34,7 @@ class Record:
             links = list(outcome.links)
             if flow.message is not None and flow.status < 400:
                 links.append(chain.extend(prep.exchange, prep.links, flow.message))
-            blobs = self._blobs(flow, outcome)
+            blobs = await asyncio.to_thread(self._blobs, flow, outcome) if flow.big else self._blobs(flow, outcome)
             await s.guard.call(lambda: s.store.record(flow.tenant, outcome.record, links, blobs, outcome.touch))
         except StoreError as exc:
             log.debug("store record failed: %s", exc)

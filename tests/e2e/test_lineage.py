@@ -313,7 +313,7 @@ def test_anthropic_messages_route(serve: Callable[..., str], recorder: Recorder)
         model="claude", max_tokens=16, system=hermes.system_prompt(), messages=[user], tools=tools
     )
     assert parent.headers["x-prefixpin-role"] == "root"
-    assert parent.headers["x-prefixpin-rewrites"] == "hermes.memory_usage,generic.tool_key_order"
+    assert parent.headers["x-prefixpin-rewrites"] == "hermes.memory_usage"
     reply = {"role": "assistant", "content": [b.model_dump() for b in parent.parse().content]}
     recorder.control(tool_calls=[{"name": "terminal", "arguments": "{}"},
                                  {"name": "memory", "arguments": '{"action": "add"}'}])  # fmt: skip
