@@ -6,7 +6,7 @@
     GET  /metrics               Prometheus exposition (per-app registry)
     GET  /healthz               200 while the process serves
     GET  /readyz                200 when the store and the upstream answer, else 503 + reason
-    *    anything else          forwarded unchanged, streaming preserved (proxy.forward)
+    *    anything else          forwarded unchanged, streaming preserved (proxy.upstream.passthrough)
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from canonicalize import Canonicalizer, match
 from proxy import addons, responses
 from proxy.admission import Admission
 from proxy.config import Config
-from proxy.errors import Overloaded, PrefixpinError, StoreError, UpstreamError, UpstreamStreamCut, from_httpx
-from proxy.forward import UpstreamClient, passthrough
+from proxy.errors import Overloaded, PrefixpinError, StoreError, UpstreamError, UpstreamStreamCut
 from proxy.handler import Handler, read_body
 from proxy.metrics import Metrics
 from proxy.server import CutStreams
 from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
+from proxy.upstream import UpstreamClient, passthrough
 
 log = logging.getLogger("prefixpin")
 
@@ -80,8 +80,8 @@ def create_app(
             await r.aclose()
             if r.status_code >= 500:
                 problems.append(f"upstream: answered {r.status_code}")
-        except httpx.HTTPError as exc:
-            problems.append(f"upstream: {from_httpx(exc, handler.upstream.base)}")  # names no URL
+        except UpstreamError as exc:
+            problems.append(f"upstream: {exc}")  # names no URL
         if problems:
             return JSONResponse({"status": "not ready", "reasons": problems}, status_code=503)
         return JSONResponse({"status": "ready"})

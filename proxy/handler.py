@@ -26,11 +26,10 @@ from starlette.responses import Response, StreamingResponse
 from canonicalize import Exchange, Reply, SSESplitter
 from proxy import responses
 from proxy.addons import Runner
-from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError, from_httpx
+from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError
 from proxy.flow import Flow
-from proxy.forward import UpstreamClient, request_headers, response_headers
 from proxy.services import Services
-from proxy.target import client_path
+from proxy.upstream import UpstreamClient, client_path, request_headers, response_headers
 
 log = logging.getLogger("prefixpin")
 T = TypeVar("T")
@@ -100,19 +99,14 @@ class Handler:
     async def _send(self, request: Request, flow: Flow) -> Response:
         headers = request_headers(request.headers.items(), identity=True)
         sent = time.perf_counter()
-        try:
-            resp = await _unless_client_leaves(
-                request, self.upstream.send("POST", client_path(request), flow.query, headers, flow.out)
-            )
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, self.upstream.base) from exc
+        resp = await _unless_client_leaves(
+            request, self.upstream.send("POST", client_path(request), flow.query, headers, flow.out)
+        )
         out_headers = response_headers(resp.headers, drop=("content-encoding",))
         if resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
             return StreamingResponse(self._relay(resp, flow, sent), status_code=resp.status_code, headers=out_headers)
         try:
-            content = await _unless_client_leaves(request, resp.aread())
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, self.upstream.base) from exc
+            content = await _unless_client_leaves(request, self.upstream.read(resp))
         finally:
             await resp.aclose()
         self.s.metrics.upstream_ttft.observe(time.perf_counter() - sent)

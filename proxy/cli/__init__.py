@@ -38,7 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
-        from proxy.litellm_upstream import _import_litellm
+        from proxy.upstream.litellm import _import_litellm
 
         _import_litellm()
     app = create_app(config)

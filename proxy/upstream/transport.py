@@ -128,7 +128,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         ]
         body = request.content if request.method not in ("GET", "HEAD") or request.content else None
         # The request target as the caller built it: httpx and yarl would both
-        # normalize dot segments away (proxy.target decides which paths may go).
+        # normalize dot segments away (proxy.upstream.target decides which paths may go).
         target = request.extensions.get("target")
         url = (
             URL(f"{request.url.scheme}://{request.url.netloc.decode('ascii')}{target.decode('latin-1')}", encoded=True)

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from proxy.config import Upstream
-from proxy.errors import PathRefused
-from proxy.forward import UpstreamClient
-from proxy.target import Base, climbs
-from proxy.transport import AiohttpTransport
+from proxy.errors import PathRefused, UpstreamReset
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.target import Base, climbs
+from proxy.upstream.transport import AiohttpTransport
 from tests.infra import rawupstream as raw
 
 
@@ -63,9 +63,10 @@ def test_a_request_reset_after_it_was_sent_is_not_resent() -> None:
     async def main() -> None:
         client = UpstreamClient(Upstream(url=up.url))
         try:
-            with pytest.raises(httpx.TransportError) as info:
+            with pytest.raises(UpstreamReset) as info:
                 await client.send("PUT", "/v1/x", "", [], b"{}")  # aiohttp itself would resend a PUT
-            assert not isinstance(info.value, httpx.ConnectError | httpx.TimeoutException)
+            assert isinstance(info.value.__cause__, httpx.TransportError)
+            assert not isinstance(info.value.__cause__, httpx.ConnectError | httpx.TimeoutException)
         finally:
             await client.aclose()
 
@@ -102,7 +103,7 @@ def test_timeouts_say_which_phase_and_no_url_secrets() -> None:
     import aiohttp
 
     from proxy.errors import from_httpx
-    from proxy.transport import _translate
+    from proxy.upstream.transport import _translate
 
     url = "http://alice:pw-SECRET@h:1/v1?api_key=qs-SECRET"
     connect = _translate(aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}/chat/completions"))
