@@ -6,6 +6,7 @@ come in as arguments.  Nothing here imports from ``proxy``.
 
 from __future__ import annotations
 
+from canonicalize import chain
 from canonicalize.edits import Op, render
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup
@@ -46,6 +47,7 @@ __all__ = [
     "Settings",
     "Usage",
     "UsageAccumulator",
+    "chain",
     "compile_rule",
     "encode",
     "match",

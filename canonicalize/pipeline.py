@@ -236,8 +236,9 @@ class Canonicalizer:
             last_user_text=exchange.last_user_text(body) if last_user is not None else "",
             declared_parent=declared_parent,
         )
-        return Prepared(doc, body, exchange, rewrites, system_slots, slots, spans, links, sizes, signals, tools,
-                        originals)  # fmt: skip
+        return Prepared(
+            doc, body, exchange, rewrites, system_slots, slots, spans, links, sizes, signals, tools, originals
+        )
 
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
@@ -453,9 +454,7 @@ class Canonicalizer:
     ) -> Fingerprint:
         """What prefix prediction compares, for ``body`` as it is (forwarded or as received)."""
         text = "\x1e".join(s.get() for s in exchange.system_slots(body)).encode("utf-8", "surrogatepass")
-        blocks = tuple(
-            xxhash.xxh64_hexdigest(text[i : i + BLOCK_BYTES]) for i in range(0, len(text), BLOCK_BYTES)
-        )
+        blocks = tuple(xxhash.xxh64_hexdigest(text[i : i + BLOCK_BYTES]) for i in range(0, len(text), BLOCK_BYTES))
         params = {p: body[p] for p in self.fork.inherit_params if p in body}
         try:
             params_hash = _hash(orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()) if params else ""

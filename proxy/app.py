@@ -1,12 +1,12 @@
 """The ASGI app: ``create_app(config)`` wires routes to services opened in the lifespan.
 
-    POST <an exchange's path>   the one request flow (proxy.handler): chat completions
-                                (also ``/chat/completions``, a trailing slash, Azure's
-                                ``/openai/deployments/{name}/chat/completions``), Messages
-    GET  /metrics               Prometheus exposition (per-app registry)
-    GET  /healthz               200 while the process serves
-    GET  /readyz                200 when the store and the upstream answer, else 503 + reason
-    *    anything else          forwarded unchanged, streaming preserved (proxy.upstream.passthrough)
+POST <an exchange's path>   the one request flow (proxy.handler): chat completions
+                            (also ``/chat/completions``, a trailing slash, Azure's
+                            ``/openai/deployments/{name}/chat/completions``), Messages
+GET  /metrics               Prometheus exposition (per-app registry)
+GET  /healthz               200 while the process serves
+GET  /readyz                200 when the store and the upstream answer, else 503 + reason
+*    anything else          forwarded unchanged, streaming preserved (proxy.upstream.passthrough)
 """
 
 from __future__ import annotations
@@ -124,8 +124,12 @@ def create_app(
     all_methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     return Starlette(
         middleware=[
-            Middleware(Admission, limit=config.limits.max_concurrency, body_timeout_s=config.limits.body_timeout_s,
-                       on_reject=rejected),
+            Middleware(
+                Admission,
+                limit=config.limits.max_concurrency,
+                body_timeout_s=config.limits.body_timeout_s,
+                on_reject=rejected,
+            ),
             Middleware(CutStreams, on_cut=cut),
         ],
         routes=[

@@ -20,8 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
-from canonicalize import ForkPolicy, RuleError, Settings, compile_rule
-from canonicalize.packs import PACKS
+from canonicalize import PACKS, ForkPolicy, RuleError, Settings, compile_rule
 from proxy.redact import redact
 from proxy.store import Bounds
 
@@ -155,8 +154,9 @@ class Config:
         rules = []
         for i, r in enumerate(self.canonicalize.rules):
             try:
-                rules.append(compile_rule(r.name, r.pattern, r.action, r.scope, identity=r.identity,
-                                          replacement=r.replacement))  # fmt: skip
+                rules.append(
+                    compile_rule(r.name, r.pattern, r.action, r.scope, identity=r.identity, replacement=r.replacement)
+                )
             except RuleError as exc:
                 raise ConfigError(f"canonicalize.rules[{i}] ({r.name}): {exc}") from None
         return Settings(
@@ -196,10 +196,23 @@ _ENUMS = {
     "log.level": ("debug", "info", "warning", "error"),
     "tenancy.anonymous": ("isolated", "shared"),
 }
-_POSITIVE = {"listen.port", "upstream.timeout_s", "upstream.connect_timeout_s", "upstream.max_connections",
-             "store.ttl_s", "store.max_entries", "store.max_bytes", "store.tenant_max_entries",
-             "store.tenant_max_bytes", "store.max_links_per_request", "store.timeout_ms", "limits.max_body_bytes",
-             "limits.header_timeout_s", "limits.body_timeout_s", "metrics.max_models"}  # fmt: skip
+_POSITIVE = {
+    "listen.port",
+    "upstream.timeout_s",
+    "upstream.connect_timeout_s",
+    "upstream.max_connections",
+    "store.ttl_s",
+    "store.max_entries",
+    "store.max_bytes",
+    "store.tenant_max_entries",
+    "store.tenant_max_bytes",
+    "store.max_links_per_request",
+    "store.timeout_ms",
+    "limits.max_body_bytes",
+    "limits.header_timeout_s",
+    "limits.body_timeout_s",
+    "metrics.max_models",
+}
 
 
 def _check_scalar(key: str, value: Any, default: Any) -> Any:
@@ -246,8 +259,14 @@ def _rules(value: Any) -> tuple[UserRule, ...]:
                 raise ConfigError(f"{key}.{required}: is required and must be a non-empty string")
         rule = UserRule(**dict(item))
         try:
-            compile_rule(rule.name, rule.pattern, rule.action, rule.scope, identity=bool(rule.identity),
-                         replacement=str(rule.replacement))  # fmt: skip
+            compile_rule(
+                rule.name,
+                rule.pattern,
+                rule.action,
+                rule.scope,
+                identity=bool(rule.identity),
+                replacement=str(rule.replacement),
+            )
         except RuleError as exc:
             raise ConfigError(f"{key} ({rule.name}): {exc}") from None
         out.append(rule)
@@ -301,9 +320,7 @@ def validate(config: Config) -> None:
     """Cross-field checks, shared by every way a Config is built."""
     unknown = [p for p in config.canonicalize.packs if p not in PACKS]
     if unknown:
-        raise ConfigError(
-            f"canonicalize.packs: unknown pack(s) {', '.join(unknown)} (built-in: {', '.join(PACKS)})"
-        )
+        raise ConfigError(f"canonicalize.packs: unknown pack(s) {', '.join(unknown)} (built-in: {', '.join(PACKS)})")
     for i, m in enumerate(config.fork.markers):
         try:
             re.compile(m)
@@ -317,9 +334,7 @@ def validate(config: Config) -> None:
     url = urlsplit(config.upstream.url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
-    if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in (
-        "redis", "rediss", "unix"
-    ):  # fmt: skip
+    if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in ("redis", "rediss", "unix"):
         raise ConfigError("store.redis_url: must be a redis://, rediss:// or unix:// URL")
     config.settings()  # compiles user rules; raises ConfigError naming the rule
 

@@ -21,7 +21,15 @@ ROLES = ("root", "continuation", "fork", "bypass", "fail-open")
 BREAK_CAUSES = ("system_changed", "tools_changed", "history_rewritten", "params_changed", "model_changed")
 # The addons' names (proxy.addons) and the response state machine.
 FAIL_OPEN_STAGES = (
-    "bypass", "tenancy", "canonicalize", "store", "stream_usage", "fork_guard", "measure", "record", "response",
+    "bypass",
+    "tenancy",
+    "canonicalize",
+    "store",
+    "stream_usage",
+    "fork_guard",
+    "measure",
+    "record",
+    "response",
 )
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "stream_cut", "http_4xx", "http_5xx")
 FORK_ACTIONS = ("repaired", "continued", "missing_parent", "disabled")
@@ -63,53 +71,70 @@ class Metrics:
         models = tuple(models)
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.model_label = ModelLabels(models, max_models)
-        self.requests = Counter(
-            "prefixpin_requests_total", "Requests handled", ("route", "role", "status"), registry=r
-        )
+        self.requests = Counter("prefixpin_requests_total", "Requests handled", ("route", "role", "status"), registry=r)
         self.prompt_tokens = Counter(
-            "prefixpin_prompt_tokens_total", "Prompt tokens reported by the upstream (cached included)",
-            ("model", "role"), registry=r,
-        )  # fmt: skip
+            "prefixpin_prompt_tokens_total",
+            "Prompt tokens reported by the upstream (cached included)",
+            ("model", "role"),
+            registry=r,
+        )
         self.cached_tokens = Counter(
-            "prefixpin_cached_tokens_total", "Prompt tokens the upstream served from its prefix cache",
-            ("model", "role"), registry=r,
-        )  # fmt: skip
+            "prefixpin_cached_tokens_total",
+            "Prompt tokens the upstream served from its prefix cache",
+            ("model", "role"),
+            registry=r,
+        )
         self.cache_write_tokens = Counter(
-            "prefixpin_cache_write_tokens_total", "Prompt tokens the upstream wrote to its cache",
-            ("model", "role"), registry=r,
-        )  # fmt: skip
+            "prefixpin_cache_write_tokens_total",
+            "Prompt tokens the upstream wrote to its cache",
+            ("model", "role"),
+            registry=r,
+        )
         self.rewrites = Counter("prefixpin_rewrites_total", "Requests changed, by rule", ("rule",), registry=r)
         self.forks = Counter("prefixpin_forks_total", "Fork handling, by action", ("action",), registry=r)
         self.blocked_tool_calls = Counter(
             "prefixpin_blocked_tool_calls_total", "Tool calls removed from fork responses", registry=r
         )
         self.prefix_breaks = Counter(
-            "prefixpin_prefix_breaks_total", "Prefix breaks against the parent request, by cause",
-            ("cause",), registry=r,
-        )  # fmt: skip
+            "prefixpin_prefix_breaks_total",
+            "Prefix breaks against the parent request, by cause",
+            ("cause",),
+            registry=r,
+        )
         self.fail_open = Counter(
-            "prefixpin_fail_open_total", "Requests forwarded unchanged after an internal failure",
-            ("stage",), registry=r,
-        )  # fmt: skip
+            "prefixpin_fail_open_total",
+            "Requests forwarded unchanged after an internal failure",
+            ("stage",),
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "prefixpin_upstream_errors_total", "Upstream failures, by kind", ("kind",), registry=r
         )
         self.request_duration = Histogram(
-            "prefixpin_request_duration_seconds", "Request duration to the last byte", ("route",),
-            buckets=_LATENCY, registry=r,
-        )  # fmt: skip
+            "prefixpin_request_duration_seconds",
+            "Request duration to the last byte",
+            ("route",),
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.overhead = Histogram(
-            "prefixpin_overhead_seconds", "Time prefixpin itself adds on the request path",
-            buckets=_OVERHEAD, registry=r,
-        )  # fmt: skip
+            "prefixpin_overhead_seconds",
+            "Time prefixpin itself adds on the request path",
+            buckets=_OVERHEAD,
+            registry=r,
+        )
         self.upstream_ttft = Histogram(
-            "prefixpin_upstream_ttft_seconds", "Upstream time to first token (streamed) or to response",
-            buckets=_LATENCY, registry=r,
-        )  # fmt: skip
+            "prefixpin_upstream_ttft_seconds",
+            "Upstream time to first token (streamed) or to response",
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.predicted_prefix_ratio = Histogram(
-            "prefixpin_predicted_prefix_ratio", "Share of the prompt identical to the parent request's prefix",
-            buckets=_RATIO, registry=r,
-        )  # fmt: skip
+            "prefixpin_predicted_prefix_ratio",
+            "Share of the prompt identical to the parent request's prefix",
+            buckets=_RATIO,
+            registry=r,
+        )
         # Known label values exist from the start at zero: Prometheus cannot see the
         # first increment of a series that appears already holding it, so rate()
         # and alerts on a lone event would miss it.

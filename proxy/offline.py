@@ -48,8 +48,13 @@ class Offline:
     ) -> None:
         """``settings`` replaces the config's packs, rules and fork policy (tests)."""
         canon = Canonicalizer(settings or config.settings())
-        self.s = Services(config=config, canon=canon, store=store or _unbounded(config), guard=StoreGuard(),
-                          metrics=Metrics(rules=canon.rule_names))  # fmt: skip
+        self.s = Services(
+            config=config,
+            canon=canon,
+            store=store or _unbounded(config),
+            guard=StoreGuard(),
+            metrics=Metrics(rules=canon.rule_names),
+        )
         counter = itertools.count(1)
         ids = new_id or (lambda: f"L{next(counter):04d}")
         addons = (

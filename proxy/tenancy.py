@@ -60,5 +60,3 @@ def _hash(parts: list[bytes]) -> str:
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
     return h.hexdigest()
-
-

@@ -106,8 +106,9 @@ def serve(log_dir: Path) -> Iterator[Callable[..., str]]:
     procs: list[Proc] = []
 
     def start(upstream: str, config: Path | None = None, env: dict[str, str] | None = None) -> str:
-        proc, base = start_prefixpin(log_dir, upstream=upstream, config=config, env=env,
-                                     name=f"prefixpin-{free_port()}")  # fmt: skip
+        proc, base = start_prefixpin(
+            log_dir, upstream=upstream, config=config, env=env, name=f"prefixpin-{free_port()}"
+        )
         procs.append(proc)
         return base
 

@@ -107,8 +107,9 @@ def tools_review() -> list[dict[str, Any]]:
     return copy.deepcopy(TOOLS_REVIEW)
 
 
-def request(system: str, history: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-            **extra: Any) -> dict[str, Any]:  # fmt: skip
+def request(
+    system: str, history: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **extra: Any
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": "tiny", "messages": [{"role": "system", "content": system}, *history]}
     if tools is not None:
         body["tools"] = tools

@@ -60,10 +60,7 @@ def flat_content(content: Any) -> Any:
     if isinstance(content, list):
         if all(isinstance(p, dict) and p.get("type") == "text" for p in content):
             return "".join(str(p.get("text", "")) for p in content)
-        return [
-            {k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
-            for p in content
-        ]
+        return [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p for p in content]
     return content
 
 

@@ -102,8 +102,7 @@ class MessagesExchange:
         content = msg.get("content")
         if isinstance(content, list):
             content = [
-                {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
-                for b in content
+                {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in content
             ]
         return canonical_json({"r": msg.get("role"), "c": flat_content(content)})
 

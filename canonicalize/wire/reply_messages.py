@@ -104,9 +104,10 @@ class MessagesReply:
         changed = False
         if self.offered is not None:
             kept = [
-                b for b in content
+                b
+                for b in content
                 if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") not in self.offered)
-            ]  # fmt: skip
+            ]
             if len(kept) != len(content):
                 self.blocked += len(content) - len(kept)
                 obj["content"] = content = kept

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from canonicalize import JsonDoc, chain
-from canonicalize.pipeline import Outcome
+from canonicalize import JsonDoc, Outcome, chain
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.services import Services

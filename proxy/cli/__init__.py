@@ -33,9 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.config,
         {"upstream.url": args.upstream, "listen.host": args.host, "listen.port": args.port},
     )
-    logging.basicConfig(
-        level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
         from proxy.upstream.litellm import _import_litellm
@@ -51,9 +49,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("prefixpin")
     log.info(
         "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
-        config.listen.host, config.listen.port, redact(config.upstream.url), config.store.backend,
+        config.listen.host,
+        config.listen.port,
+        redact(config.upstream.url),
+        config.store.backend,
         ",".join(config.canonicalize.packs),
-    )  # fmt: skip
+    )
     try:
         import uvloop  # noqa: F401
 
@@ -104,10 +105,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from proxy.cli.replay import run_replay
 
     return run_replay(
-        args.trace, upstream=args.upstream, via=args.via, as_json=args.json,
-        progress=not args.no_progress, api_key=args.api_key, timeout_s=args.timeout,
+        args.trace,
+        upstream=args.upstream,
+        via=args.via,
+        as_json=args.json,
+        progress=not args.no_progress,
+        api_key=args.api_key,
+        timeout_s=args.timeout,
         honor_timing=args.timing,
-    )  # fmt: skip
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--no-progress", action="store_true", help="no progress bar")
     replay.add_argument("--api-key", help="Authorization bearer key for requests without one")
     replay.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
-    replay.add_argument("--timing", action="store_true", help="honour the trace's \"t\" offsets")
+    replay.add_argument("--timing", action="store_true", help='honour the trace\'s "t" offsets')
     replay.set_defaults(func=cmd_replay)
     return parser
 

@@ -12,8 +12,9 @@ from typing import TextIO
 
 
 class Progress:
-    def __init__(self, total: int | None, label: str, *, enabled: bool = True, force: bool = False,
-                 stream: TextIO | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, total: int | None, label: str, *, enabled: bool = True, force: bool = False, stream: TextIO | None = None
+    ) -> None:
         self.stream = stream or sys.stderr
         self.total = total
         self.label = label

@@ -33,8 +33,7 @@ from typing import Any
 
 import httpx
 
-from canonicalize.sse import SSESplitter
-from canonicalize.usage import Usage, UsageAccumulator, parse_usage
+from canonicalize import SSESplitter, Usage, UsageAccumulator, parse_usage
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Tenancy
@@ -106,12 +105,16 @@ class Totals:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "requests": self.requests, "failed": self.failed, "retried": self.retried,
+            "requests": self.requests,
+            "failed": self.failed,
+            "retried": self.retried,
             "without_usage": self.without_usage,
-            "prompt_tokens": self.prompt, "cached_tokens": self.cached, "processed_tokens": self.processed,
+            "prompt_tokens": self.prompt,
+            "cached_tokens": self.cached,
+            "processed_tokens": self.processed,
             "cached_ratio": None if self.ratio is None else round(self.ratio, 6),
             "wall_s": round(self.wall_s, 4),
-        }  # fmt: skip
+        }
 
 
 @dataclass(slots=True)
@@ -133,13 +136,15 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         total = self.totals().get("all", Totals())
         return {
-            "target": self.target, "upstream": self.upstream, "via": self.via,
+            "target": self.target,
+            "upstream": self.upstream,
+            "via": self.via,
             "requests": [r.to_json() for r in self.results],
             "total": total.to_json(),
             "by_kind": {k: t.to_json() for k, t in self.totals("kind").items()},
             "by_role": {k: t.to_json() for k, t in self.totals("role").items()},
             "skipped_lines": self.skipped,
-        }  # fmt: skip
+        }
 
 
 # -- sending ------------------------------------------------------------------------
@@ -236,8 +241,15 @@ def send(client: httpx.Client, base: str, line: TraceLine, api_key: str | None, 
     return result
 
 
-def replay(lines: list[TraceLine], report: Report, *, api_key: str | None, timeout_s: float,
-           honor_timing: bool, progress: Progress) -> None:  # fmt: skip
+def replay(
+    lines: list[TraceLine],
+    report: Report,
+    *,
+    api_key: str | None,
+    timeout_s: float,
+    honor_timing: bool,
+    progress: Progress,
+) -> None:
     """Send ``lines`` in order, appending each :class:`Result` to ``report``."""
     t0 = lines[0].t if lines else 0.0
     start = time.monotonic()
@@ -277,11 +289,20 @@ def format_text(report: Report) -> str:
     head = ["#", "line", *annotate, "role", "status", "prompt", "cached", "processed", "hit", "wall_s"]
     rows = [head]
     for i, r in enumerate(res, start=1):
-        rows.append([
-            str(i), str(r.line), *[getattr(r, a) or "" for a in annotate], r.role or "-",
-            str(r.status) if r.status is not None else "ERR", _num(r.prompt), _num(r.cached),
-            _num(r.processed), _pct(r.cached, r.prompt), f"{r.wall_s:.3f}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                str(i),
+                str(r.line),
+                *[getattr(r, a) or "" for a in annotate],
+                r.role or "-",
+                str(r.status) if r.status is not None else "ERR",
+                _num(r.prompt),
+                _num(r.cached),
+                _num(r.processed),
+                _pct(r.cached, r.prompt),
+                f"{r.wall_s:.3f}",
+            ]
+        )
     n = len(head)
     out = [f"replay -> {report.target}" + (f" (via prefixpin, upstream {report.upstream})" if report.via else "")]
     out += _table(rows, right={0, 1, n - 6, n - 5, n - 4, n - 3, n - 2, n - 1})
@@ -291,10 +312,18 @@ def format_text(report: Report) -> str:
     for key, totals in groups:
         for name, t in sorted(totals.items()):
             label = "all" if key == "all" else f"{key}={name}"
-            sums.append([
-                label, str(t.requests), str(t.failed), _num(t.prompt), _num(t.cached), _num(t.processed),
-                _pct(t.cached, t.prompt), f"{t.wall_s:.3f}",
-            ])  # fmt: skip
+            sums.append(
+                [
+                    label,
+                    str(t.requests),
+                    str(t.failed),
+                    _num(t.prompt),
+                    _num(t.cached),
+                    _num(t.processed),
+                    _pct(t.cached, t.prompt),
+                    f"{t.wall_s:.3f}",
+                ]
+            )
     out += _table(sums, right=set(range(1, 8)))
     for r in res:
         out += [f"line {r.line}: retried after: {e}" for e in r.retried]
@@ -305,8 +334,17 @@ def format_text(report: Report) -> str:
     return "\n".join(out)
 
 
-def run_replay(trace: str, *, upstream: str, via: str | None, as_json: bool, progress: bool,
-               api_key: str | None, timeout_s: float, honor_timing: bool) -> int:  # fmt: skip
+def run_replay(
+    trace: str,
+    *,
+    upstream: str,
+    via: str | None,
+    as_json: bool,
+    progress: bool,
+    api_key: str | None,
+    timeout_s: float,
+    honor_timing: bool,
+) -> int:
     """The ``prefixpin replay`` command; returns the exit code (1: a request failed, 2: no trace)."""
     try:
         lines, skipped = read_trace(trace, sys.stderr, "replay")

@@ -86,5 +86,13 @@ def open_store(cfg: StoreConfig) -> Store:
 
 
 __all__ = [
-    "CANDIDATES", "DEFAULT_BOUNDS", "ISOLATED", "LINKS_PER_KEY", "SCAN_UP", "Bounds", "Store", "newest", "open_store",
-]  # fmt: skip
+    "CANDIDATES",
+    "DEFAULT_BOUNDS",
+    "ISOLATED",
+    "LINKS_PER_KEY",
+    "SCAN_UP",
+    "Bounds",
+    "Store",
+    "newest",
+    "open_store",
+]

@@ -18,8 +18,9 @@ T = TypeVar("T")
 
 
 class StoreGuard:
-    def __init__(self, *, cooldown_s: float = 0.25, max_cooldown_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self, *, cooldown_s: float = 0.25, max_cooldown_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.base = cooldown_s
         self.max = max_cooldown_s
         self.clock = clock

@@ -30,8 +30,15 @@ class MemoryStore:
     ``bounds.tenant_max_entries`` and ``bounds.tenant_max_bytes`` per tenant (least
     recently used go first) and by ``ttl_s``."""
 
-    def __init__(self, *, ttl_s: int = 86400, max_entries: int = 200_000, max_bytes: int = 512 * 2**20,
-                 bounds: Bounds = DEFAULT_BOUNDS, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        ttl_s: int = 86400,
+        max_entries: int = 200_000,
+        max_bytes: int = 512 * 2**20,
+        bounds: Bounds = DEFAULT_BOUNDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self.max_bytes = max_bytes
@@ -116,8 +123,9 @@ class MemoryStore:
     async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
         return [self._get((tenant, "b", ref)) for ref in refs]
 
-    async def record(self, tenant: str, record: LineageRecord, links: Links,
-                     blobs: dict[str, bytes], touch: Sequence[str]) -> None:  # fmt: skip
+    async def record(
+        self, tenant: str, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str]
+    ) -> None:
         if tenant == ISOLATED:
             return
         for link in links[newest(links, self.bounds) :]:

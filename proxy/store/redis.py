@@ -154,8 +154,9 @@ return count
 
 
 class RedisStore:
-    def __init__(self, url: str, *, ttl_s: int = 86400, timeout_s: float = 0.25,
-                 bounds: Bounds = DEFAULT_BOUNDS) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, *, ttl_s: int = 86400, timeout_s: float = 0.25, bounds: Bounds = DEFAULT_BOUNDS
+    ) -> None:
         self.ttl_s = ttl_s
         self.bounds = bounds
         self._redis = aioredis.Redis.from_url(
@@ -180,9 +181,7 @@ class RedisStore:
         start = newest(links, self.bounds)
         keys = [f"{p}l:{link.hex()}" for link in links[start:]]
         try:
-            out = await self._lookup(
-                keys=keys, args=[len(keys), p + "g:", declared or "", CANDIDATES, SCAN_UP]
-            )
+            out = await self._lookup(keys=keys, args=[len(keys), p + "g:", declared or "", CANDIDATES, SCAN_UP])
         except RedisError as exc:
             raise StoreError(f"redis lookup failed: {type(exc).__name__}") from exc
         depth = int(out[0]) + start if int(out[0]) else 0
@@ -199,8 +198,9 @@ class RedisStore:
             raise StoreError(f"redis blob read failed: {type(exc).__name__}") from exc
         return [v if isinstance(v, bytes) else None for v in values]
 
-    async def record(self, tenant: str, record: LineageRecord, links: Links,
-                     blobs: dict[str, bytes], touch: Sequence[str]) -> None:  # fmt: skip
+    async def record(
+        self, tenant: str, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str]
+    ) -> None:
         if tenant == ISOLATED:
             return
         p, b = self._prefix(tenant), self.bounds
@@ -210,8 +210,18 @@ class RedisStore:
         keys.append(f"{p}g:{record.id}")
         keys += (f"{p}b:{ref}" for ref in blobs)
         keys += (f"{p}b:{ref}" for ref in touch)
-        args: list[str | int | bytes] = [p, record.id, self.ttl_s, LINKS_PER_KEY, b.tenant_max_entries,
-                                         b.tenant_max_bytes, len(links), len(blobs), len(touch), record.to_bytes()]
+        args: list[str | int | bytes] = [
+            p,
+            record.id,
+            self.ttl_s,
+            LINKS_PER_KEY,
+            b.tenant_max_entries,
+            b.tenant_max_bytes,
+            len(links),
+            len(blobs),
+            len(touch),
+            record.to_bytes(),
+        ]
         args += blobs.values()
         try:
             await self._record(keys=keys, args=args)

@@ -1,11 +1,11 @@
 """Talking to the upstream.
 
-    client.py       UpstreamClient: base URL, pooled transport, timeouts, at-most-once
-    transport.py    aiohttp's connector under httpx (aiohttp errors -> httpx's, once)
-    litellm.py      upstream.kind: litellm (provider translation), imported lazily
-    target.py       the client's raw path on the upstream's base; climbing paths refused
-    headers.py      hop-by-hop and own headers never cross
-    passthrough.py  every other route, forwarded unchanged and streamed
+client.py       UpstreamClient: base URL, pooled transport, timeouts, at-most-once
+transport.py    aiohttp's connector under httpx (aiohttp errors -> httpx's, once)
+litellm.py      upstream.kind: litellm (provider translation), imported lazily
+target.py       the client's raw path on the upstream's base; climbing paths refused
+headers.py      hop-by-hop and own headers never cross
+passthrough.py  every other route, forwarded unchanged and streamed
 """
 
 from __future__ import annotations

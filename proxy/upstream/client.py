@@ -47,8 +47,16 @@ class UpstreamClient:
         connect = min(cfg.connect_timeout_s, cfg.timeout_s)
         self.timeout = {"connect": connect, "read": cfg.timeout_s, "write": cfg.timeout_s, "pool": cfg.timeout_s}
 
-    async def send(self, method: str, path: str, query: str, headers: list[tuple[str, str]], content: bytes,
-                   *, timeout: float | None = None) -> httpx.Response:  # fmt: skip
+    async def send(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        content: bytes,
+        *,
+        timeout: float | None = None,
+    ) -> httpx.Response:
         """Send and return once the response headers are in (the body streams).
 
         ``path`` is the client's raw path (proxy.upstream.target.client_path);
@@ -59,8 +67,13 @@ class UpstreamClient:
         if self._basic is not None and not any(k.lower() == "authorization" for k, _ in headers):
             headers = [*headers, ("authorization", self._basic)]
         try:
-            request = httpx.Request(method, self._base.origin + target, headers=headers, content=content,
-                                    extensions={"timeout": limits, "target": target.encode("latin-1")})  # fmt: skip
+            request = httpx.Request(
+                method,
+                self._base.origin + target,
+                headers=headers,
+                content=content,
+                extensions={"timeout": limits, "target": target.encode("latin-1")},
+            )
         except (httpx.InvalidURL, UnicodeEncodeError):
             raise PathRefused("the request path is not a valid URL path") from None
         try:

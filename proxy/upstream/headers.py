@@ -38,10 +38,12 @@ def request_headers(headers: Iterable[tuple[str, str]], *, identity: bool = Fals
     headers = list(headers)
     skip = HOP_BY_HOP | _named_in_connection(headers)
     out = [
-        (k, v) for k, v in headers
-        if k.lower() not in skip and not k.lower().startswith(OWN_HEADERS)
+        (k, v)
+        for k, v in headers
+        if k.lower() not in skip
+        and not k.lower().startswith(OWN_HEADERS)
         and not (identity and k.lower() == "accept-encoding")
-    ]  # fmt: skip
+    ]
     if identity:
         out.append(("accept-encoding", "identity"))
     return out

@@ -91,9 +91,13 @@ class LiteLLMTransport(httpx.AsyncBaseTransport):
         messages = body.pop("messages", [])
         try:
             result = await self.litellm.acompletion(
-                model=model, messages=messages, api_base=self.api_base, api_key=_key(request),
-                timeout=self.timeout, **body,
-            )  # fmt: skip
+                model=model,
+                messages=messages,
+                api_base=self.api_base,
+                api_key=_key(request),
+                timeout=self.timeout,
+                **body,
+            )
         except Exception as exc:  # LiteLLM maps provider errors to exceptions with a status
             status = getattr(exc, "status_code", None)
             status = status if isinstance(status, int) and 400 <= status < 600 else 502
@@ -101,9 +105,10 @@ class LiteLLMTransport(httpx.AsyncBaseTransport):
         if body.get("stream"):
             return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Stream(result))
         return httpx.Response(
-            200, content=result.model_dump_json(exclude_none=True).encode(),
+            200,
+            content=result.model_dump_json(exclude_none=True).encode(),
             headers={"content-type": "application/json"},
-        )  # fmt: skip
+        )
 
     async def aclose(self) -> None:
         await self.passthrough.aclose()

@@ -137,9 +137,15 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         )
         try:
             resp = await self._get_session().request(
-                request.method, url, headers=headers, data=body, timeout=timeout,
-                allow_redirects=False, compress=None, chunked=None,
-            )  # fmt: skip
+                request.method,
+                url,
+                headers=headers,
+                data=body,
+                timeout=timeout,
+                allow_redirects=False,
+                compress=None,
+                chunked=None,
+            )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise _translate(exc) from exc
         except asyncio.CancelledError:

@@ -44,10 +44,20 @@ _PORT = re.compile(r"127\.0\.0\.1:\d+")
 TARGET_VS_IDEAL = 0.98
 TARGET_FORKS = 0.95
 EXPECTED_ROLE = {"root": "root", "turn": "continuation", "fork": "fork"}
-PER_REQUEST_KEYS = ("line", "kind", "session", "role", "status", "prompt", "cached", "processed", "wall_s",
-                    "retried", "error")  # fmt: skip
-LLAMA_METRICS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total",
-                 "llamacpp:prompt_seconds_total")  # fmt: skip
+PER_REQUEST_KEYS = (
+    "line",
+    "kind",
+    "session",
+    "role",
+    "status",
+    "prompt",
+    "cached",
+    "processed",
+    "wall_s",
+    "retried",
+    "error",
+)
+LLAMA_METRICS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_seconds_total")
 LLAMA = {"layers": 4, "embd": 256, "ctx": 16384, "parallel": 1}
 
 
@@ -141,8 +151,9 @@ def _ratio(t: dict[str, Any] | None) -> float | None:
     return float(t["cached_tokens"]) / float(t["prompt_tokens"])
 
 
-def summarize(run: Run, report: dict[str, Any], elapsed: float, llama_metrics: dict[str, float],
-              extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    run: Run, report: dict[str, Any], elapsed: float, llama_metrics: dict[str, float], extra: dict[str, Any]
+) -> dict[str, Any]:
     total = report["total"]
     forks = report["by_kind"].get("fork")
     reqs = report["requests"]
@@ -222,23 +233,43 @@ def _pct(v: float | None) -> str:
 
 
 def format_text(out: dict[str, Any]) -> str:
-    head = ["run", "requests", "prompt", "cached", "processed", "cached %", "forks cached %", "prefill s", "wall s",
-            "retried"]  # fmt: skip
+    head = [
+        "run",
+        "requests",
+        "prompt",
+        "cached",
+        "processed",
+        "cached %",
+        "forks cached %",
+        "prefill s",
+        "wall s",
+        "retried",
+    ]
     rows = [head]
     for r in out["runs"].values():
-        rows.append([
-            r["run"], str(r["requests"]), f"{r['prompt_tokens']:,}", f"{r['cached_tokens']:,}",
-            f"{r['processed_tokens']:,}", _pct(r["cached_ratio"]), _pct(r["fork_cached_ratio"]),
-            f"{r['llama_prompt_s']:.2f}" if r["llama_prompt_s"] is not None else "-",
-            f"{r['request_wall_s']:.2f}", str(r["retried"]),
-        ])  # fmt: skip
+        rows.append(
+            [
+                r["run"],
+                str(r["requests"]),
+                f"{r['prompt_tokens']:,}",
+                f"{r['cached_tokens']:,}",
+                f"{r['processed_tokens']:,}",
+                _pct(r["cached_ratio"]),
+                _pct(r["fork_cached_ratio"]),
+                f"{r['llama_prompt_s']:.2f}" if r["llama_prompt_s"] is not None else "-",
+                f"{r['request_wall_s']:.2f}",
+                str(r["retried"]),
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     git = out["git"]
     lines = [
         f"trace: {out['trace']}   prefixpin: {git['commit']}" + (" (+ uncommitted changes)" if git["dirty"] else "")
     ]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-              for row in rows]  # fmt: skip
+    lines += [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in rows
+    ]
     c = out["comparison"]
     lines += [
         "",
@@ -278,8 +309,10 @@ def _git_state() -> dict[str, Any]:
         except OSError:
             return ""
 
-    return {"commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": git("status", "--porcelain", "--", "proxy", "canonicalize").splitlines()}  # fmt: skip
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": git("status", "--porcelain", "--", "proxy", "canonicalize").splitlines(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,9 +29,11 @@ TARGETS_US = {"span messages[0].content": 15.0, "span tools": 80.0, "edits round
 def _bodies() -> dict[str, bytes]:
     compact = [t.replace(SEQ, "7").replace(MINUTE, "31").encode() for t in templates(stream=True)]
     dumped = json.dumps(hermes_body(0, 44) | {"stream": True}).encode()
-    return {f"hermes s0 compact {len(compact[0]) // 1000} KB": compact[0],
-            f"hermes s3 compact {len(compact[3]) // 1000} KB": compact[3],
-            f"hermes s0 json.dumps {len(dumped) // 1000} KB": dumped}  # fmt: skip
+    return {
+        f"hermes s0 compact {len(compact[0]) // 1000} KB": compact[0],
+        f"hermes s3 compact {len(compact[3]) // 1000} KB": compact[3],
+        f"hermes s0 json.dumps {len(dumped) // 1000} KB": dumped,
+    }
 
 
 def _cases(raw: bytes) -> dict[str, Callable[[], object]]:

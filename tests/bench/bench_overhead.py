@@ -122,9 +122,13 @@ def plan_of(args: argparse.Namespace) -> Plan:
         + ([Phase(False, conns=args.conns), Phase(True, conns=args.conns)] if args.conns else [])
     )
     return Plan(
-        phases, args.duration, args.warmup, args.timeout,
-        settle_s=3.0 if args.smoke else 15.0, idle_wait_s=args.idle_wait,
-    )  # fmt: skip
+        phases,
+        args.duration,
+        args.warmup,
+        args.timeout,
+        settle_s=3.0 if args.smoke else 15.0,
+        idle_wait_s=args.idle_wait,
+    )
 
 
 def make_targets(wanted: list[str], upstream: Proc, up: str, work: Path, *, install: bool) -> list[Target]:

@@ -207,12 +207,14 @@ TASKS = (
     "Draft release notes for 0.9.0 from the changelog.",
 )
 WORDS = tuple(
-    " ".join((
-        "ledger sync retry backoff session commit import settings config handler request response",
-        "database pool timeout error warning passed failed module function class test fixture",
-        "migration schema column index query cursor async await worker queue job schedule",
-    )).split()
-)  # fmt: skip
+    " ".join(
+        (
+            "ledger sync retry backoff session commit import settings config handler request response",
+            "database pool timeout error warning passed failed module function class test fixture",
+            "migration schema column index query cursor async await worker queue job schedule",
+        )
+    ).split()
+)
 STEP_TOOLS = (
     "terminal",
     "read_file",
@@ -258,8 +260,15 @@ class _Writer:
     ideal: list[Json]
     session: str
 
-    def emit(self, kind: str, turn: int, t: float, messages: list[Json],
-             pre: tuple[str, list[Json]], ideal: tuple[str, list[Json]]) -> None:  # fmt: skip
+    def emit(
+        self,
+        kind: str,
+        turn: int,
+        t: float,
+        messages: list[Json],
+        pre: tuple[str, list[Json]],
+        ideal: tuple[str, list[Json]],
+    ) -> None:
         for out, (system, tools) in ((self.pre, pre), (self.ideal, ideal)):
             body: Json = {
                 "model": self.spec.model,
@@ -268,17 +277,24 @@ class _Writer:
                 "stream": self.spec.stream,
                 "max_tokens": self.spec.max_tokens,
             }
-            out.append({"t": round(t, 3), "kind": kind, "session": self.session, "turn": turn,
-                        "headers": {"Authorization": "Bearer hermes-bench"}, "body": body})  # fmt: skip
+            out.append(
+                {
+                    "t": round(t, 3),
+                    "kind": kind,
+                    "session": self.session,
+                    "turn": turn,
+                    "headers": {"Authorization": "Bearer hermes-bench"},
+                    "body": body,
+                }
+            )
 
 
 def _call(call_id: str, name: str, args: Json) -> Json:
     return {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": call_id, "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(args)}}],
-    }  # fmt: skip
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}],
+    }
 
 
 def _session(spec: TraceSpec, rng: random.Random, index: int, w: _Writer, t0: float) -> float:
@@ -311,8 +327,17 @@ def _session(spec: TraceSpec, rng: random.Random, index: int, w: _Writer, t0: fl
     return t
 
 
-def _fork(spec: TraceSpec, rng: random.Random, index: int, turn: int, w: _Writer, t: float,
-          history: list[Json], parent: SystemView, ideal: tuple[str, list[Json]]) -> SystemView:  # fmt: skip
+def _fork(
+    spec: TraceSpec,
+    rng: random.Random,
+    index: int,
+    turn: int,
+    w: _Writer,
+    t: float,
+    history: list[Json],
+    parent: SystemView,
+    ideal: tuple[str, list[Json]],
+) -> SystemView:
     """A background review of ``history``; returns the parent's view after its memory write."""
     prefix, _, _ = parent.session_id.rpartition("_")
     fresh = replace(

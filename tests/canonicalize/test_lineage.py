@@ -97,8 +97,10 @@ def test_legacy_review_fork_gets_parent_system_and_tools() -> None:
 
     # Its tool loop continues the fork with the same repaired system and tools.
     loop_body = copy.deepcopy(fork_body)
-    loop_body["messages"] += [{"role": "assistant", "content": "Nothing to save."},
-                              {"role": "user", "content": "Are you sure?"}]  # fmt: skip
+    loop_body["messages"] += [
+        {"role": "assistant", "content": "Nothing to save."},
+        {"role": "user", "content": "Are you sure?"},
+    ]
     loop = h.send(loop_body)
     assert loop.role == "fork"
     assert loop.fork_action == "continued"
@@ -107,9 +109,13 @@ def test_legacy_review_fork_gets_parent_system_and_tools() -> None:
     assert loop.offered == frozenset(hermes.REVIEW_TOOL_NAMES)
 
     # The parent's next turn is still a continuation of the parent.
-    nxt = h.send(hermes.request(hermes.system_prompt(minute="02:33 PM"),
-                                [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "thanks"}],
-                                hermes.tools_full()))  # fmt: skip
+    nxt = h.send(
+        hermes.request(
+            hermes.system_prompt(minute="02:33 PM"),
+            [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "thanks"}],
+            hermes.tools_full(),
+        )
+    )
     assert nxt.role == "continuation"
     assert nxt.record.id == parent.record.id
 
@@ -131,8 +137,10 @@ def test_header_declares_fork() -> None:
     h = Harness(Settings(packs=("generic",)))
     body = {"model": "m", "messages": [{"role": "system", "content": "A"}, USER1], "tools": hermes.tools_full()}
     parent = h.send(body, reply=REPLY2)
-    body = {"model": "m", "messages": [{"role": "system", "content": "B"}, USER1, REPLY2,
-                                       {"role": "user", "content": "summarize"}]}  # fmt: skip
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "B"}, USER1, REPLY2, {"role": "user", "content": "summarize"}],
+    }
     fork = h.send(body, declared=parent.record.id)
     assert (fork.role, fork.fork_signal) == ("fork", "header")
     assert fork.body["messages"][0]["content"] == "A"
@@ -151,8 +159,9 @@ def test_fork_requires_same_system_head() -> None:
     """A summarizer with its own system prompt is not repaired into the agent's."""
     h = Harness()
     h.send(turn2(), reply=REPLY2)
-    body = hermes.request("You summarize conversations.", [USER1, REPLY1, TOOL1, REPLY2,
-                          {"role": "user", "content": "Summarize."}], [])  # fmt: skip
+    body = hermes.request(
+        "You summarize conversations.", [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "Summarize."}], []
+    )
     out = h.send(body)
     assert out.role == "root"
     assert out.body["messages"][0]["content"] == "You summarize conversations."
@@ -203,8 +212,12 @@ def test_pins_only_restore_into_the_same_line() -> None:
     sys1 = "Now: 2026-05-14T14:30:00Z\nDeadline: 2026-06-01 09:00" + sid
     h.send({"model": "m", "messages": [{"role": "system", "content": sys1}, USER1]}, reply=REPLY2)
     sys2 = "Now: 2026-05-14T14:31:00Z\nDeadline: 2026-06-01 09:00\nNew note 2026-07-01 10:00" + sid
-    out = h.send({"model": "m", "messages": [{"role": "system", "content": sys2}, USER1, REPLY2,
-                                             {"role": "user", "content": "next"}]})  # fmt: skip
+    out = h.send(
+        {
+            "model": "m",
+            "messages": [{"role": "system", "content": sys2}, USER1, REPLY2, {"role": "user", "content": "next"}],
+        }
+    )
     assert out.role == "continuation"
     assert system_of(out) == "Now: 2026-05-14T14:30:00Z\nDeadline: 2026-06-01 09:00\nNew note 2026-07-01 10:00" + sid
 
@@ -257,12 +270,21 @@ def _tools_bytes(raw: bytes) -> bytes:
 @pytest.mark.parametrize(
     "variant",
     [
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "x", "type": "function",
-         "function": {"name": "terminal", "arguments": '{ "command" : "ls" }'}}]},
-        {"role": "assistant", "tool_calls": [{"id": "y", "type": "function",
-         "function": {"name": "terminal", "arguments": '{"command":"ls"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "x", "type": "function", "function": {"name": "terminal", "arguments": '{ "command" : "ls" }'}}
+            ],
+        },
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "y", "type": "function", "function": {"name": "terminal", "arguments": '{"command":"ls"}'}}
+            ],
+        },
     ],
-)  # fmt: skip
+)
 def test_hash_chain_ignores_representation(variant: dict[str, Any]) -> None:
     base, _ = chain.links(CHAT, [USER1, REPLY1])
     same, _ = chain.links(CHAT, [{"role": "user", "content": [{"type": "text", "text": USER1["content"]}]}, variant])
@@ -279,8 +301,13 @@ def test_prediction_of_continuation_and_break() -> None:
     assert prep is not None
     p = predict(second.record.fingerprint, first.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
     assert p.cause is None and p.ratio > 0.8
-    third = h.send(hermes.request(hermes.system_prompt(extra="changed"), [USER1, REPLY1, TOOL1, REPLY2,
-                   {"role": "user", "content": "x"}], hermes.tools_full()))  # fmt: skip
+    third = h.send(
+        hermes.request(
+            hermes.system_prompt(extra="changed"),
+            [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "x"}],
+            hermes.tools_full(),
+        )
+    )
     prep = third.flow.prep
     assert prep is not None
     p = predict(third.record.fingerprint, second.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
@@ -297,8 +324,12 @@ def test_user_rule_strip_mask_date() -> None:
         compile_rule("day", r"(?P<date>\d{4}-\d{2}-\d{2}) \d{2}:\d{2}", "date"),
     )
     h = Harness(Settings(packs=(), rules=rules))
-    out = h.send({"model": "m", "messages": [
-        {"role": "system", "content": "Local time: 10:00 nonce=abc123 at 2026-05-14 10:00"}, USER1]})  # fmt: skip
+    out = h.send(
+        {
+            "model": "m",
+            "messages": [{"role": "system", "content": "Local time: 10:00 nonce=abc123 at 2026-05-14 10:00"}, USER1],
+        }
+    )
     assert system_of(out) == "Local time: 10:00 nonce=* at 2026-05-14 10:00"  # a date is pinned, not cut
     assert out.rewrites == ["nonce"]
     assert re.search("Local time", system_of(out))
@@ -311,13 +342,19 @@ def test_parent_turn_after_a_same_session_fork_stays_the_parents(reply_recorded:
     h = Harness()
     parent = h.send(turn2(), reply=REPLY2 if reply_recorded else None)
     review = [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": hermes.REVIEW_PROMPT}]
-    fork = h.send(hermes.request(hermes.system_prompt(), review, hermes.tools_full()),
-                  reply={"role": "assistant", "content": "Nothing to save."})  # fmt: skip
+    fork = h.send(
+        hermes.request(hermes.system_prompt(), review, hermes.tools_full()),
+        reply={"role": "assistant", "content": "Nothing to save."},
+    )
     assert (fork.role, fork.fork_signal) == ("fork", "marker")
     new = "NEW: be terse."
-    nxt = h.send(hermes.request(hermes.system_prompt(extra=new),
-                                [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "go on"}],
-                                hermes.tools_full()))  # fmt: skip
+    nxt = h.send(
+        hermes.request(
+            hermes.system_prompt(extra=new),
+            [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": "go on"}],
+            hermes.tools_full(),
+        )
+    )
     assert nxt.role == "continuation" and nxt.record.id == parent.record.id
     assert new in system_of(nxt)
     loop_history = [*review, {"role": "assistant", "content": "Nothing to save."}, {"role": "user", "content": "sure?"}]

@@ -539,9 +539,13 @@ def test_codex_fork_forwards_the_parents_prompt_cache_key() -> None:
 
     # A side chat replays the thread with a narrower toolset and a fresh key.
     fork = chat(
-        system, *history, assistant("done"), user("side question"),
-        tools=tools[:2], prompt_cache_key="019de490-0000-7000-8000-000000000001",
-    )  # fmt: skip
+        system,
+        *history,
+        assistant("done"),
+        user("side question"),
+        tools=tools[:2],
+        prompt_cache_key="019de490-0000-7000-8000-000000000001",
+    )
     out = store.send(fork)
     assert out.role == "fork"
     assert out.body["prompt_cache_key"] == key

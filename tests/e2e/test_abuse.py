@@ -100,9 +100,17 @@ def test_upstream_closing_after_each_stream_while_saying_keep_alive(serve: Serve
 
 @pytest.mark.parametrize(
     "target",
-    ["/v1/../../admin/x", "/v1/%2e%2e/%2E%2e/admin/x", "/v1/..%2f..%2fadmin/x", "/v1/models%2F..%2F..%2F..%2Fadmin",
-     "/v1/.%2E/.%2e/admin", "/../admin/x", "/v1/..\\..\\admin", "/v1/%252e%252e/%252e%252e/admin"],
-)  # fmt: skip
+    [
+        "/v1/../../admin/x",
+        "/v1/%2e%2e/%2E%2e/admin/x",
+        "/v1/..%2f..%2fadmin/x",
+        "/v1/models%2F..%2F..%2F..%2Fadmin",
+        "/v1/.%2E/.%2e/admin",
+        "/../admin/x",
+        "/v1/..\\..\\admin",
+        "/v1/%252e%252e/%252e%252e/admin",
+    ],
+)
 def test_path_escaping_the_base_is_400(serve: Serve, upstream: Any, target: str) -> None:
     up = upstream(raw.answer_json)
     proxy = serve(up.url + "/tenantA/v1")
@@ -124,8 +132,11 @@ def test_path_reaches_the_upstream_as_received(serve: Serve, upstream: Any) -> N
         (b"POST /v1/chat/completions HTTP/1.1", b"POST /tenantA/v1/chat/completions HTTP/1.1"),
     ]
     for line, _ in cases:
-        status, _ = send_raw(proxy, line + b"\r\nHost: evil.example:9\r\nContent-Type: application/json\r\n"
-                             b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        status, _ = send_raw(
+            proxy,
+            line + b"\r\nHost: evil.example:9\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body,
+        )
         assert status == 200, line
     assert [r.line for r in up.requests] == [want for _, want in cases]
     assert {r.header("host") for r in up.requests} == {f"127.0.0.1:{up.port}"}
@@ -140,8 +151,9 @@ def _no_secrets(text: str | bytes, *secrets: str) -> None:
         assert s not in t
 
 
-def test_upstream_url_credentials_never_shown(serve: Serve, upstream: Any, write_config: WriteConfig,
-                                              log_dir: Path) -> None:  # fmt: skip
+def test_upstream_url_credentials_never_shown(
+    serve: Serve, upstream: Any, write_config: WriteConfig, log_dir: Path
+) -> None:
     password, key = "pw-SECRET-4711", "qs-SECRET-0815"
     cfg = write_config({"upstream": {"timeout_s": 0.5}, "log": {"level": "debug", "access": True}})
 
@@ -177,8 +189,7 @@ def test_upstream_url_credentials_never_shown(serve: Serve, upstream: Any, write
     _no_secrets(logs, password, key)
 
 
-def test_access_log_hides_query_secrets(serve: Serve, upstream: Any, write_config: WriteConfig,
-                                        log_dir: Path) -> None:  # fmt: skip
+def test_access_log_hides_query_secrets(serve: Serve, upstream: Any, write_config: WriteConfig, log_dir: Path) -> None:
     up = upstream(raw.answer_json)
     proxy = serve(up.url, write_config({"log": {"access": True}}))
     with _http() as http:
@@ -196,8 +207,7 @@ def test_access_log_hides_query_secrets(serve: Serve, upstream: Any, write_confi
 
 def test_slow_clients_do_not_take_the_slots(serve: Serve, upstream: Any, write_config: WriteConfig) -> None:
     up = upstream(raw.answer_json)
-    proxy = serve(up.url, write_config({"limits": {"max_concurrency": 50, "header_timeout_s": 2,
-                                                   "body_timeout_s": 2}}))  # fmt: skip
+    proxy = serve(up.url, write_config({"limits": {"max_concurrency": 50, "header_timeout_s": 2, "body_timeout_s": 2}}))
     port = int(proxy.rsplit(":", 1)[1])
     slow: list[socket.socket] = []
     try:
@@ -205,8 +215,9 @@ def test_slow_clients_do_not_take_the_slots(serve: Serve, upstream: Any, write_c
             s = socket.create_connection(("127.0.0.1", port), timeout=30)
             path = b"/v1/chat/completions" if i % 2 else b"/v1/embeddings"
             if i < 20:  # headers never finish
-                s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Pad: "
-                          + b"a" * 30)  # fmt: skip
+                s.sendall(
+                    b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 30
+                )
             elif i < 55:  # the body never finishes
                 s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"{" * 40)
             # else: connects and says nothing
@@ -246,8 +257,9 @@ def test_cut_passthrough_stream_is_cut_for_the_client(serve: Serve, upstream: An
 
 
 @pytest.mark.parametrize("script", [raw.hang_after_accept, raw.headers_then_hang], ids=["accept", "headers"])
-def test_hang_after_connect_is_a_response_timeout(serve: Serve, upstream: Any, write_config: WriteConfig,
-                                                  script: Any) -> None:  # fmt: skip
+def test_hang_after_connect_is_a_response_timeout(
+    serve: Serve, upstream: Any, write_config: WriteConfig, script: Any
+) -> None:
     proxy = serve(upstream(script).url, write_config({"upstream": {"timeout_s": 0.5}}))
     with _http() as http:
         r = http.post(proxy + "/v1/chat/completions", json=BODY)
@@ -259,17 +271,22 @@ def test_hang_after_connect_is_a_response_timeout(serve: Serve, upstream: Any, w
 def test_hop_by_hop_and_own_headers_are_not_forwarded(serve: Serve, upstream: Any) -> None:
     def script(conn: raw.Conn) -> None:
         while conn.read_request() is not None:
-            conn.send(raw.json_response(extra=b"Connection: X-Resp-Hop\r\nX-Resp-Hop: 1\r\nKeep-Alive: timeout=5\r\n"
-                                              b"X-Resp-Keep: 1\r\n"))  # fmt: skip
+            conn.send(
+                raw.json_response(
+                    extra=b"Connection: X-Resp-Hop\r\nX-Resp-Hop: 1\r\nKeep-Alive: timeout=5\r\nX-Resp-Keep: 1\r\n"
+                )
+            )
 
     up = upstream(script)
     proxy = serve(up.url)
     body = b'{"input": "x"}'
     length = str(len(body)).encode()
-    headers = (b"Host: x\r\nConnection: keep-alive, X-Hop-Secret\r\nConnection: close\r\nX-Hop-Secret: 1\r\n"
-               b"Keep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Authorization: Basic eDp5\r\n"
-               b"Proxy-Connection: keep-alive\r\nTrailer: x\r\nX-Prefixpin-Tenant: t\r\nX-Prefixpin-Parent: p\r\n"
-               b"X-Keep: yes\r\nContent-Length: " + length + b"\r\n\r\n")  # fmt: skip
+    headers = (
+        b"Host: x\r\nConnection: keep-alive, X-Hop-Secret\r\nConnection: close\r\nX-Hop-Secret: 1\r\n"
+        b"Keep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Authorization: Basic eDp5\r\n"
+        b"Proxy-Connection: keep-alive\r\nTrailer: x\r\nX-Prefixpin-Tenant: t\r\nX-Prefixpin-Parent: p\r\n"
+        b"X-Keep: yes\r\nContent-Length: " + length + b"\r\n\r\n"
+    )
     for path in (b"/v1/embeddings", b"/v1/chat/completions"):
         status, answer = send_raw(proxy, b"POST " + path + b" HTTP/1.1\r\n" + headers + body)
         assert status == 200
@@ -278,5 +295,13 @@ def test_hop_by_hop_and_own_headers_are_not_forwarded(serve: Serve, upstream: An
     for req in up.requests:
         names = {k.lower() for k, _ in req.headers}
         assert "x-keep" in names
-        assert not names & {"x-hop-secret", "keep-alive", "te", "proxy-authorization", "proxy-connection",
-                            "trailer", "x-prefixpin-tenant", "x-prefixpin-parent"}  # fmt: skip
+        assert not names & {
+            "x-hop-secret",
+            "keep-alive",
+            "te",
+            "proxy-authorization",
+            "proxy-connection",
+            "trailer",
+            "x-prefixpin-tenant",
+            "x-prefixpin-parent",
+        }

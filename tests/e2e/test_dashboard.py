@@ -162,8 +162,9 @@ class Session:
         messages = [{"role": "system", "content": system}, *self.history, {"role": "user", "content": user}]
         return {"model": "tiny", "messages": messages, "tools": tools, "max_tokens": 6, **extra}
 
-    def turn(self, system: str, user: str, tools: list[dict[str, Any]], *, stream: bool = False,
-             keep: bool = True) -> None:  # fmt: skip
+    def turn(
+        self, system: str, user: str, tools: list[dict[str, Any]], *, stream: bool = False, keep: bool = True
+    ) -> None:
         kwargs = self._request(system, user, tools)
         if stream:
             raw = self.client.chat.completions.with_raw_response.create(
@@ -238,8 +239,10 @@ def test_every_dashboard_query_returns_data(session: Session) -> None:
     # The background review: the conversation replayed with the memory/skill tools only.
     s.turn(
         _system(3, skills=hermes.SKILLS_REVIEW, session="20260514_143301_9f3c1a"),
-        hermes.REVIEW_PROMPT, hermes.tools_review(), keep=False,
-    )  # fmt: skip
+        hermes.REVIEW_PROMPT,
+        hermes.tools_review(),
+        keep=False,
+    )
     s.turn(_system(3), "Fix the first flaky test.", tools)
     # llama-server takes one choice only: an upstream 4xx, passed through and counted.
     assert s.rejected(_system(4), "Give me three options.", tools, n=3) == 400

@@ -47,8 +47,9 @@ def test_upstream_down_is_502_with_openai_error(serve: Callable[..., str]) -> No
         assert http.get(proxy + "/healthz").status_code == 200
 
 
-def test_upstream_timeout_is_504(serve: Callable[..., str], recorder: Recorder,
-                                 write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_upstream_timeout_is_504(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     proxy = serve(recorder.base, write_config({"upstream": {"timeout_s": 0.5}}))
     recorder.control(delay_s=3)
     with _http() as http:
@@ -106,23 +107,31 @@ def test_client_disconnect_closes_upstream_stream(serve: Callable[..., str], rec
 
 @pytest.mark.parametrize(
     "raw",
-    [b"{not json", b"[1, 2, 3]", b'"just a string"', b"", b'{"model": "m", "messages": "hi"}',
-     b'{"model": "m", "messages": [1, null, {"role": 5}], "tools": "x"}'],
+    [
+        b"{not json",
+        b"[1, 2, 3]",
+        b'"just a string"',
+        b"",
+        b'{"model": "m", "messages": "hi"}',
+        b'{"model": "m", "messages": [1, null, {"role": 5}], "tools": "x"}',
+    ],
     ids=["malformed", "array", "string", "empty", "messages-string", "wrong-types"],
-)  # fmt: skip
+)
 def test_bad_bodies_are_forwarded_unchanged(serve: Callable[..., str], recorder: Recorder, raw: bytes) -> None:
     proxy = serve(recorder.base)
     with _http() as http:
         r = http.post(proxy + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     assert recorder.bodies() == [raw], "forwarded byte for byte"
     with _http() as http:
-        direct = http.post(recorder.base + "/v1/chat/completions", content=raw,
-                           headers={"content-type": "application/json"})  # fmt: skip
+        direct = http.post(
+            recorder.base + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+        )
     assert (r.status_code, r.content) == (direct.status_code, direct.content)  # the upstream's own answer
 
 
-def test_body_over_limit_is_413(serve: Callable[..., str], recorder: Recorder,
-                                write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_body_over_limit_is_413(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     proxy = serve(recorder.base, write_config({"limits": {"max_body_bytes": 4096}}))
     big = {**BODY, "messages": [{"role": "user", "content": "x" * 10_000}]}
     with _http() as http:
@@ -148,8 +157,13 @@ def test_untouched_request_reaches_upstream_byte_identical(serve: Callable[..., 
 
 def test_rewritten_request_keeps_every_other_value(serve: Callable[..., str], recorder: Recorder) -> None:
     proxy = serve(recorder.base)
-    body = hermes.request(hermes.system_prompt(), [{"role": "user", "content": "code:\n    x  =  1.50\n\ty"}],
-                          temperature=0.7, top_p=1.0, max_tokens=64)  # fmt: skip
+    body = hermes.request(
+        hermes.system_prompt(),
+        [{"role": "user", "content": "code:\n    x  =  1.50\n\ty"}],
+        temperature=0.7,
+        top_p=1.0,
+        max_tokens=64,
+    )
     with _http() as http:
         assert http.post(proxy + "/v1/chat/completions", json=body).status_code == 200
     sent = orjson.loads(recorder.bodies()[0])
@@ -159,8 +173,9 @@ def test_rewritten_request_keeps_every_other_value(serve: Callable[..., str], re
     assert sent == expected
 
 
-def test_api_key_never_logged(serve: Callable[..., str], recorder: Recorder, log_dir: Path,
-                              write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_api_key_never_logged(
+    serve: Callable[..., str], recorder: Recorder, log_dir: Path, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     proxy = serve(recorder.base, write_config({"log": {"level": "debug", "access": True}}))
     secret = "sk-SECRET-do-not-log-4242"
     with _http() as http:
@@ -239,13 +254,16 @@ class ClosesAfterEachAnswer:
                     return
                 data += chunk
             head, _, rest = data.partition(b"\r\n\r\n")
-            length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
-                           if ln.lower().startswith(b"content-length:")), 0)  # fmt: skip
+            length = next(
+                (int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")), 0
+            )
             while len(rest) < length:
                 rest += conn.recv(65536)
             body = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
-            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\n"
-                         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
             self.served += 1
 
 
@@ -267,8 +285,9 @@ def test_upstream_closing_kept_alive_connections_is_not_an_error(serve: Callable
     upstream.sock.close()
 
 
-def test_admission_limit_answers_503_at_once(serve: Callable[..., str], recorder: Recorder,
-                                            write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_admission_limit_answers_503_at_once(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     import concurrent.futures
 
     proxy = serve(recorder.base, write_config({"limits": {"max_concurrency": 2}}))

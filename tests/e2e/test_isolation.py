@@ -42,8 +42,9 @@ def marker_proxy(log_dir: Path, recorder_proc: str, tmp_path_factory: pytest.Tem
     proc.stop()
 
 
-def _post(proxy: str, place: tuple[str, str], secret: str, body: dict[str, Any],
-          headers: dict[str, str] | None = None) -> httpx.Response:  # fmt: skip
+def _post(
+    proxy: str, place: tuple[str, str], secret: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx.Response:
     kind, name = place
     http = track(httpx.Client(trust_env=False, timeout=60))
     h = dict(headers or {})
@@ -78,20 +79,27 @@ def test_another_tenant_never_gets_a_victims_system_or_tools(
     system and tools[], nothing of A's."""
     secret_system, secret_tool = f"VICTIM-SYSTEM-{place[1]}", f"VICTIM-TOOL-{place[1]}"
     a_system = hermes.system_prompt(minute="02:30 PM", session="20260513_204511_aaaaaa", extra=secret_system)
-    first = _post(marker_proxy, place, "sk-victim-AAAA",
-                  hermes.request(a_system, [USER1], _victim_tools(secret_tool)))  # fmt: skip
+    first = _post(marker_proxy, place, "sk-victim-AAAA", hermes.request(a_system, [USER1], _victim_tools(secret_tool)))
     lineage = first.headers["x-prefixpin-lineage"]
     time.sleep(0.2)  # A's lineage and reply are recorded after its response
     history = [USER1, _reply(first)]
     b_system = hermes.system_prompt(minute="03:10 PM", session="20260514_091500_bbbbbb", skills=hermes.SKILLS_REVIEW)
     attempts: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
-        "marker": (hermes.request(b_system, [*history, {"role": "user", "content": f"{MARKER}: review"}],
-                                  hermes.tools_full()), {}),
-        "tools_subset": (hermes.request(b_system, [*history, {"role": "user", "content": hermes.REVIEW_PROMPT}],
-                                        hermes.tools_review()), {}),
-        "parent_header": (hermes.request(b_system, [*history, {"role": "user", "content": "go on"}],
-                                         hermes.tools_full()), {"x-prefixpin-parent": lineage}),
-    }  # fmt: skip
+        "marker": (
+            hermes.request(b_system, [*history, {"role": "user", "content": f"{MARKER}: review"}], hermes.tools_full()),
+            {},
+        ),
+        "tools_subset": (
+            hermes.request(
+                b_system, [*history, {"role": "user", "content": hermes.REVIEW_PROMPT}], hermes.tools_review()
+            ),
+            {},
+        ),
+        "parent_header": (
+            hermes.request(b_system, [*history, {"role": "user", "content": "go on"}], hermes.tools_full()),
+            {"x-prefixpin-parent": lineage},
+        ),
+    }
     for signal, (body, headers) in attempts.items():
         r = _post(marker_proxy, place, f"sk-other-{signal}", body, headers)  # a fresh tenant B each time
         sent = recorder.bodies()[-1]
@@ -117,8 +125,9 @@ def test_the_same_key_in_another_place_is_another_tenant(marker_proxy: str, reco
     assert elsewhere.headers["x-prefixpin-role"] == "root"
 
 
-def test_shared_anonymous_tenant_is_opt_in(serve: Callable[..., str], recorder: Recorder,
-                                           write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_shared_anonymous_tenant_is_opt_in(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     """``tenancy.anonymous: shared`` (a trusted sidecar): requests without any key
     continue each other, as before."""
     proxy = serve(recorder.base, write_config({"tenancy": {"anonymous": "shared"}}))
@@ -130,15 +139,18 @@ def test_shared_anonymous_tenant_is_opt_in(serve: Callable[..., str], recorder: 
     assert b"02:30 PM" in recorder.bodies()[-1]
 
 
-def test_two_4mb_requests_of_another_key_do_not_evict_a_lineage(serve: Callable[..., str],
-                                                                recorder: Recorder) -> None:  # fmt: skip
+def test_two_4mb_requests_of_another_key_do_not_evict_a_lineage(serve: Callable[..., str], recorder: Recorder) -> None:
     """The reported scenario, default config (memory store, 200k entries): two 4 MB
     requests of many small messages from another key used to record a link per
     message and push the victim's lineage out of the LRU."""
     proxy = serve(recorder.base)
     victim = ("header", "authorization")
-    first = _post(proxy, victim, "sk-victim", hermes.request(hermes.system_prompt(minute="02:30 PM"), [USER1],
-                                                             hermes.tools_full()))  # fmt: skip
+    first = _post(
+        proxy,
+        victim,
+        "sk-victim",
+        hermes.request(hermes.system_prompt(minute="02:30 PM"), [USER1], hermes.tools_full()),
+    )
     time.sleep(0.2)
     for n in range(2):
         flood = [{"role": "user", "content": f"{n}-{i:07d}"} for i in range(115_000)]
@@ -147,8 +159,12 @@ def test_two_4mb_requests_of_another_key_do_not_evict_a_lineage(serve: Callable[
         _post(proxy, ("header", "authorization"), "sk-noisy", body)
     time.sleep(0.5)  # the flood's records land after its responses
     history = [USER1, _reply(first), {"role": "user", "content": "And now the tests?"}]
-    second = _post(proxy, victim, "sk-victim", hermes.request(hermes.system_prompt(minute="02:31 PM"), history,
-                                                              hermes.tools_full()))  # fmt: skip
+    second = _post(
+        proxy,
+        victim,
+        "sk-victim",
+        hermes.request(hermes.system_prompt(minute="02:31 PM"), history, hermes.tools_full()),
+    )
     assert second.headers["x-prefixpin-role"] == "continuation"
     assert second.headers["x-prefixpin-lineage"] == first.headers["x-prefixpin-lineage"]
     assert b"02:30 PM" in recorder.bodies()[-1]
@@ -162,8 +178,11 @@ def test_model_names_the_upstream_refused_take_no_label_slot(serve: Callable[...
     http = track(httpx.Client(trust_env=False, timeout=30))
     recorder.control(status=404)
     for i in range(60):
-        r = http.post(proxy + "/v1/chat/completions", headers={"authorization": "Bearer sk-junk"},
-                      json={"model": f"junk-{i}", "messages": [USER1]})  # fmt: skip
+        r = http.post(
+            proxy + "/v1/chat/completions",
+            headers={"authorization": "Bearer sk-junk"},
+            json={"model": f"junk-{i}", "messages": [USER1]},
+        )
         assert r.status_code == 404
     recorder.control()
     _post(proxy, key, "sk-real", {"model": "real-model", "messages": [USER1]})
@@ -172,8 +191,9 @@ def test_model_names_the_upstream_refused_take_no_label_slot(serve: Callable[...
     assert "junk-" not in metrics
 
 
-def test_query_keys_are_not_in_the_access_log(serve: Callable[..., str], recorder: Recorder, log_dir: Path,
-                                              write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_query_keys_are_not_in_the_access_log(
+    serve: Callable[..., str], recorder: Recorder, log_dir: Path, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     proxy = serve(recorder.base, write_config({"log": {"level": "debug", "access": True}}))
     secret = "sk-QUERY-SECRET-do-not-log-77"
     http = track(httpx.Client(trust_env=False, timeout=30))

@@ -38,11 +38,13 @@ def _tools_sent(body: bytes) -> bytes:
     return orjson.dumps(orjson.loads(body).get("tools"))
 
 
-def _create(client: openai.OpenAI, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-            **kw: Any) -> Any:  # fmt: skip
+def _create(
+    client: openai.OpenAI, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kw: Any
+) -> Any:
     extra = {"tools": tools} if tools is not None else {}
-    return client.chat.completions.with_raw_response.create(model="tiny", messages=messages, max_tokens=4,
-                                                            **extra, **kw)  # fmt: skip
+    return client.chat.completions.with_raw_response.create(
+        model="tiny", messages=messages, max_tokens=4, **extra, **kw
+    )
 
 
 def _reply(raw: Any) -> dict[str, Any]:
@@ -93,10 +95,12 @@ def test_b_legacy_review_fork(serve: Callable[..., str], recorder: Recorder, str
     client = _client(proxy)
     parent = _create(client, [_sys(), USER1], hermes.tools_full())
     history = [USER1, _reply(parent)]
-    recorder.control(tool_calls=[
-        {"name": "terminal", "arguments": '{"command": "rm -rf /"}'},
-        {"name": "memory", "arguments": '{"action": "add", "content": "likes ruff"}'},
-    ])  # fmt: skip
+    recorder.control(
+        tool_calls=[
+            {"name": "terminal", "arguments": '{"command": "rm -rf /"}'},
+            {"name": "memory", "arguments": '{"action": "add", "content": "likes ruff"}'},
+        ]
+    )
     kw: dict[str, Any] = {"tools": hermes.tools_review()}
     if not stream:
         fork = client.chat.completions.with_raw_response.create(model="tiny", messages=_fork_messages(history), **kw)
@@ -204,13 +208,17 @@ def test_e_genuine_system_change_is_forwarded(serve: Callable[..., str], recorde
     client = _client(proxy)
     t1 = _create(client, [_sys(minute="02:30 PM"), USER1], hermes.tools_full())
     new = "NEW INSTRUCTIONS: from now on, answer in French."
-    t2 = _create(client, [_sys(minute="02:50 PM", extra=new), USER1, _reply(t1), {"role": "user", "content": "ok"}],
-                 hermes.tools_full())  # fmt: skip
+    t2 = _create(
+        client,
+        [_sys(minute="02:50 PM", extra=new), USER1, _reply(t1), {"role": "user", "content": "ok"}],
+        hermes.tools_full(),
+    )
     assert t2.headers["x-prefixpin-role"] == "continuation"
     sent = _system_sent(recorder.bodies()[1])
     assert new in sent
-    assert sent == hermes.system_prompt(minute="02:30 PM", extra=new).replace(
-        " [49% — 1,085/2,200 chars]", "").replace(" [12% — 170/1,375 chars]", "")  # fmt: skip
+    assert sent == hermes.system_prompt(minute="02:30 PM", extra=new).replace(" [49% — 1,085/2,200 chars]", "").replace(
+        " [12% — 170/1,375 chars]", ""
+    )
     # A real change is a prefix break; the minute prefixpin repaired is not.
     metrics = httpx.get(proxy + "/metrics", trust_env=False).text
     assert 'prefixpin_prefix_breaks_total{cause="system_changed"} 1.0' in metrics
@@ -229,17 +237,23 @@ def test_repaired_changes_are_not_breaks(serve: Callable[..., str], recorder: Re
     assert "prefixpin_predicted_prefix_ratio_count 2.0" in metrics
 
 
-def test_trusted_tenant_header(serve: Callable[..., str], recorder: Recorder,
-                               write_config: Callable[[dict[str, Any]], Any]) -> None:  # fmt: skip
+def test_trusted_tenant_header(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Any]
+) -> None:
     trusting = serve(recorder.base, write_config({"tenancy": {"trust_header": True}}))
     plain = serve(recorder.base)
     for proxy, same in ((trusting, True), (plain, False)):
         a = _client(proxy, "sk-one")
         b = _client(proxy, "sk-two")
-        t1 = _create(a, [_sys(minute="02:30 PM"), USER1], hermes.tools_full(),
-                     extra_headers={"x-prefixpin-tenant": "acme"})  # fmt: skip
-        t2 = _create(b, [_sys(minute="02:31 PM"), USER1, _reply(t1), {"role": "user", "content": "x"}],
-                     hermes.tools_full(), extra_headers={"x-prefixpin-tenant": "acme"})  # fmt: skip
+        t1 = _create(
+            a, [_sys(minute="02:30 PM"), USER1], hermes.tools_full(), extra_headers={"x-prefixpin-tenant": "acme"}
+        )
+        t2 = _create(
+            b,
+            [_sys(minute="02:31 PM"), USER1, _reply(t1), {"role": "user", "content": "x"}],
+            hermes.tools_full(),
+            extra_headers={"x-prefixpin-tenant": "acme"},
+        )
         assert (t2.headers["x-prefixpin-role"] == "continuation") is same
         assert "x-prefixpin-tenant" not in recorder.requests()[-1]["headers"]
 
@@ -260,8 +274,9 @@ def test_f_two_proxies_share_one_redis(serve: Callable[..., str], recorder: Reco
 
 
 # -- G ----------------------------------------------------------------------------------
-def test_g_redis_stopped_and_restarted(serve: Callable[..., str], recorder: Recorder,
-                                       redis_proc: Callable[..., Any]) -> None:  # fmt: skip
+def test_g_redis_stopped_and_restarted(
+    serve: Callable[..., str], recorder: Recorder, redis_proc: Callable[..., Any]
+) -> None:
     proc, url = redis_proc()
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     proxy = serve(recorder.base, env={"PREFIXPIN_REDIS_URL": url})
@@ -303,10 +318,13 @@ def test_anthropic_messages_route(serve: Callable[..., str], recorder: Recorder)
     proxy = serve(recorder.base)
     client = track(anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0))
     tools = [
-        {"name": t["function"]["name"], "description": t["function"]["description"],
-         "input_schema": t["function"]["parameters"]}
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
         for t in hermes.tools_full()
-    ]  # fmt: skip
+    ]
     review = [t for t in tools if t["name"] in hermes.REVIEW_TOOL_NAMES]
     user = {"role": "user", "content": "List the files."}
     parent = client.messages.with_raw_response.create(
@@ -315,8 +333,9 @@ def test_anthropic_messages_route(serve: Callable[..., str], recorder: Recorder)
     assert parent.headers["x-prefixpin-role"] == "root"
     assert parent.headers["x-prefixpin-rewrites"] == "hermes.memory_usage"
     reply = {"role": "assistant", "content": [b.model_dump() for b in parent.parse().content]}
-    recorder.control(tool_calls=[{"name": "terminal", "arguments": "{}"},
-                                 {"name": "memory", "arguments": '{"action": "add"}'}])  # fmt: skip
+    recorder.control(
+        tool_calls=[{"name": "terminal", "arguments": "{}"}, {"name": "memory", "arguments": '{"action": "add"}'}]
+    )
     fork_messages = [user, reply, {"role": "user", "content": hermes.REVIEW_PROMPT}]
     fork_system = hermes.system_prompt(minute="02:31 PM", session=FORK_SID, skills=hermes.SKILLS_REVIEW)
     fork = client.messages.with_raw_response.create(
@@ -324,8 +343,9 @@ def test_anthropic_messages_route(serve: Callable[..., str], recorder: Recorder)
     )
     assert fork.headers["x-prefixpin-role"] == "fork"
     assert [b.name for b in fork.parse().content if b.type == "tool_use"] == ["memory"]
-    with client.messages.stream(model="claude", max_tokens=16, system=fork_system, messages=fork_messages,
-                                tools=review) as s:  # fmt: skip
+    with client.messages.stream(
+        model="claude", max_tokens=16, system=fork_system, messages=fork_messages, tools=review
+    ) as s:
         final = s.get_final_message()
     assert [b.name for b in final.content if b.type == "tool_use"] == ["memory"]
     bodies = [json.loads(b) for b in recorder.bodies("/v1/messages")]

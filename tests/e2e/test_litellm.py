@@ -27,8 +27,9 @@ def _client(base: str) -> openai.OpenAI:
     return track(openai.OpenAI(base_url=base + "/v1", api_key="sk-litellm-e2e", max_retries=0, timeout=120))
 
 
-def test_litellm_to_llama_server(serve: Callable[..., str], llama_server: str,
-                                 write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_litellm_to_llama_server(
+    serve: Callable[..., str], llama_server: str, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     proxy = serve(llama_server + "/v1", write_config({"upstream": {"kind": "litellm"}}))
     client = _client(proxy)
     usages = []
@@ -42,16 +43,19 @@ def test_litellm_to_llama_server(serve: Callable[..., str], llama_server: str,
     assert chunks and all(c.usage is None for c in chunks)
 
 
-def test_litellm_translates_to_anthropic(serve: Callable[..., str], recorder: Recorder,
-                                         write_config: Callable[[dict[str, Any]], Path]) -> None:  # fmt: skip
+def test_litellm_translates_to_anthropic(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
     proxy = serve(recorder.base, write_config({"upstream": {"kind": "litellm"}}))
     client = _client(proxy)
     model = "anthropic/claude-3-5-sonnet-20241022"
     user = {"role": "user", "content": "List the files."}
     parent = client.chat.completions.with_raw_response.create(
-        model=model, max_tokens=16, tools=hermes.tools_full(),
+        model=model,
+        max_tokens=16,
+        tools=hermes.tools_full(),
         messages=[{"role": "system", "content": hermes.system_prompt()}, user],
-    )  # fmt: skip
+    )
     assert parent.headers["x-prefixpin-role"] == "root"
     reply = parent.parse().choices[0].message
     assert reply.content == "ok"
@@ -59,14 +63,21 @@ def test_litellm_translates_to_anthropic(serve: Callable[..., str], recorder: Re
     system = sent["system"] if isinstance(sent["system"], str) else "".join(b["text"] for b in sent["system"])
     assert "MEMORY (your personal notes)\n" in system and "chars]" not in system
     assert recorder.requests()[0]["headers"].get("x-api-key") == "sk-litellm-e2e"
-    recorder.control(tool_calls=[{"name": "terminal", "arguments": "{}"},
-                                 {"name": "memory", "arguments": '{"action": "add"}'}])  # fmt: skip
+    recorder.control(
+        tool_calls=[{"name": "terminal", "arguments": "{}"}, {"name": "memory", "arguments": '{"action": "add"}'}]
+    )
     fork_system = hermes.system_prompt(minute="02:31 PM", session="20260513_204511_9e319e", skills=hermes.SKILLS_REVIEW)
     fork = client.chat.completions.with_raw_response.create(
-        model=model, max_tokens=16, tools=hermes.tools_review(),
-        messages=[{"role": "system", "content": fork_system}, user, {"role": "assistant", "content": reply.content},
-                  {"role": "user", "content": hermes.REVIEW_PROMPT}],
-    )  # fmt: skip
+        model=model,
+        max_tokens=16,
+        tools=hermes.tools_review(),
+        messages=[
+            {"role": "system", "content": fork_system},
+            user,
+            {"role": "assistant", "content": reply.content},
+            {"role": "user", "content": hermes.REVIEW_PROMPT},
+        ],
+    )
     assert fork.headers["x-prefixpin-role"] == "fork"
     calls = fork.parse().choices[0].message.tool_calls or []
     assert [c.function.name for c in calls] == ["memory"]

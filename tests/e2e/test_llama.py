@@ -134,8 +134,9 @@ def test_other_routes_pass_through(llama_server: str, serve: Callable[..., str])
             if path != "/slots":  # slot state changes between two calls
                 assert via.content == direct.content, path
         # A streamed completion on a route prefixpin does not rewrite.
-        with http.stream("POST", proxy + "/v1/completions",
-                         json={"prompt": "hi", "max_tokens": 3, "stream": True}) as r:  # fmt: skip
+        with http.stream(
+            "POST", proxy + "/v1/completions", json={"prompt": "hi", "max_tokens": 3, "stream": True}
+        ) as r:
             assert r.status_code == 200
             text = b"".join(r.iter_raw()).decode()
         assert "data: " in text

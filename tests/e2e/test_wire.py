@@ -57,9 +57,11 @@ def _body(system: bytes, *, stream: bool, extra: bytes = b"") -> bytes:
     return (
         b'{"model": "m", "temperature": 0.50, "top_p": 1e0, "seed": 123456789012345678901234567890,'
         b' "x": 1, "x": 2, "messages": [{"role": "system", "content": ' + system + b"},"
-        b' {"role": "user", "content": "caf\\u00e9 \\/ \\"q\\""}], "tools": ' + TOOLS + extra
+        b' {"role": "user", "content": "caf\\u00e9 \\/ \\"q\\""}], "tools": '
+        + TOOLS
+        + extra
         + (b', "stream": true}' if stream else b"}")
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])

@@ -62,8 +62,16 @@ def ensure_server() -> Path:
             work = Path(tmp)
             _run(
                 [
-                    sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-python",
-                    "--no-deps", f"llama-cpp-python=={SDIST_VERSION}", "-d", str(work / "dl"),
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-binary",
+                    "llama-cpp-python",
+                    "--no-deps",
+                    f"llama-cpp-python=={SDIST_VERSION}",
+                    "-d",
+                    str(work / "dl"),
                 ]
             )
             sdist = next((work / "dl").glob("llama_cpp_python-*.tar.gz"))
@@ -78,11 +86,23 @@ def ensure_server() -> Path:
             build = work / "build"
             _run(
                 [
-                    "cmake", "-S", str(src), "-B", str(build), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF",
-                    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_COMMIT}",
+                    "cmake",
+                    "-S",
+                    str(src),
+                    "-B",
+                    str(build),
+                    "-G",
+                    "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=OFF",
+                    "-DBUILD_SHARED_LIBS=OFF",
+                    "-DLLAMA_OPENSSL=OFF",
+                    "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=ON",
+                    f"-DLLAMA_BUILD_COMMIT={LLAMA_COMMIT}",
                 ]
             )
             _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)])

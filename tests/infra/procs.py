@@ -36,9 +36,13 @@ class Proc:
         self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         full_env = {**os.environ, **(env or {})}
         self.popen = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -83,8 +87,14 @@ def prefixpin_argv() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "proxy.cli"]
 
 
-def start_prefixpin(log_dir: Path, *, upstream: str, config: Path | None = None,
-                    env: dict[str, str] | None = None, name: str = "prefixpin") -> tuple[Proc, str]:  # fmt: skip
+def start_prefixpin(
+    log_dir: Path,
+    *,
+    upstream: str,
+    config: Path | None = None,
+    env: dict[str, str] | None = None,
+    name: str = "prefixpin",
+) -> tuple[Proc, str]:
     port = free_port()
     argv = [*prefixpin_argv(), "serve", "--upstream", upstream, "--port", str(port)]
     if config is not None:
@@ -95,15 +105,31 @@ def start_prefixpin(log_dir: Path, *, upstream: str, config: Path | None = None,
     return proc, base
 
 
-def start_llama(log_dir: Path, *, layers: int = 2, embd: int = 128, ctx: int = 16384, parallel: int = 1,
-                name: str = "llama-server") -> tuple[Proc, str]:  # fmt: skip
+def start_llama(
+    log_dir: Path, *, layers: int = 2, embd: int = 128, ctx: int = 16384, parallel: int = 1, name: str = "llama-server"
+) -> tuple[Proc, str]:
     server = llama.ensure_server()
     model = llama.ensure_model(layers, embd)
     port = free_port()
     argv = [
-        str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
-        "--parallel", str(parallel), "-t", "2", "--no-ui", "--metrics", "--cache-ram", "0",
-    ]  # fmt: skip
+        str(server),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        str(ctx),
+        "--parallel",
+        str(parallel),
+        "-t",
+        "2",
+        "--no-ui",
+        "--metrics",
+        "--cache-ram",
+        "0",
+    ]
     proc = Proc(name, argv, log_dir)
     base = f"http://127.0.0.1:{port}"
     proc.wait_http(base + "/health", timeout=120)

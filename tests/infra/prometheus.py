@@ -117,17 +117,22 @@ class Prometheus:
         self.http.close()
 
 
-def start_prometheus(binary: str, config: dict[str, Any], work: Path, log_dir: Path,
-                     name: str = "prometheus") -> tuple[Proc, Prometheus]:  # fmt: skip
+def start_prometheus(
+    binary: str, config: dict[str, Any], work: Path, log_dir: Path, name: str = "prometheus"
+) -> tuple[Proc, Prometheus]:
     """Start ``binary`` on a free loopback port with ``config``, storage under ``work``."""
     work.mkdir(parents=True, exist_ok=True)
     path = work / "prometheus.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
     argv = [
-        binary, f"--config.file={path}", f"--storage.tsdb.path={work / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h", "--log.level=warn",
-    ]  # fmt: skip
+        binary,
+        f"--config.file={path}",
+        f"--storage.tsdb.path={work / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1h",
+        "--log.level=warn",
+    ]
     proc = Proc(name, argv, log_dir)
     base = f"http://127.0.0.1:{port}"
     proc.wait_http(base + "/-/ready", timeout=60)

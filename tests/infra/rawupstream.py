@@ -57,8 +57,10 @@ class Conn:
             self._buf += data
         head, _, self._buf = self._buf.partition(b"\r\n\r\n")
         line, *lines = head.split(b"\r\n")
-        headers = [(k.decode("latin-1").strip(), v.decode("latin-1").strip())
-                   for k, _, v in (ln.partition(b":") for ln in lines)]  # fmt: skip
+        headers = [
+            (k.decode("latin-1").strip(), v.decode("latin-1").strip())
+            for k, _, v in (ln.partition(b":") for ln in lines)
+        ]
         req = RawRequest(line, headers, b"")
         if (req.header("transfer-encoding") or "").lower() == "chunked":
             req.body = self._read_chunked()
@@ -141,8 +143,16 @@ class RawUpstream:
 
 def json_response(body: bytes = JSON_REPLY, *, extra: bytes = b"", keep_alive: bool = True) -> bytes:
     conn = b"keep-alive" if keep_alive else b"close"
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: " + conn + b"\r\n" + extra
-            + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: "
+        + conn
+        + b"\r\n"
+        + extra
+        + b"content-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 def chunk(data: bytes) -> bytes:
@@ -151,8 +161,10 @@ def chunk(data: bytes) -> bytes:
 
 def sse_response(events: list[bytes]) -> bytes:
     """A complete chunked SSE response that advertises keep-alive."""
-    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: keep-alive\r\n"
-            b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: keep-alive\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
     return head + b"".join(chunk(b"data: " + e + b"\n\n") for e in events) + b"0\r\n\r\n"
 
 
@@ -188,8 +200,9 @@ def headers_then_hang(conn: Conn) -> None:
 def cut_chunked(conn: Conn) -> None:
     """Sends headers and one chunk of a chunked body, then closes (no last chunk)."""
     if conn.read_request() is not None:
-        conn.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n"
-                  + chunk(b"partial "))  # fmt: skip
+        conn.send(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"partial ")
+        )
 
 
 def stream_then_close(conn: Conn) -> None:

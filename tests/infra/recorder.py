@@ -63,10 +63,14 @@ async def _preamble(request: Request) -> tuple[bytes, dict[str, Any], Response |
     if ctl.get("delay_s"):
         await asyncio.sleep(float(ctl["delay_s"]))
     if ctl.get("status"):
-        return raw, ctl, JSONResponse(
-            {"error": {"message": "told to fail", "type": "test", "code": ctl["status"]}},
-            status_code=int(ctl["status"]),
-            headers={"x-recorder": "error"},
+        return (
+            raw,
+            ctl,
+            JSONResponse(
+                {"error": {"message": "told to fail", "type": "test", "code": ctl["status"]}},
+                status_code=int(ctl["status"]),
+                headers={"x-recorder": "error"},
+            ),
         )
     return raw, ctl, None
 
@@ -83,8 +87,9 @@ async def chat(request: Request) -> Response:
         body = json.loads(raw)
         assert isinstance(body, dict) and isinstance(body.get("messages"), list)
     except (ValueError, AssertionError):
-        return JSONResponse({"error": {"message": "bad request body", "type": "invalid_request_error"}},
-                            status_code=400)  # fmt: skip
+        return JSONResponse(
+            {"error": {"message": "bad request body", "type": "invalid_request_error"}}, status_code=400
+        )
     content = ctl.get("content", "ok")
     calls = _calls()
     finish = "tool_calls" if calls else "stop"
@@ -119,8 +124,12 @@ async def chat(request: Request) -> Response:
                 if ctl.get("cut"):
                     raise RuntimeError("cut the stream")
         for i, c in enumerate(calls):
-            first = {"index": i, "id": c["id"], "type": "function",
-                     "function": {"name": c["function"]["name"], "arguments": ""}}  # fmt: skip
+            first = {
+                "index": i,
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": ""},
+            }
             yield _sse({**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [first]}}]})
             args = c["function"]["arguments"]
             for part in (args[: len(args) // 2], args[len(args) // 2 :]):
@@ -141,9 +150,11 @@ async def messages(request: Request) -> Response:
     body = json.loads(raw)
     calls = STATE["control"].get("tool_calls", [])
     usage = ctl.get("usage") or {
-        "input_tokens": 10, "output_tokens": 3,
-        "cache_read_input_tokens": ctl.get("cached", 0), "cache_creation_input_tokens": 0,
-    }  # fmt: skip
+        "input_tokens": 10,
+        "output_tokens": 3,
+        "cache_read_input_tokens": ctl.get("cached", 0),
+        "cache_creation_input_tokens": 0,
+    }
     blocks: list[dict[str, Any]] = [{"type": "text", "text": ctl.get("content", "ok")}]
     blocks += [
         {"type": "tool_use", "id": f"toolu_{i}", "name": c["name"], "input": json.loads(c.get("arguments", "{}"))}
@@ -198,8 +209,11 @@ async def reset(request: Request) -> Response:
 async def echo(request: Request) -> Response:
     raw = await request.body()
     _record(request, raw)
-    return Response(raw, media_type=request.headers.get("content-type", "application/octet-stream"),
-                    headers={"x-echo-method": request.method})  # fmt: skip
+    return Response(
+        raw,
+        media_type=request.headers.get("content-type", "application/octet-stream"),
+        headers={"x-echo-method": request.method},
+    )
 
 
 async def chunks(request: Request) -> Response:

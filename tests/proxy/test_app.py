@@ -24,8 +24,13 @@ class Upstream:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.bodies.append(request.read())
-        return httpx.Response(200, json={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-                                         "usage": {"prompt_tokens": 10}})  # fmt: skip
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                "usage": {"prompt_tokens": 10},
+            },
+        )
 
 
 class DownStore:
@@ -118,11 +123,20 @@ def test_metrics_exposition_has_every_spec_name() -> None:
         client.post("/v1/chat/completions", json=BODY)
         text = client.get("/metrics").text
     for name in (
-        "prefixpin_requests_total", "prefixpin_prompt_tokens_total", "prefixpin_cached_tokens_total",
-        "prefixpin_cache_write_tokens_total", "prefixpin_rewrites_total", "prefixpin_forks_total",
-        "prefixpin_blocked_tool_calls_total", "prefixpin_prefix_breaks_total", "prefixpin_fail_open_total",
-        "prefixpin_upstream_errors_total", "prefixpin_request_duration_seconds", "prefixpin_overhead_seconds",
-        "prefixpin_upstream_ttft_seconds", "prefixpin_predicted_prefix_ratio",
-    ):  # fmt: skip
+        "prefixpin_requests_total",
+        "prefixpin_prompt_tokens_total",
+        "prefixpin_cached_tokens_total",
+        "prefixpin_cache_write_tokens_total",
+        "prefixpin_rewrites_total",
+        "prefixpin_forks_total",
+        "prefixpin_blocked_tool_calls_total",
+        "prefixpin_prefix_breaks_total",
+        "prefixpin_fail_open_total",
+        "prefixpin_upstream_errors_total",
+        "prefixpin_request_duration_seconds",
+        "prefixpin_overhead_seconds",
+        "prefixpin_upstream_ttft_seconds",
+        "prefixpin_predicted_prefix_ratio",
+    ):
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
     assert 'prefixpin_requests_total{role="fail-open",route="chat_completions",status="200"} 1.0' in text

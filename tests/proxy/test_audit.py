@@ -20,17 +20,37 @@ def _trace(tmp_path: Path) -> Path:
     h2 = [U1, R1, {"role": "user", "content": "more"}]
     fork_history = [*h2, R2, {"role": "user", "content": hermes.REVIEW_PROMPT}]
     lines: list[Any] = [
-        {"t": 0, "headers": KEY, "body": hermes.request(hermes.system_prompt(minute="02:30 PM"), [U1],
-                                                         hermes.tools_full()), "response": R1, "note": "x"},
-        {"t": 60, "headers": KEY, "kind": "turn", "response": {"choices": [{"message": R2}]},
-         "body": hermes.request(hermes.system_prompt(minute="02:31 PM", pct=50), h2, hermes.tools_full())},
+        {
+            "t": 0,
+            "headers": KEY,
+            "body": hermes.request(hermes.system_prompt(minute="02:30 PM"), [U1], hermes.tools_full()),
+            "response": R1,
+            "note": "x",
+        },
+        {
+            "t": 60,
+            "headers": KEY,
+            "kind": "turn",
+            "response": {"choices": [{"message": R2}]},
+            "body": hermes.request(hermes.system_prompt(minute="02:31 PM", pct=50), h2, hermes.tools_full()),
+        },
         "not an object",
-        {"t": 61, "headers": KEY, "kind": "fork", "body": hermes.request(
-            hermes.system_prompt(minute="02:32 PM", session="20260513_204511_9e319e", skills=hermes.SKILLS_REVIEW),
-            fork_history, hermes.tools_review())},
-        {"t": 62, "headers": {"Authorization": "Bearer other"},
-         "body": hermes.request(hermes.system_prompt(minute="02:40 PM"), [U1], hermes.tools_full())},
-    ]  # fmt: skip
+        {
+            "t": 61,
+            "headers": KEY,
+            "kind": "fork",
+            "body": hermes.request(
+                hermes.system_prompt(minute="02:32 PM", session="20260513_204511_9e319e", skills=hermes.SKILLS_REVIEW),
+                fork_history,
+                hermes.tools_review(),
+            ),
+        },
+        {
+            "t": 62,
+            "headers": {"Authorization": "Bearer other"},
+            "body": hermes.request(hermes.system_prompt(minute="02:40 PM"), [U1], hermes.tools_full()),
+        },
+    ]
     path = tmp_path / "trace.jsonl"
     text = "\n".join(json.dumps(line) for line in lines)
     path.write_text(text[:] + "\n{this is not json\n\n")

@@ -41,17 +41,21 @@ def test_example_config_is_valid_and_complete() -> None:
         ({"listen": {"port": -1}}, "listen.port: must be greater than 0"),
         ({"upstream": {"url": "ftp://x"}}, "upstream.url: must be an http(s) URL"),
         ({"canonicalize": {"packs": ["nope"]}}, "canonicalize.packs: unknown pack(s) nope"),
-        ({"canonicalize": {"rules": [{"name": "r", "pattern": "(", "action": "pin"}]}},
-         "canonicalize.rules[0] (r): pattern does not compile"),
-        ({"canonicalize": {"rules": [{"name": "r", "pattern": "x", "action": "explode"}]}},
-         "canonicalize.rules[0] (r): action must be one of"),
+        (
+            {"canonicalize": {"rules": [{"name": "r", "pattern": "(", "action": "pin"}]}},
+            "canonicalize.rules[0] (r): pattern does not compile",
+        ),
+        (
+            {"canonicalize": {"rules": [{"name": "r", "pattern": "x", "action": "explode"}]}},
+            "canonicalize.rules[0] (r): action must be one of",
+        ),
         ({"canonicalize": {"rules": [{"name": "r", "action": "pin"}]}}, "canonicalize.rules[0].pattern: is required"),
         ({"fork": {"markers": ["["]}}, "fork.markers[0]: does not compile"),
         ({"fork": {"enabled": "yes"}}, "fork.enabled: must be true or false"),
         ({"metrics": 3}, "metrics: must be a mapping"),
         ({"bogus": {}}, "bogus: unknown key"),
     ],
-)  # fmt: skip
+)
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         from_mapping(data)
@@ -77,16 +81,18 @@ def test_redis_password_is_hidden() -> None:
 
 
 def test_check_config_cli(tmp_path: Path) -> None:
-    good = subprocess.run([*prefixpin_argv(), "check-config", str(REPO / "config.example.yaml")],
-                          capture_output=True, text=True)  # fmt: skip
+    good = subprocess.run(
+        [*prefixpin_argv(), "check-config", str(REPO / "config.example.yaml")], capture_output=True, text=True
+    )
     assert good.returncode == 0 and "packs:" in good.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("store:\n  ttl_s: 0\n")
     out = subprocess.run([*prefixpin_argv(), "check-config", str(bad)], capture_output=True, text=True)
     assert out.returncode != 0
     assert "store.ttl_s: must be greater than 0" in out.stderr
-    missing = subprocess.run([*prefixpin_argv(), "check-config", str(tmp_path / "nope.yaml")],
-                             capture_output=True, text=True)  # fmt: skip
+    missing = subprocess.run(
+        [*prefixpin_argv(), "check-config", str(tmp_path / "nope.yaml")], capture_output=True, text=True
+    )
     assert missing.returncode != 0 and "cannot be read" in missing.stderr
     broken = tmp_path / "broken.yaml"
     broken.write_text("listen: [\n")

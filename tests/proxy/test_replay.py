@@ -64,8 +64,11 @@ def test_counts_prompt_cached_processed_per_request_and_in_total(recorder: Recor
         assert r["wall_s"] > 0
     total = out["total"]
     assert (total["requests"], total["prompt_tokens"], total["cached_tokens"], total["processed_tokens"]) == (
-        2, 200, 120, 80,
-    )  # fmt: skip
+        2,
+        200,
+        120,
+        80,
+    )
     assert total["cached_ratio"] == pytest.approx(0.6)
     assert out["by_kind"]["fork"]["prompt_tokens"] == 100
     assert (out["upstream"], out["via"], out["target"]) == (recorder.base, None, recorder.base)

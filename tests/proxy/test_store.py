@@ -88,7 +88,7 @@ def test_lookup_finds_deepest_and_candidates(store: Store) -> None:
 def test_tenants_never_share(store: Store) -> None:
     async def go() -> None:
         await store.record("t1", LineageRecord(id="a"), L[:3], {"h": b"x"}, [])
-        assert (await store.lookup("t2", L[:3], "a")) .depth == 0
+        assert (await store.lookup("t2", L[:3], "a")).depth == 0
         assert (await store.lookup("t2", L[:3], "a")).declared is None
         assert await store.blobs("t2", ["h"]) == [None]
         if isinstance(store, RedisStore):

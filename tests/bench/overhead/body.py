@@ -123,27 +123,57 @@ answer changes what you do next. You celebrate small wins briefly and move on.
 """
 
 _TOOL_GUIDANCE = [
-    ("terminal", "Commands run in a persistent bash session; cwd and exported variables carry over. Quote paths "
-     "with spaces. For servers and watchers use background=true and poll with process(action='poll')."),
-    ("read_file", "Read before you patch. Use offset/limit for files over 500 lines; the result shows line "
-     "numbers you can cite but must not copy into old_string."),
-    ("patch", "old_string must match exactly once, including indentation. For several edits to one file, make "
-     "several patch calls from top to bottom. Re-read the file if a patch fails."),
-    ("search_files", "Use target='files' with a glob to locate files and target='content' with a regex to find "
-     "usages. Narrow with path and file_glob before raising limit."),
-    ("web_search", "Search when the answer depends on something newer than your training data or on exact "
-     "version numbers; cite the URLs you used."),
-    ("memory", "Save facts that will still be true next week: preferences, hostnames, conventions. Do not save "
-     "task progress or anything secret (tokens, passwords, private keys)."),
-    ("skill_manage", "After a multi-step task succeeds, capture the procedure as a skill or patch the skill you "
-     "followed with what you learned. Keep SKILL.md under 300 lines; put details in references/."),
-    ("delegate_task", "Delegate only self-contained work with a clear deliverable; give the subagent all the "
-     "context it needs because it cannot see this conversation."),
-    ("todo", "Write the whole list at the start of a multi-step task, mark exactly one item in_progress, and "
-     "complete items as soon as they are done."),
-    ("cronjob", "Scheduled runs start a fresh session with no memory of this one: put everything needed into "
-     "the prompt, including where to deliver the result."),
-]  # fmt: skip
+    (
+        "terminal",
+        "Commands run in a persistent bash session; cwd and exported variables carry over. Quote paths "
+        "with spaces. For servers and watchers use background=true and poll with process(action='poll').",
+    ),
+    (
+        "read_file",
+        "Read before you patch. Use offset/limit for files over 500 lines; the result shows line "
+        "numbers you can cite but must not copy into old_string.",
+    ),
+    (
+        "patch",
+        "old_string must match exactly once, including indentation. For several edits to one file, make "
+        "several patch calls from top to bottom. Re-read the file if a patch fails.",
+    ),
+    (
+        "search_files",
+        "Use target='files' with a glob to locate files and target='content' with a regex to find "
+        "usages. Narrow with path and file_glob before raising limit.",
+    ),
+    (
+        "web_search",
+        "Search when the answer depends on something newer than your training data or on exact "
+        "version numbers; cite the URLs you used.",
+    ),
+    (
+        "memory",
+        "Save facts that will still be true next week: preferences, hostnames, conventions. Do not save "
+        "task progress or anything secret (tokens, passwords, private keys).",
+    ),
+    (
+        "skill_manage",
+        "After a multi-step task succeeds, capture the procedure as a skill or patch the skill you "
+        "followed with what you learned. Keep SKILL.md under 300 lines; put details in references/.",
+    ),
+    (
+        "delegate_task",
+        "Delegate only self-contained work with a clear deliverable; give the subagent all the "
+        "context it needs because it cannot see this conversation.",
+    ),
+    (
+        "todo",
+        "Write the whole list at the start of a multi-step task, mark exactly one item in_progress, and "
+        "complete items as soon as they are done.",
+    ),
+    (
+        "cronjob",
+        "Scheduled runs start a fresh session with no memory of this one: put everything needed into "
+        "the prompt, including where to deliver the result.",
+    ),
+]
 
 _EXTRA_SKILLS = [
     (f"{area}-{verb}", f"{verb.capitalize()} {area} resources with the standard CLI; safe defaults, dry runs first.")
@@ -192,92 +222,214 @@ def _param(kind: str, desc: str, **extra: Any) -> dict[str, Any]:
 
 
 _TOOL_SPECS: list[tuple[str, str, dict[str, dict[str, Any]], list[str]]] = [
-    ("terminal", "Execute a shell command on the user's machine and return stdout, stderr and the exit code. "
-     "Use for builds, tests, git, package managers. Long-running commands should use background=true.",
-     {"command": _param("string", "The command to run, passed to bash -lc."),
-      "background": _param("boolean", "Run detached and return a process id.", default=False),
-      "timeout": _param("integer", "Seconds before the command is killed.", minimum=1, maximum=3600),
-      "workdir": _param("string", "Working directory; defaults to the session's cwd.")}, ["command"]),
-    ("process", "Manage background processes started by terminal: poll output, wait, kill, list.",
-     {"action": _param("string", "What to do.", enum=["list", "poll", "wait", "kill", "log"]),
-      "session_id": _param("string", "The process id returned by terminal(background=true)."),
-      "timeout": _param("integer", "For wait: seconds to wait.", minimum=1)}, ["action"]),
-    ("read_file", "Read a text file with line numbers. Large files are paginated; use offset and limit.",
-     {"path": _param("string", "Absolute or cwd-relative path."),
-      "offset": _param("integer", "First line (1-based).", minimum=1),
-      "limit": _param("integer", "Lines to read.", minimum=1, maximum=2000)}, ["path"]),
-    ("write_file", "Create or overwrite a file with the given content. Parent directories are created.",
-     {"path": _param("string", "Target path."), "content": _param("string", "Full new content.")},
-     ["path", "content"]),
-    ("patch", "Apply a targeted edit: replace old_string with new_string in a file (exact match, unique "
-     "unless replace_all). Prefer this over write_file for edits.",
-     {"path": _param("string", "File to edit."), "old_string": _param("string", "Exact text to find."),
-      "new_string": _param("string", "Replacement text."),
-      "replace_all": _param("boolean", "Replace every occurrence.", default=False)},
-     ["path", "old_string", "new_string"]),
-    ("search_files", "Search file contents with a regex (ripgrep) or find files by glob.",
-     {"pattern": _param("string", "Regex or glob."),
-      "target": _param("string", "content or files.", enum=["content", "files"]),
-      "path": _param("string", "Directory to search."),
-      "file_glob": _param("string", "Only files matching this glob."),
-      "limit": _param("integer", "Max results.", minimum=1, maximum=500)}, ["pattern"]),
-    ("web_search", "Search the web and return titles, URLs and snippets.",
-     {"query": _param("string", "The search query."),
-      "limit": _param("integer", "Number of results.", minimum=1, maximum=20)}, ["query"]),
-    ("web_extract", "Fetch web pages and return their main content as markdown.",
-     {"urls": _param("array", "Up to 5 URLs.", items={"type": "string"}, maxItems=5)}, ["urls"]),
-    ("browser_navigate", "Open a URL in the headless browser and return an accessibility snapshot.",
-     {"url": _param("string", "The URL to open.")}, ["url"]),
-    ("browser_click", "Click an element of the current page by its snapshot ref (e.g. @e12).",
-     {"ref": _param("string", "Element reference from the last snapshot.")}, ["ref"]),
-    ("browser_type", "Type text into an input element, optionally pressing Enter.",
-     {"ref": _param("string", "Element reference."), "text": _param("string", "Text to type."),
-      "submit": _param("boolean", "Press Enter afterwards.", default=False)}, ["ref", "text"]),
-    ("vision_analyze", "Analyze an image file or URL and answer a question about it.",
-     {"image": _param("string", "Path or URL of the image."),
-      "question": _param("string", "What to find out.")}, ["image", "question"]),
-    ("memory", "Save, replace or remove entries in persistent memory (MEMORY or USER PROFILE). Entries are "
-     "injected into every future session's system prompt; keep them short and durable.",
-     {"action": _param("string", "Operation.", enum=["add", "replace", "remove"]),
-      "target": _param("string", "Which store.", enum=["memory", "user"]),
-      "content": _param("string", "The entry text (add/replace)."),
-      "old_text": _param("string", "Unique substring of the entry to replace or remove.")},
-     ["action", "target"]),
-    ("skills_list", "List available skills with their one-line descriptions.",
-     {"category": _param("string", "Optional category filter.")}, []),
-    ("skill_view", "Load a skill's SKILL.md and list its reference files.",
-     {"name": _param("string", "Skill name."), "file": _param("string", "Optional reference file.")},
-     ["name"]),
-    ("skill_manage", "Create, patch or delete a skill. Use after a task taught you a reusable procedure.",
-     {"action": _param("string", "Operation.", enum=["create", "patch", "edit", "delete", "write_file"]),
-      "name": _param("string", "Skill name (kebab-case)."),
-      "content": _param("string", "Full SKILL.md for create/edit."),
-      "old_string": _param("string", "For patch: exact text to replace."),
-      "new_string": _param("string", "For patch: replacement.")}, ["action", "name"]),
-    ("todo", "Keep a task list for multi-step work: write the whole list, or read it.",
-     {"todos": _param("array", "The full list.", items={"type": "object", "properties": {
-         "id": {"type": "string"}, "content": {"type": "string"},
-         "status": {"type": "string", "enum": ["pending", "in_progress", "completed", "cancelled"]}},
-         "required": ["id", "content", "status"]}),
-      "merge": _param("boolean", "Merge by id instead of replacing.", default=False)}, []),
-    ("session_search", "Search past sessions' transcripts for a phrase and return matching excerpts.",
-     {"query": _param("string", "What to look for."),
-      "limit": _param("integer", "Max sessions.", minimum=1, maximum=10)}, ["query"]),
-    ("delegate_task", "Hand a self-contained subtask to a subagent with its own context and toolset.",
-     {"goal": _param("string", "What the subagent must achieve."),
-      "context": _param("string", "Everything it needs to know."),
-      "toolsets": _param("array", "Toolsets to enable.", items={"type": "string"})}, ["goal"]),
-    ("execute_code", "Run a Python script that can call the other tools programmatically; returns stdout.",
-     {"code": _param("string", "Python source.")}, ["code"]),
-    ("cronjob", "Schedule, list or remove recurring agent tasks.",
-     {"action": _param("string", "Operation.", enum=["create", "list", "remove"]),
-      "schedule": _param("string", "Cron expression or 'every 30m'."),
-      "prompt": _param("string", "What the scheduled run should do."),
-      "job_id": _param("string", "For remove.")}, ["action"]),
-    ("clarify", "Ask the user a clarifying question with optional choices; blocks until answered.",
-     {"question": _param("string", "The question."),
-      "choices": _param("array", "Up to 4 options.", items={"type": "string"}, maxItems=4)}, ["question"]),
-]  # fmt: skip
+    (
+        "terminal",
+        "Execute a shell command on the user's machine and return stdout, stderr and the exit code. "
+        "Use for builds, tests, git, package managers. Long-running commands should use background=true.",
+        {
+            "command": _param("string", "The command to run, passed to bash -lc."),
+            "background": _param("boolean", "Run detached and return a process id.", default=False),
+            "timeout": _param("integer", "Seconds before the command is killed.", minimum=1, maximum=3600),
+            "workdir": _param("string", "Working directory; defaults to the session's cwd."),
+        },
+        ["command"],
+    ),
+    (
+        "process",
+        "Manage background processes started by terminal: poll output, wait, kill, list.",
+        {
+            "action": _param("string", "What to do.", enum=["list", "poll", "wait", "kill", "log"]),
+            "session_id": _param("string", "The process id returned by terminal(background=true)."),
+            "timeout": _param("integer", "For wait: seconds to wait.", minimum=1),
+        },
+        ["action"],
+    ),
+    (
+        "read_file",
+        "Read a text file with line numbers. Large files are paginated; use offset and limit.",
+        {
+            "path": _param("string", "Absolute or cwd-relative path."),
+            "offset": _param("integer", "First line (1-based).", minimum=1),
+            "limit": _param("integer", "Lines to read.", minimum=1, maximum=2000),
+        },
+        ["path"],
+    ),
+    (
+        "write_file",
+        "Create or overwrite a file with the given content. Parent directories are created.",
+        {"path": _param("string", "Target path."), "content": _param("string", "Full new content.")},
+        ["path", "content"],
+    ),
+    (
+        "patch",
+        "Apply a targeted edit: replace old_string with new_string in a file (exact match, unique "
+        "unless replace_all). Prefer this over write_file for edits.",
+        {
+            "path": _param("string", "File to edit."),
+            "old_string": _param("string", "Exact text to find."),
+            "new_string": _param("string", "Replacement text."),
+            "replace_all": _param("boolean", "Replace every occurrence.", default=False),
+        },
+        ["path", "old_string", "new_string"],
+    ),
+    (
+        "search_files",
+        "Search file contents with a regex (ripgrep) or find files by glob.",
+        {
+            "pattern": _param("string", "Regex or glob."),
+            "target": _param("string", "content or files.", enum=["content", "files"]),
+            "path": _param("string", "Directory to search."),
+            "file_glob": _param("string", "Only files matching this glob."),
+            "limit": _param("integer", "Max results.", minimum=1, maximum=500),
+        },
+        ["pattern"],
+    ),
+    (
+        "web_search",
+        "Search the web and return titles, URLs and snippets.",
+        {
+            "query": _param("string", "The search query."),
+            "limit": _param("integer", "Number of results.", minimum=1, maximum=20),
+        },
+        ["query"],
+    ),
+    (
+        "web_extract",
+        "Fetch web pages and return their main content as markdown.",
+        {"urls": _param("array", "Up to 5 URLs.", items={"type": "string"}, maxItems=5)},
+        ["urls"],
+    ),
+    (
+        "browser_navigate",
+        "Open a URL in the headless browser and return an accessibility snapshot.",
+        {"url": _param("string", "The URL to open.")},
+        ["url"],
+    ),
+    (
+        "browser_click",
+        "Click an element of the current page by its snapshot ref (e.g. @e12).",
+        {"ref": _param("string", "Element reference from the last snapshot.")},
+        ["ref"],
+    ),
+    (
+        "browser_type",
+        "Type text into an input element, optionally pressing Enter.",
+        {
+            "ref": _param("string", "Element reference."),
+            "text": _param("string", "Text to type."),
+            "submit": _param("boolean", "Press Enter afterwards.", default=False),
+        },
+        ["ref", "text"],
+    ),
+    (
+        "vision_analyze",
+        "Analyze an image file or URL and answer a question about it.",
+        {"image": _param("string", "Path or URL of the image."), "question": _param("string", "What to find out.")},
+        ["image", "question"],
+    ),
+    (
+        "memory",
+        "Save, replace or remove entries in persistent memory (MEMORY or USER PROFILE). Entries are "
+        "injected into every future session's system prompt; keep them short and durable.",
+        {
+            "action": _param("string", "Operation.", enum=["add", "replace", "remove"]),
+            "target": _param("string", "Which store.", enum=["memory", "user"]),
+            "content": _param("string", "The entry text (add/replace)."),
+            "old_text": _param("string", "Unique substring of the entry to replace or remove."),
+        },
+        ["action", "target"],
+    ),
+    (
+        "skills_list",
+        "List available skills with their one-line descriptions.",
+        {"category": _param("string", "Optional category filter.")},
+        [],
+    ),
+    (
+        "skill_view",
+        "Load a skill's SKILL.md and list its reference files.",
+        {"name": _param("string", "Skill name."), "file": _param("string", "Optional reference file.")},
+        ["name"],
+    ),
+    (
+        "skill_manage",
+        "Create, patch or delete a skill. Use after a task taught you a reusable procedure.",
+        {
+            "action": _param("string", "Operation.", enum=["create", "patch", "edit", "delete", "write_file"]),
+            "name": _param("string", "Skill name (kebab-case)."),
+            "content": _param("string", "Full SKILL.md for create/edit."),
+            "old_string": _param("string", "For patch: exact text to replace."),
+            "new_string": _param("string", "For patch: replacement."),
+        },
+        ["action", "name"],
+    ),
+    (
+        "todo",
+        "Keep a task list for multi-step work: write the whole list, or read it.",
+        {
+            "todos": _param(
+                "array",
+                "The full list.",
+                items={
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "content": {"type": "string"},
+                        "status": {"type": "string", "enum": ["pending", "in_progress", "completed", "cancelled"]},
+                    },
+                    "required": ["id", "content", "status"],
+                },
+            ),
+            "merge": _param("boolean", "Merge by id instead of replacing.", default=False),
+        },
+        [],
+    ),
+    (
+        "session_search",
+        "Search past sessions' transcripts for a phrase and return matching excerpts.",
+        {
+            "query": _param("string", "What to look for."),
+            "limit": _param("integer", "Max sessions.", minimum=1, maximum=10),
+        },
+        ["query"],
+    ),
+    (
+        "delegate_task",
+        "Hand a self-contained subtask to a subagent with its own context and toolset.",
+        {
+            "goal": _param("string", "What the subagent must achieve."),
+            "context": _param("string", "Everything it needs to know."),
+            "toolsets": _param("array", "Toolsets to enable.", items={"type": "string"}),
+        },
+        ["goal"],
+    ),
+    (
+        "execute_code",
+        "Run a Python script that can call the other tools programmatically; returns stdout.",
+        {"code": _param("string", "Python source.")},
+        ["code"],
+    ),
+    (
+        "cronjob",
+        "Schedule, list or remove recurring agent tasks.",
+        {
+            "action": _param("string", "Operation.", enum=["create", "list", "remove"]),
+            "schedule": _param("string", "Cron expression or 'every 30m'."),
+            "prompt": _param("string", "What the scheduled run should do."),
+            "job_id": _param("string", "For remove."),
+        },
+        ["action"],
+    ),
+    (
+        "clarify",
+        "Ask the user a clarifying question with optional choices; blocks until answered.",
+        {
+            "question": _param("string", "The question."),
+            "choices": _param("array", "Up to 4 options.", items={"type": "string"}, maxItems=4),
+        },
+        ["question"],
+    ),
+]
 
 
 def tools() -> list[dict[str, Any]]:
@@ -333,10 +485,13 @@ def _tool_output(rng: random.Random, name: str, turn: int) -> str:
         return json.dumps({"content": body, "total_lines": 180 + turn, "truncated": True})
     if name == "search_files":
         hits = [
-            {"path": f"stockroom/views/{rng.choice(['items', 'export', 'auth'])}.py", "line": rng.randint(1, 300),
-             "text": rng.choice(["return jsonify(items)", "@bp.route('/export.csv')", "def login():"])}
+            {
+                "path": f"stockroom/views/{rng.choice(['items', 'export', 'auth'])}.py",
+                "line": rng.randint(1, 300),
+                "text": rng.choice(["return jsonify(items)", "@bp.route('/export.csv')", "def login():"]),
+            }
             for _ in range(rng.randint(4, 10))
-        ]  # fmt: skip
+        ]
         return json.dumps({"matches": hits, "total": len(hits)})
     if name == "patch":
         diff = "@@ -12,3 +12,4 @@\n-    return out\n+    out.seek(0)\n+    return out"
@@ -360,11 +515,17 @@ def history(session: int, n_messages: int) -> list[dict[str, Any]]:
                 "terminal": {"command": "cd ~/src/stockroom && uv run pytest -x -q", "timeout": 300},
                 "read_file": {"path": "stockroom/export.py", "offset": 1, "limit": 200},
                 "search_files": {"pattern": "export|csv", "target": "content", "path": "stockroom"},
-                "patch": {"path": "stockroom/export.py", "old_string": "    return out",
-                          "new_string": "    out.seek(0)\n    return out"},
-                "memory": {"action": "add", "target": "memory",
-                           "content": "stockroom CSV export lives in stockroom/export.py"},
-            }[name]  # fmt: skip
+                "patch": {
+                    "path": "stockroom/export.py",
+                    "old_string": "    return out",
+                    "new_string": "    out.seek(0)\n    return out",
+                },
+                "memory": {
+                    "action": "add",
+                    "target": "memory",
+                    "content": "stockroom CSV export lives in stockroom/export.py",
+                },
+            }[name]
             cid = f"call_{session}_{call:04d}"
             call += 1
             out.append(

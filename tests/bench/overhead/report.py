@@ -126,16 +126,20 @@ def verdict(runs: list[Run], rates: list[float], conns: int) -> list[tuple[str, 
     pp = idx.get(("prefixpin", phase))
     a50, a99 = added(runs, "prefixpin", phase, "p50"), added(runs, "prefixpin", phase, "p99")
     ok = _ok(pp)
-    out.append((
-        f"prefixpin adds < 1 ms p50 at {top:g} req/s",
-        f"{_ms(a50, True)} ms" + ("" if ok else " (with errors)"),
-        None if a50 is None else (a50 < 1.0 and ok),
-    ))  # fmt: skip
-    out.append((
-        f"prefixpin adds < 5 ms p99 at {top:g} req/s",
-        f"{_ms(a99, True)} ms" + ("" if ok else " (with errors)"),
-        None if a99 is None else (a99 < 5.0 and ok),
-    ))  # fmt: skip
+    out.append(
+        (
+            f"prefixpin adds < 1 ms p50 at {top:g} req/s",
+            f"{_ms(a50, True)} ms" + ("" if ok else " (with errors)"),
+            None if a50 is None else (a50 < 1.0 and ok),
+        )
+    )
+    out.append(
+        (
+            f"prefixpin adds < 5 ms p99 at {top:g} req/s",
+            f"{_ms(a99, True)} ms" + ("" if ok else " (with errors)"),
+            None if a99 is None else (a99 < 5.0 and ok),
+        )
+    )
 
     # vs LiteLLM: added p50 at the highest rate LiteLLM still serves (<= 1% errors), and saturation.
     served = [r for r in sorted(rates) if _ok(idx.get(("litellm", f"open-plain-{r:g}")))]
@@ -169,16 +173,20 @@ def verdict(runs: list[Run], rates: list[float], conns: int) -> list[tuple[str, 
         parts, met = [], True
         if a50 is not None:
             floor = max(n50, 0.05)  # nginx's added p50 is within the noise; never divide by ~0
-            parts.append(f"added p50 at {top:g} req/s: prefixpin {a50:+.2f} ms vs nginx {n50:+.2f} ms "
-                         f"({a50 / floor:.1f}x, nginx floored at 0.05 ms)")  # fmt: skip
+            parts.append(
+                f"added p50 at {top:g} req/s: prefixpin {a50:+.2f} ms vs nginx {n50:+.2f} ms "
+                f"({a50 / floor:.1f}x, nginx floored at 0.05 ms)"
+            )
             met = met and a50 <= 5 * floor and ok
         kept = [r for r in sorted(rates) if _ok(idx.get(("prefixpin", f"open-plain-{r:g}")))]
         if kept and kept[-1] != top:
             ph = f"open-plain-{kept[-1]:g}"
             p50, x50 = added(runs, "prefixpin", ph, "p50"), added(runs, "nginx", ph, "p50")
             if p50 is not None and x50 is not None:
-                parts.append(f"at {kept[-1]:g} req/s (the highest rate prefixpin keeps up with): {p50:+.2f} vs "
-                             f"{x50:+.2f} ms ({p50 / max(x50, 0.05):.1f}x)")  # fmt: skip
+                parts.append(
+                    f"at {kept[-1]:g} req/s (the highest rate prefixpin keeps up with): {p50:+.2f} vs "
+                    f"{x50:+.2f} ms ({p50 / max(x50, 0.05):.1f}x)"
+                )
         ph = f"open-plain-{kept[-1]:g}" if kept else phase
         pc, nc = idx.get(("prefixpin", ph)), idx.get(("nginx", ph))
         if pc is not None and nc is not None and _ok(pc) and _ok(nc) and nc["cpu_ms_per_req"] > 0:
@@ -222,8 +230,11 @@ def render(doc: dict[str, Any]) -> str:
         out.append("|---|" + "---:|" * len(phases))
         for name in dict.fromkeys(r["target"] for r in own):
             out.append(f"| {name} | " + " | ".join(cell.get((name, p), "-") for p in phases) + " |")
-    out += ["", "other load: CPU cores used by processes outside the benchmark during the run (a shared "
-            "machine); CPU ms/req: the target's own processes only."]  # fmt: skip
+    out += [
+        "",
+        "other load: CPU cores used by processes outside the benchmark during the run (a shared "
+        "machine); CPU ms/req: the target's own processes only.",
+    ]
     if doc.get("verdict"):
         out += ["", "Targets from the issue:", ""]
         for claim, measured, met in doc["verdict"]:

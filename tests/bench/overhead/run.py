@@ -89,9 +89,16 @@ class Runner:
 
     def loadgen_argv(self, target: Target, phase: Phase, duration: float, rate: float | None = None) -> list[str]:
         argv = [
-            str(self.loadgen), "-url", target.url, "-bodies", str(self.bodies[phase.stream]),
-            "-duration", f"{duration}s", "-timeout", f"{self.plan.timeout_s}s",
-        ]  # fmt: skip
+            str(self.loadgen),
+            "-url",
+            target.url,
+            "-bodies",
+            str(self.bodies[phase.stream]),
+            "-duration",
+            f"{duration}s",
+            "-timeout",
+            f"{self.plan.timeout_s}s",
+        ]
         if phase.stream:
             argv.append("-stream")
         if phase.rate:
@@ -146,8 +153,12 @@ class Runner:
             self._loadgen(self.loadgen_argv(target, phase, self.plan.warmup_s, warm_rate))
         own0 = prefixpin_overhead(target.base) if target.name.startswith("prefixpin") else None
         cpu0, ours0, kids0, busy0, t0 = (
-            target.cpu_seconds(), self.ours_s(), children_cpu_s(), machine_busy_s(), time.monotonic()
-        )  # fmt: skip
+            target.cpu_seconds(),
+            self.ours_s(),
+            children_cpu_s(),
+            machine_busy_s(),
+            time.monotonic(),
+        )
         result = self._loadgen(self.loadgen_argv(target, phase, self.plan.duration_s))
         cpu = target.cpu_seconds() - cpu0
         wall = time.monotonic() - t0

@@ -188,9 +188,18 @@ def ensure_litellm(*, install: bool) -> Path:
     if uv:
         steps = [
             [uv, "venv", "-q", "--allow-existing", "--python", sys.executable, str(LITELLM_VENV)],
-            [uv, "pip", "install", "-q", "--python", str(litellm_python()), "--require-hashes",
-             "-r", str(LITELLM_LOCK)],
-        ]  # fmt: skip
+            [
+                uv,
+                "pip",
+                "install",
+                "-q",
+                "--python",
+                str(litellm_python()),
+                "--require-hashes",
+                "-r",
+                str(LITELLM_LOCK),
+            ],
+        ]
     else:
         steps = [
             [sys.executable, "-m", "venv", str(LITELLM_VENV)],

@@ -80,10 +80,20 @@ def test_a_request_reset_after_it_was_sent_is_not_resent() -> None:
 
 @pytest.mark.parametrize(
     ("path", "escapes"),
-    [("/v1/models", False), ("/v1/a/../models", False), ("/v1/..", False), ("/..", True), ("/a/../..", True),
-     ("/%2E%2e/x", True), ("/a%2f..%2f..", True), ("/a\\..\\..", True), ("/%252e%252e/x", True),
-     ("/a//../..", True), ("/./a/./..", False)],
-)  # fmt: skip
+    [
+        ("/v1/models", False),
+        ("/v1/a/../models", False),
+        ("/v1/..", False),
+        ("/..", True),
+        ("/a/../..", True),
+        ("/%2E%2e/x", True),
+        ("/a%2f..%2f..", True),
+        ("/a\\..\\..", True),
+        ("/%252e%252e/x", True),
+        ("/a//../..", True),
+        ("/./a/./..", False),
+    ],
+)
 def test_climbs(path: str, escapes: bool) -> None:
     assert climbs(path) is escapes
 
