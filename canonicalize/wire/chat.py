@@ -65,7 +65,17 @@ def flat_content(content: Any) -> Any:
 
 
 def _is_system(msg: Any) -> bool:
-    return isinstance(msg, dict) and msg.get("role") in SYSTEM_ROLES
+    return isinstance(msg, dict) and isinstance(msg.get("role"), str) and msg["role"] in SYSTEM_ROLES
+
+
+def _call(call: Any) -> Any:
+    """A tool call's hashing form: its name and its normalised arguments."""
+    if not isinstance(call, dict):
+        return call
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        return [None, fn]
+    return [fn.get("name"), _args(fn.get("arguments"))]
 
 
 def _messages(body: dict[str, Any]) -> list[Any]:
@@ -180,12 +190,7 @@ class ChatExchange:
         out: dict[str, Any] = {"r": msg.get("role"), "c": flat_content(msg.get("content"))}
         calls = msg.get("tool_calls")
         if calls:
-            out["t"] = [
-                [(c.get("function") or {}).get("name"), _args((c.get("function") or {}).get("arguments"))]
-                if isinstance(c, dict)
-                else c
-                for c in calls
-            ]
+            out["t"] = [_call(c) for c in calls] if isinstance(calls, list) else calls
         if msg.get("name"):
             out["n"] = msg["name"]
         return canonical_json(out)

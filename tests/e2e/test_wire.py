@@ -187,3 +187,49 @@ def test_date_pin_tells_the_model(
     assert third["messages"][0] == second["messages"][0]
     assert third["messages"][3]["content"] == note
     assert third["messages"][-1]["content"] == "later"
+
+
+# -- errors in each API's own shape ---------------------------------------------------
+def test_messages_route_errors_use_the_anthropic_shape(
+    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path]
+) -> None:
+    import anthropic
+
+    from tests.infra.procs import free_port
+
+    proxy = serve(f"http://127.0.0.1:{free_port()}", write_config({"limits": {"max_body_bytes": 2048}}))
+    with _http() as http:
+        big = http.post(proxy + "/v1/messages", content=b'{"x": "' + b"a" * 4096 + b'"}', headers=KEY)
+        down = http.post(proxy + "/v1/messages", json={"model": "c", "max_tokens": 1, "messages": []}, headers=KEY)
+        chat = http.post(proxy + "/v1/chat/completions", json={"model": "m", "messages": []}, headers=KEY)
+    assert big.status_code == 413
+    assert big.json()["type"] == "error" and big.json()["error"]["type"] == "request_too_large"
+    assert down.status_code == 502
+    assert down.json()["type"] == "error" and down.json()["error"]["type"] == "api_error"
+    assert "127.0.0.1" not in down.text  # never the upstream's address
+    assert chat.status_code == 502 and chat.json()["error"]["code"] == "upstream_unavailable"
+    client = track(anthropic.Anthropic(base_url=proxy, api_key="sk-ant", max_retries=0))
+    with pytest.raises(anthropic.APIStatusError) as info:
+        client.messages.create(model="c", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 502 and info.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "messages": "hi"}',
+        b'{"model": "m", "messages": [{"role": ["system"], "content": "x"}]}',
+        b'{"model": "m", "messages": [{"role": "assistant", "tool_calls": 5}], "tools": {}}',
+        b'{"model": "m", "messages": [{"role": "system", "content": 5}], "stream": "yes"}',
+        b"[1, 2]",
+        b"{not json",
+    ],
+)
+def test_wrongly_typed_bodies_go_upstream_as_sent(serve: Callable[..., str], recorder: Recorder, raw: bytes) -> None:
+    proxy = serve(recorder.base)
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", content=raw, headers=KEY)
+    assert r.status_code < 500  # the upstream judged it; nothing of ours failed
+    assert r.headers["x-prefixpin-role"] != "fail-open"
+    assert recorder.bodies() == [raw]
+    assert _metric(proxy, "prefixpin_fail_open_total") == 0

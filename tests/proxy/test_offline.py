@@ -1,0 +1,55 @@
+"""The offline flow (proxy.offline) on bodies of every wrong type: nothing of
+prefixpin's own fails, and what goes upstream is the client's bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from canonicalize import CHAT, MESSAGES, Exchange
+from tests.flows import Harness
+
+WRONG: list[Any] = [
+    None,
+    1,
+    1.5,
+    "s",
+    True,
+    [],
+    {},
+    [1],
+    ["s"],
+    [{}],
+    [{"role": []}],
+    [{"role": {"a": 1}, "content": "x"}],
+    [{"role": "system", "content": 5}],
+    [{"role": "system", "content": [{"type": "text", "text": 5}]}],
+    [{"role": "user", "content": [{"type": []}]}],
+    [{"role": "assistant", "tool_calls": 5}],
+    [{"role": "assistant", "tool_calls": [{"function": 5}]}],
+    [{"role": "assistant", "tool_calls": [{"function": {"name": [], "arguments": 5}}]}],
+    [{"type": "function", "function": {"name": 5, "description": 6, "parameters": []}}],
+    [{"name": {}}],
+]
+KEYS = ["messages", "tools", "system", "stream", "stream_options", "model", "chat_template_kwargs"]
+
+
+@pytest.mark.parametrize("exchange", [CHAT, MESSAGES], ids=lambda e: e.name)
+@pytest.mark.parametrize("key", KEYS)
+def test_wrongly_typed_members_never_fail_open(exchange: Exchange, key: str) -> None:
+    h = Harness()
+    for value in WRONG:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], key: value}
+        raw = orjson.dumps(body)
+        sent = h.send(raw, exchange=exchange)
+        assert not sent.flow.failed, (key, value)
+        if not sent.flow.ops:
+            assert sent.raw == raw
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[1,2]", b'"s"', b"null", b"\xff\xfe", b'{"messages": [}'])
+def test_bodies_that_are_not_json_objects_go_as_sent(raw: bytes) -> None:
+    sent = Harness().send(raw)
+    assert sent.role == "bypass" and sent.raw == raw
