@@ -66,6 +66,7 @@ class LineageRecord:
     id: str
     kind: Kind = "root"
     parent: str | None = None
+    root: str = ""  # the root lineage's id: the same for a lineage and all its forks (affinity, cache keys)
     identity: tuple[str, ...] = ()
     skeleton: str = ""
     head: str = ""
@@ -87,6 +88,7 @@ class LineageRecord:
                 "id": self.id,
                 "k": self.kind,
                 "p": self.parent,
+                "r": self.root,
                 "i": list(self.identity),
                 "s": self.skeleton,
                 "h": self.head,
@@ -112,6 +114,7 @@ class LineageRecord:
             id=d["id"],
             kind=d.get("k", "root"),
             parent=d.get("p"),
+            root=d.get("r", ""),
             identity=tuple(d.get("i", ())),
             skeleton=d.get("s", ""),
             head=d.get("h", ""),
@@ -127,6 +130,11 @@ class LineageRecord:
             requests=int(d.get("n", 0)),
             branch=int(d.get("b", 0)),
         )
+
+    @property
+    def root_id(self) -> str:
+        """The id of the lineage's root (its own id unless it is a fork)."""
+        return self.root or self.id
 
     def evolve(self, **changes: Any) -> LineageRecord:
         return replace(self, **changes)

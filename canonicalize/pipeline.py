@@ -290,6 +290,7 @@ class Canonicalizer:
         if role == "root" or parent is None:
             record = LineageRecord(
                 id=new_id,
+                root=new_id,
                 identity=sig.identity,
                 skeleton=sig.skeleton,
                 head=sig.head,
@@ -305,6 +306,7 @@ class Canonicalizer:
                     id=new_id,
                     kind="fork",
                     parent=parent.id,
+                    root=parent.root_id,
                     identity=sig.identity,
                     skeleton=sig.skeleton,
                     head=sig.head,

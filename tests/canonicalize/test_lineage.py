@@ -360,3 +360,15 @@ def test_parent_turn_after_a_same_session_fork_stays_the_parents(reply_recorded:
     loop_history = [*review, {"role": "assistant", "content": "Nothing to save."}, {"role": "user", "content": "sure?"}]
     loop = h.send(hermes.request(hermes.system_prompt(), loop_history, hermes.tools_full()))
     assert loop.record.id == fork.record.id and loop.fork_action == "continued"
+
+
+def test_a_lineage_and_its_forks_share_one_root() -> None:
+    h = Harness()
+    parent = h.send(turn2(), reply=REPLY2)
+    review = [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": hermes.REVIEW_PROMPT}]
+    fork = h.send(hermes.request(hermes.system_prompt(), review, hermes.tools_review()))
+    assert fork.role == "fork"
+    assert parent.record.root == parent.record.id
+    assert fork.record.root == parent.record.id != fork.record.id
+    other = h.send(turn1(session="20260514_090000_abcdef"))
+    assert other.record.root == other.record.id != parent.record.root
