@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 _SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
 
@@ -70,3 +73,11 @@ class SSESplitter:
 def encode(data: bytes) -> bytes:
     """One ``data:`` event."""
     return b"data: " + data + b"\n\n"
+
+
+def loads_or_none(data: bytes) -> Any:
+    """An event's JSON payload, or None when it is not JSON (forwarded as it is)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
+import orjson
+
 from canonicalize.edits import Op
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.sse import Event
@@ -123,3 +125,46 @@ def description_slots(node: Any, path: Path, out: list[Slot]) -> None:
     elif isinstance(node, list):
         for i, item in enumerate(node):
             description_slots(item, (*path, i), out)
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact JSON with sorted keys: the hashing form of structured values."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def flat_content(content: Any) -> Any:
+    """``None``/"" -> "", one or more text parts -> their text, else parts sans cache_control."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        if all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            return "".join(str(p.get("text", "")) for p in content)
+        return [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p for p in content]
+    return content
+
+
+class RoleMessages:
+    """What APIs whose history is ``{"role": ..., "content": ...}`` messages and whose
+    tools are a top-level ``tools`` list share (chat completions, Messages)."""
+
+    def history(self, body: dict[str, Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def tools(self, body: dict[str, Any]) -> list[Any] | None:
+        tools = body.get("tools")
+        return tools if isinstance(tools, list) else None
+
+    def is_assistant(self, msg: Any) -> bool:
+        return isinstance(msg, dict) and msg.get("role") == "assistant"
+
+    def is_user(self, msg: Any) -> bool:
+        return isinstance(msg, dict) and msg.get("role") == "user"
+
+    def last_user_text(self, body: dict[str, Any]) -> str:
+        for msg in reversed(self.history(body)):
+            if self.is_user(msg):
+                flat = flat_content(msg.get("content"))
+                return flat if isinstance(flat, str) else ""
+        return ""

@@ -21,16 +21,19 @@ import orjson
 
 from canonicalize.edits import AddMember, Op, SetItems, SetMember
 from canonicalize.jsonspan import JsonDoc
-from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
+from canonicalize.wire.base import (
+    Reply,
+    RoleMessages,
+    Slot,
+    canonical_json,
+    description_slots,
+    flat_content,
+    text_slots,
+)
 from canonicalize.wire.reply_chat import ChatReply
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 _PATH = re.compile(r"(?:/v1)?/chat/completions/?|/openai/deployments/[^/]+/chat/completions/?")
-
-
-def canonical_json(value: Any) -> bytes:
-    """Compact JSON with sorted keys: the hashing form of structured values."""
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def _normalize_args(arguments: str) -> orjson.Fragment:
@@ -49,19 +52,6 @@ def _args(arguments: Any) -> Any:
     if isinstance(arguments, str):
         return _cached_args(arguments) if len(arguments) <= 4096 else _normalize_args(arguments)
     return arguments
-
-
-def flat_content(content: Any) -> Any:
-    """``None``/"" -> "", one or more text parts -> their text, else parts sans cache_control."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        if all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            return "".join(str(p.get("text", "")) for p in content)
-        return [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p for p in content]
-    return content
 
 
 def _is_system(msg: Any) -> bool:
@@ -83,7 +73,7 @@ def _messages(body: dict[str, Any]) -> list[Any]:
     return messages if isinstance(messages, list) else []
 
 
-class ChatExchange:
+class ChatExchange(RoleMessages):
     name = "chat_completions"
     schema_key = "parameters"
 
@@ -128,10 +118,6 @@ class ChatExchange:
         return [SetItems(("messages",), 0, n, tuple(blob[s:e] for s, e in items))]
 
     # -- tools ------------------------------------------------------------------------
-    def tools(self, body: dict[str, Any]) -> list[Any] | None:
-        tools = body.get("tools")
-        return tools if isinstance(tools, list) else None
-
     def tool_name(self, tool: Any) -> str | None:
         if isinstance(tool, dict):
             fn = tool.get("function")
@@ -194,19 +180,6 @@ class ChatExchange:
         if msg.get("name"):
             out["n"] = msg["name"]
         return canonical_json(out)
-
-    def is_assistant(self, msg: Any) -> bool:
-        return isinstance(msg, dict) and msg.get("role") == "assistant"
-
-    def is_user(self, msg: Any) -> bool:
-        return isinstance(msg, dict) and msg.get("role") == "user"
-
-    def last_user_text(self, body: dict[str, Any]) -> str:
-        for msg in reversed(self.history(body)):
-            if self.is_user(msg):
-                flat = flat_content(msg.get("content"))
-                return flat if isinstance(flat, str) else ""
-        return ""
 
     # -- streaming, replies, errors ---------------------------------------------------
     def stream_usage(self, body: dict[str, Any]) -> list[Op]:

@@ -14,14 +14,21 @@ import orjson
 
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember
 from canonicalize.jsonspan import JsonDoc
-from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
-from canonicalize.wire.chat import canonical_json, flat_content
+from canonicalize.wire.base import (
+    Reply,
+    RoleMessages,
+    Slot,
+    canonical_json,
+    description_slots,
+    flat_content,
+    text_slots,
+)
 from canonicalize.wire.reply_messages import MessagesReply
 
 _PATH = re.compile(r"/v1/messages/?")
 
 
-class MessagesExchange:
+class MessagesExchange(RoleMessages):
     name = "messages"
     schema_key = "input_schema"
 
@@ -58,10 +65,6 @@ class MessagesExchange:
         return [SetMember((), "system", blob) if had else AddMember("system", blob)]
 
     # -- tools ------------------------------------------------------------------------
-    def tools(self, body: dict[str, Any]) -> list[Any] | None:
-        tools = body.get("tools")
-        return tools if isinstance(tools, list) else None
-
     def tool_name(self, tool: Any) -> str | None:
         if isinstance(tool, dict) and isinstance(tool.get("name"), str):
             return str(tool["name"])
@@ -105,19 +108,6 @@ class MessagesExchange:
                 {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in content
             ]
         return canonical_json({"r": msg.get("role"), "c": flat_content(content)})
-
-    def is_assistant(self, msg: Any) -> bool:
-        return isinstance(msg, dict) and msg.get("role") == "assistant"
-
-    def is_user(self, msg: Any) -> bool:
-        return isinstance(msg, dict) and msg.get("role") == "user"
-
-    def last_user_text(self, body: dict[str, Any]) -> str:
-        for msg in reversed(self.history(body)):
-            if self.is_user(msg):
-                flat = flat_content(msg.get("content"))
-                return flat if isinstance(flat, str) else ""
-        return ""
 
     # -- streaming, replies, errors ---------------------------------------------------
     def stream_usage(self, body: dict[str, Any]) -> list[Op]:

@@ -26,15 +26,8 @@ from typing import Any
 import orjson
 
 from canonicalize.jsonspan import Edits, JsonDoc
-from canonicalize.sse import Event, encode
+from canonicalize.sse import Event, encode, loads_or_none
 from canonicalize.usage import UsageAccumulator
-
-
-def _loads(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
 
 
 @dataclass(slots=True)
@@ -86,7 +79,7 @@ class ChatReply:
         """Bytes to forward for ``event`` (its own raw bytes if unchanged), or None to drop it."""
         if event.data is None or event.data.strip() == b"[DONE]":
             return event.raw
-        obj = _loads(event.data)
+        obj = loads_or_none(event.data)
         if not isinstance(obj, dict):
             return event.raw
         self.usage.feed(obj)

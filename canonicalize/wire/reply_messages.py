@@ -8,15 +8,8 @@ from typing import Any
 
 import orjson
 
-from canonicalize.sse import Event, encode
+from canonicalize.sse import Event, encode, loads_or_none
 from canonicalize.usage import UsageAccumulator
-
-
-def _loads(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
 
 
 class MessagesReply:
@@ -37,7 +30,7 @@ class MessagesReply:
     def feed(self, event: Event) -> bytes | None:
         if event.data is None:
             return event.raw
-        obj = _loads(event.data)
+        obj = loads_or_none(event.data)
         if not isinstance(obj, dict):
             return event.raw
         self.usage.feed(obj)
@@ -126,6 +119,6 @@ class MessagesReply:
         for i, block in sorted(self._blocks.items()):
             block = dict(block)
             if i in self._json:
-                block["input"] = _loads("".join(self._json[i]).encode() or b"{}")
+                block["input"] = loads_or_none("".join(self._json[i]).encode() or b"{}")
             blocks.append(block)
         return {"role": "assistant", "content": blocks}
