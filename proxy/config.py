@@ -22,7 +22,6 @@ import yaml
 
 from canonicalize import PACKS, ForkPolicy, RuleError, Settings, compile_rule
 from proxy.redact import redact
-from proxy.store import Bounds
 
 
 class ConfigError(ValueError):
@@ -66,13 +65,10 @@ class Store:
     max_entries: int = 200_000
     max_bytes: int = 512 * 2**20
     # One tenant's share (a noisy neighbour evicts its own entries, not others'):
-    tenant_max_entries: int = Bounds.tenant_max_entries
-    tenant_max_bytes: int = Bounds.tenant_max_bytes
-    max_links_per_request: int = Bounds.max_links_per_request  # newest links recorded / looked up
+    tenant_max_entries: int = 50_000
+    tenant_max_bytes: int = 128 * 2**20
+    max_links_per_request: int = 256  # newest links recorded / looked up
     timeout_ms: int = 250
-
-    def bounds(self) -> Bounds:
-        return Bounds(self.tenant_max_entries, self.tenant_max_bytes, self.max_links_per_request)
 
     def __repr__(self) -> str:
         shown = ", ".join(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the config section the factory reads (only its fields: no import cycle)
     from proxy.config import Store as StoreConfig
 
 Links = Sequence[bytes]
@@ -75,14 +75,15 @@ def newest(links: Sequence[bytes], bounds: Bounds) -> int:
 
 
 def open_store(cfg: StoreConfig) -> Store:
-    """The factory the app (and audit) calls: the ``store`` config section's backend."""
+    """The factory the app calls: the ``store`` config section's backend."""
+    bounds = Bounds(cfg.tenant_max_entries, cfg.tenant_max_bytes, cfg.max_links_per_request)
     if cfg.backend == "redis":
         from proxy.store.redis import RedisStore
 
-        return RedisStore(cfg.redis_url, ttl_s=cfg.ttl_s, timeout_s=cfg.timeout_ms / 1000, bounds=cfg.bounds())
+        return RedisStore(cfg.redis_url, ttl_s=cfg.ttl_s, timeout_s=cfg.timeout_ms / 1000, bounds=bounds)
     from proxy.store.memory import MemoryStore
 
-    return MemoryStore(ttl_s=cfg.ttl_s, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes, bounds=cfg.bounds())
+    return MemoryStore(ttl_s=cfg.ttl_s, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes, bounds=bounds)
 
 
 __all__ = [
