@@ -3,7 +3,7 @@ prefixpin's own failures fail open and are counted, never a 5xx."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -140,3 +140,48 @@ def test_metrics_exposition_has_every_spec_name() -> None:
     ):
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
     assert 'prefixpin_requests_total{role="fail-open",route="chat_completions",status="200"} 1.0' in text
+
+
+STREAM = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"b"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"c"}}]}\n\ndata: [DONE]\n\n'
+)
+
+
+def test_a_reply_machine_failing_mid_stream_passes_every_byte_through(monkeypatch: Any) -> None:
+    """The event the splitter was holding back when the state machine failed is sent too."""
+    from canonicalize.wire.reply_chat import ChatReply
+
+    calls = {"n": 0}
+    real = ChatReply.feed
+
+    def flaky(self: ChatReply, event: Any) -> bytes | None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real(self, event)
+
+    monkeypatch.setattr(ChatReply, "feed", flaky)
+
+    class Chunked(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            # Chunks that cut events in the middle: the failure hits with a partial event held back.
+            for part in (STREAM[:70], STREAM[70:130], STREAM[130:]):
+                yield part
+
+    def chunked(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Chunked())
+
+    app = create_app(load(None, env={}), transport=httpx.MockTransport(chunked), store=DownStore())
+    with TestClient(app) as client:
+        body = {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200
+        assert r.content == STREAM
+        assert _metric(client, 'prefixpin_fail_open_total{stage="response"}') == 1
