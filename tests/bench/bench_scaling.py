@@ -24,6 +24,7 @@ rows) should not grow with the length.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import time
@@ -93,7 +94,7 @@ class Case:
     def seeded(self) -> Offline:
         """The proxy's offline flow holding the previous turn as it records it (request + reply link)."""
         offline = Offline(load(None, env={}), new_id=lambda: "prev")
-        run_sync(_drive(offline.send(self.prev_raw, reply=self.reply, headers=KEY)))
+        asyncio.run(offline.send(self.prev_raw, reply=self.reply, headers=KEY))  # recording needs a loop
         return offline
 
     def continuation(self, offline: Offline) -> Flow:
@@ -104,10 +105,6 @@ class Case:
 
 
 HEADERS = Headers(KEY)
-
-
-async def _drive(coro: Coroutine[Any, Any, T]) -> T:
-    return await coro
 
 
 def measure(n: int, budget_s: float) -> dict[str, Any]:
