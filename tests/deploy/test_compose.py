@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from tests import hermes
-from tests.deploy.conftest import PROXY, cached, inspect, run, running_containers, two_turns, wait_ready
+from tests.deploy.conftest import PROXY, inspect, run, running_containers, wait_ready
 from tests.e2e.test_dashboard import DASHBOARD, Session, _exprs, _substitute, _system
+from tests.infra.conversation import cached, two_turns
 from tests.infra.procs import REPO
 from tests.infra.prometheus import Prometheus
 

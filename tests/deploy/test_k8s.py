@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.conftest import PROXY, cached, run, running_containers, two_turns, wait_ready
+from tests.deploy.conftest import PROXY, run, running_containers, wait_ready
+from tests.infra.conversation import cached, two_turns
 from tests.infra.procs import REPO
 
 K8S = REPO / "deploy" / "k8s"
