@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +76,8 @@ def wait_ready(base: str, timeout: float = 180.0) -> None:
     raise AssertionError(f"{base}/readyz not ready after {timeout}s: {last}")
 
 
-@pytest.fixture
-def podman_logs(log_dir: Path) -> Iterator[list[str]]:
-    """Names of containers whose logs are saved to log_dir when the test ends."""
-    names: list[str] = []
-    yield names
+def save_logs(log_dir: Path, names: list[str]) -> None:
+    """Keep the named containers' output in the test's log dir (call before removing them)."""
     for name in names:
         out = run(["podman", "logs", name], check=False)
         (log_dir / f"podman-{name}.log").write_text(out.stdout + out.stderr)

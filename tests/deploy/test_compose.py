@@ -11,11 +11,12 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests import hermes
-from tests.deploy.conftest import PROXY, inspect, run, running_containers, wait_ready
+from tests.deploy.conftest import PROXY, inspect, run, running_containers, save_logs, wait_ready
 from tests.e2e.test_dashboard import DASHBOARD, Session, _exprs, _substitute, _system
 from tests.infra.conversation import cached, two_turns
 from tests.infra.procs import REPO
@@ -33,18 +34,18 @@ def compose(*args: str, timeout: float = 300) -> str:
 
 
 @pytest.fixture
-def stack(images: list[str], podman_logs: list[str]) -> Iterator[Prometheus]:
+def stack(images: list[str], log_dir: Path) -> Iterator[Prometheus]:
     """The stack up and ready; the test itself brings it down (``down`` is under test)."""
     compose("down", "-v")  # leftovers of an interrupted run (and their volumes)
     compose("up", "-d")
-    podman_logs += [f"{PROJECT}_{name}_1" for name in ("prefixpin", "llama", "redis", "prometheus")]
     prom = Prometheus(PROMETHEUS)
     try:
         wait_ready(PROXY)
         yield prom
     finally:
         prom.close()
-        if running_containers(**{"io.podman.compose.project": PROJECT}):
+        if running_containers(**{"io.podman.compose.project": PROJECT}):  # the test failed: keep the logs
+            save_logs(log_dir, [f"{PROJECT}_{name}_1" for name in ("prefixpin", "llama", "redis", "prometheus")])
             compose("down", "-v")
 
 

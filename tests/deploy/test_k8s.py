@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.conftest import PROXY, run, running_containers, wait_ready
+from tests.deploy.conftest import PROXY, run, running_containers, save_logs, wait_ready
 from tests.infra.conversation import cached, two_turns
 from tests.infra.procs import REPO
 
@@ -68,10 +68,8 @@ def sidecar(images: list[str], log_dir: Path) -> Iterator[str]:
         wait_ready(PROXY)
         yield "prefixpin-sidecar"
     finally:
-        for name in ("prefixpin-sidecar-llama", "prefixpin-sidecar-prefixpin"):
-            out = run(["podman", "logs", name], check=False)
-            (log_dir / f"podman-{name}.log").write_text(out.stdout + out.stderr)
-        if run(["podman", "pod", "exists", "prefixpin-sidecar"], check=False).returncode == 0:
+        if run(["podman", "pod", "exists", "prefixpin-sidecar"], check=False).returncode == 0:  # the test failed
+            save_logs(log_dir, ["prefixpin-sidecar-llama", "prefixpin-sidecar-prefixpin"])
             run(["podman", "kube", "down", str(SIDECAR)], check=False)
 
 
