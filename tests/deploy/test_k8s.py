@@ -1,0 +1,88 @@
+"""Kubernetes manifests: every one validates offline (kubernetes-validate, strict),
+and the sidecar pod runs for real with ``podman kube play``."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.conftest import PROXY, run, running_containers, save_logs, wait_ready
+from tests.infra.conversation import cached, two_turns
+from tests.infra.procs import REPO
+
+K8S = REPO / "deploy" / "k8s"
+MANIFESTS = sorted(K8S.glob("*.yaml"))
+SIDECAR = K8S / "sidecar.yaml"
+KUBERNETES_VERSION = "1.34.0"  # a version kubernetes-validate 1.37.0 ships schemas for
+
+pytestmark = pytest.mark.deploy
+
+
+def _validator() -> str:
+    found = shutil.which("kubernetes-validate") or str(Path(sys.executable).parent / "kubernetes-validate")
+    assert Path(found).exists(), "kubernetes-validate is not installed (requirements-dev.lock pins it)"
+    return found
+
+
+def test_manifests_exist() -> None:
+    assert {p.name for p in MANIFESTS} >= {"sidecar.yaml", "service.yaml"}
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_manifest_validates(manifest: Path) -> None:
+    out = run([_validator(), "--strict", "-k", KUBERNETES_VERSION, str(manifest)], check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "INFO" in out.stdout and "ERROR" not in out.stdout, out.stdout
+
+
+def test_service_manifest_shape(tmp_path: Path) -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((K8S / "service.yaml").read_text())}
+    deploy = docs[("Deployment", "prefixpin")]
+    assert deploy["spec"]["replicas"] >= 2
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    config = yaml.safe_load(docs[("ConfigMap", "prefixpin-config")]["data"]["config.yaml"])
+    assert config["store"]["backend"] == "redis"
+    assert ("Service", "prefixpin") in docs and ("Service", "redis") in docs
+    assert ("PodDisruptionBudget", "prefixpin") in docs
+    assert docs[("PodDisruptionBudget", "prefixpin")]["spec"]["minAvailable"] < deploy["spec"]["replicas"]
+    # the config the ConfigMap carries is one prefixpin accepts
+    path = tmp_path / "config.yaml"
+    path.write_text(docs[("ConfigMap", "prefixpin-config")]["data"]["config.yaml"])
+    run([sys.executable, "-m", "proxy.cli", "check-config", str(path)])
+
+
+@pytest.fixture
+def sidecar(images: list[str], log_dir: Path) -> Iterator[str]:
+    run(["podman", "kube", "down", str(SIDECAR)], check=False)  # an interrupted run's pod
+    run(["podman", "kube", "play", str(SIDECAR)], timeout=300)
+    try:
+        wait_ready(PROXY)
+        yield "prefixpin-sidecar"
+    finally:
+        if run(["podman", "pod", "exists", "prefixpin-sidecar"], check=False).returncode == 0:  # the test failed
+            save_logs(log_dir, ["prefixpin-sidecar-llama", "prefixpin-sidecar-prefixpin"])
+            run(["podman", "kube", "down", str(SIDECAR)], check=False)
+
+
+@pytest.mark.slow
+def test_sidecar_pod_with_podman_kube_play(sidecar: str) -> None:
+    first, second, roles = two_turns(PROXY)
+    assert roles == ["root", "continuation"]
+    assert cached(second) > 0, second
+    assert cached(second) >= first.prompt_tokens // 2, (first, second)
+    # prefixpin talks to llama-server over the pod's localhost; only 8787 is published.
+    ports = run(["podman", "pod", "inspect", sidecar, "--format", "{{json .InfraConfig.PortBindings}}"]).stdout
+    assert '"8787/tcp"' in ports and '"127.0.0.1"' in ports and "8080" not in ports, ports
+
+    run(["podman", "kube", "down", str(SIDECAR)])
+    assert run(["podman", "pod", "exists", sidecar], check=False).returncode != 0
+    assert not [n for n in running_containers() if n.startswith("prefixpin-sidecar")]
