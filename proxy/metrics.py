@@ -27,6 +27,7 @@ FAIL_OPEN_STAGES = (
     "store",
     "stream_usage",
     "fork_guard",
+    "affinity",
     "measure",
     "record",
     "response",
