@@ -7,7 +7,7 @@ come in as arguments.  Nothing here imports from ``proxy``.
 from __future__ import annotations
 
 from canonicalize import chain
-from canonicalize.edits import Op, render
+from canonicalize.edits import AddMember, Op, render
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup
 from canonicalize.packs import PACKS, Pack
@@ -26,6 +26,7 @@ __all__ = [
     "MESSAGES",
     "PACKS",
     "SCAN_UP",
+    "AddMember",
     "Canonicalizer",
     "Decision",
     "Event",

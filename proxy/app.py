@@ -5,7 +5,8 @@ POST <an exchange's path>   the one request flow (proxy.handler): chat completio
                             ``/openai/deployments/{name}/chat/completions``), Messages
 GET  /metrics               Prometheus exposition (per-app registry)
 GET  /healthz               200 while the process serves
-GET  /readyz                200 when the store and the upstream answer, else 503 + reason
+GET  /readyz                200 when the store and the upstream (a replica of the pool) answer, else
+                            503 + reason; with a pool, each replica's health
 *    anything else          forwarded unchanged, streaming preserved (proxy.upstream.passthrough)
 """
 
@@ -35,7 +36,8 @@ from proxy.server import CutStreams
 from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
-from proxy.upstream import UpstreamClient, passthrough
+from proxy.upstream import passthrough
+from proxy.upstream.pool import Pool
 
 log = logging.getLogger("prefixpin")
 
@@ -53,7 +55,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        upstream = UpstreamClient(config.upstream, transport)
+        upstream = Pool(config, metrics, transport)
         the_store = store or open_store(config.store)
         s = Services(config=config, canon=canon, store=the_store, guard=StoreGuard(), metrics=metrics)
         state["handler"] = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
@@ -75,16 +77,17 @@ def create_app(
             await asyncio.wait_for(handler.s.store.ping(), 2)
         except (StoreError, OSError, TimeoutError) as exc:
             problems.append(f"store: {exc or type(exc).__name__}")
-        try:
-            r = await handler.upstream.send("GET", "/health", "", [], b"", timeout=2)
-            await r.aclose()
-            if r.status_code >= 500:
-                problems.append(f"upstream: answered {r.status_code}")
-        except UpstreamError as exc:
-            problems.append(f"upstream: {exc}")  # names no URL
+        pool = handler.upstream
+        health = await pool.health()
+        if not pool.pooled:
+            problems += [f"upstream: {h}" for h in health if h is not None]  # names no URL
+        elif all(h is not None for h in health):
+            problems.append("upstream: no replica of upstream.pool answers")
+        extra = {"replicas": [{"replica": i, "ok": h is None, "problem": h} for i, h in enumerate(health)]}
         if problems:
-            return JSONResponse({"status": "not ready", "reasons": problems}, status_code=503)
-        return JSONResponse({"status": "ready"})
+            body = {"status": "not ready", "reasons": problems, **(extra if pool.pooled else {})}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ready", **(extra if pool.pooled else {})})
 
     async def metrics_endpoint(request: Request) -> Response:
         if not config.metrics.enabled:

@@ -49,12 +49,30 @@ class Upstream:
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_connections: int = 512
+    pool: tuple[str, ...] = field(default=(), repr=False)  # replicas of one model server; url unused when set
 
     def __repr__(self) -> str:
         return (
             f"Upstream(url={redact(self.url)!r}, kind={self.kind!r}, timeout_s={self.timeout_s}, "
-            f"connect_timeout_s={self.connect_timeout_s}, max_connections={self.max_connections})"
+            f"connect_timeout_s={self.connect_timeout_s}, max_connections={self.max_connections}, "
+            f"pool={[redact(u) for u in self.pool]!r})"
         )
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The replicas: the pool, or the one url."""
+        return self.pool or (self.url,)
+
+
+@dataclass(frozen=True)
+class Affinity:
+    """Section 2c: which replica (and llama-server slot) serves a lineage."""
+
+    replicas: str = "lineage"  # lineage | round_robin (only used with upstream.pool)
+    max_load: float = 1.25  # no replica takes more than this x the mean in-flight requests
+    retry_after_s: float = 10.0  # a replica that refused connections is tried again after this
+    llama_slots: int = 0  # N > 0: pin each lineage to an id_slot of llama-server --parallel N
+    headers: tuple[str, ...] = ()  # request headers set to the lineage root id
 
 
 @dataclass(frozen=True)
@@ -137,6 +155,7 @@ class Log:
 class Config:
     listen: Listen = field(default_factory=Listen)
     upstream: Upstream = field(default_factory=Upstream)
+    affinity: Affinity = field(default_factory=Affinity)
     store: Store = field(default_factory=Store)
     canonicalize: Canonicalize = field(default_factory=Canonicalize)
     fork: Fork = field(default_factory=Fork)
@@ -173,6 +192,7 @@ class Config:
         out: dict[str, Any] = _to_plain(self)
         out["store"]["redis_url"] = _hide_password(self.store.redis_url)
         out["upstream"]["url"] = redact(self.upstream.url)
+        out["upstream"]["pool"] = [redact(u) for u in self.upstream.pool]
         return out
 
 
@@ -191,6 +211,7 @@ _ENUMS = {
     "store.backend": ("memory", "redis"),
     "log.level": ("debug", "info", "warning", "error"),
     "tenancy.anonymous": ("isolated", "shared"),
+    "affinity.replicas": ("lineage", "round_robin"),
 }
 _POSITIVE = {
     "listen.port",
@@ -208,6 +229,8 @@ _POSITIVE = {
     "limits.header_timeout_s",
     "limits.body_timeout_s",
     "metrics.max_models",
+    "affinity.max_load",
+    "affinity.retry_after_s",
 }
 
 
@@ -330,6 +353,7 @@ def validate(config: Config) -> None:
     url = urlsplit(config.upstream.url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
+    _validate_affinity(config)
     if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in ("redis", "rediss", "unix"):
         raise ConfigError("store.redis_url: must be a redis://, rediss:// or unix:// URL")
     config.settings()  # compiles user rules; raises ConfigError naming the rule
@@ -352,6 +376,21 @@ def _validate_tenancy(config: Config) -> None:
             f"({store.max_links_per_request}), or one request could evict its own lineage "
             f"(got {store.tenant_max_entries})"
         )
+
+
+def _validate_affinity(config: Config) -> None:
+    for i, u in enumerate(config.upstream.pool):
+        parts = urlsplit(u)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"upstream.pool[{i}]: must be an http(s) URL (got {redact(u)!r})")
+    a = config.affinity
+    if a.max_load < 1:
+        raise ConfigError(f"affinity.max_load: must be at least 1 (got {a.max_load})")
+    if a.llama_slots < 0:
+        raise ConfigError(f"affinity.llama_slots: must be 0 (off) or more (got {a.llama_slots})")
+    for i, name in enumerate(a.headers):
+        if not _TOKEN.fullmatch(name):
+            raise ConfigError(f"affinity.headers[{i}]: not a header name (got {name!r})")
 
 
 def load(

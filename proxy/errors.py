@@ -10,6 +10,7 @@
      │    ├── UpstreamUnavailable refused or unreachable: the request never left (-> 502)
      │    │    └── UpstreamReset  the connection broke after the request was sent (-> 502, never resent)
      │    ├── UpstreamTimeout     connect or response timeout (-> 504)
+     │    │    └── UpstreamConnectTimeout  the connection was never made: the request never left
      │    ├── UpstreamProtocol    the upstream spoke broken HTTP (-> 502)
      │    └── UpstreamStreamCut   a response body ended early (the client's response is cut too)
      └── StoreError               the store is down or slow (never a response: fail open)
@@ -74,21 +75,30 @@ class UpstreamError(PrefixpinError):
     status = 502
     type = "upstream_error"
     code = "upstream_error"
+    # True only when the request provably never reached the upstream (no connection
+    # was made): the one case a pool may send it to another replica.
+    never_sent: ClassVar[bool] = False
 
 
 class UpstreamUnavailable(UpstreamError):
     code = "upstream_unavailable"
     metric_kind = "connect"
+    never_sent = True
 
 
 class UpstreamReset(UpstreamUnavailable):
     metric_kind = "reset"
+    never_sent = False
 
 
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
     metric_kind = "timeout"
+
+
+class UpstreamConnectTimeout(UpstreamTimeout):
+    never_sent = True
 
 
 class UpstreamProtocol(UpstreamError):
@@ -109,7 +119,9 @@ def from_httpx(exc: httpx.HTTPError, url: str) -> UpstreamError:
     """Translate an httpx failure talking to ``url``.  The message names no URL,
     header or key; ``detail`` (for the log) has the redacted URL and the cause."""
     detail = f"{redact(url)}: {type(exc).__name__}: {scrub(str(exc))}"
-    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+    if isinstance(exc, httpx.ConnectTimeout):
+        return UpstreamConnectTimeout("prefixpin timed out connecting to the upstream", detail=detail)
+    if isinstance(exc, httpx.PoolTimeout):
         return UpstreamTimeout("prefixpin timed out connecting to the upstream", detail=detail)
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail)

@@ -44,6 +44,10 @@ class Flow:
     reply: Reply | None = None
     status: int = 0
     message: dict[str, Any] | None = None  # the reply as the client received it (the next turn replays it)
+    affinity_key: str | None = None  # the lineage root id: the pool routes on it (section 2c)
+    slot: int | None = None  # the llama-server slot pinned in the body (x-prefixpin-slot)
+    set_headers: tuple[tuple[str, str], ...] = ()  # request headers set for a router behind us
+    replica: int | None = None  # the pool replica that answered (x-prefixpin-replica)
 
     @property
     def big(self) -> bool:
@@ -66,3 +70,6 @@ class Flow:
         self.outcome = None
         self.offered = None
         self.drop_usage_chunk = False
+        self.affinity_key = None
+        self.slot = None
+        self.set_headers = ()

@@ -29,7 +29,8 @@ from proxy.addons import Runner
 from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError
 from proxy.flow import Flow
 from proxy.services import Services
-from proxy.upstream import UpstreamClient, client_path, request_headers, response_headers
+from proxy.upstream import client_path, request_headers, response_headers
+from proxy.upstream.pool import REPLICA, Pool
 
 log = logging.getLogger("prefixpin")
 T = TypeVar("T")
@@ -52,7 +53,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 class Handler:
     """Serves every exchange route; holds no per-request state."""
 
-    def __init__(self, s: Services, upstream: UpstreamClient, runner: Runner) -> None:
+    def __init__(self, s: Services, upstream: Pool, runner: Runner) -> None:
         self.s = s
         self.upstream = upstream
         self.runner = runner
@@ -98,10 +99,14 @@ class Handler:
     # -- the upstream -------------------------------------------------------------------
     async def _send(self, request: Request, flow: Flow) -> Response:
         headers = request_headers(request.headers.items(), identity=True)
+        if flow.set_headers:  # affinity.headers: ours replace the client's
+            names = {k for k, _ in flow.set_headers}
+            headers = [(k, v) for k, v in headers if k.lower() not in names] + list(flow.set_headers)
         sent = time.perf_counter()
-        resp = await _unless_client_leaves(
-            request, self.upstream.send("POST", client_path(request), flow.query, headers, flow.out)
-        )
+        send = self.upstream.send("POST", client_path(request), flow.query, headers, flow.out, key=flow.affinity_key)
+        resp = await _unless_client_leaves(request, send)
+        if self.upstream.pooled:
+            flow.replica = resp.extensions.get(REPLICA)
         out_headers = response_headers(resp.headers, drop=("content-encoding",))
         if resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
             return StreamingResponse(self._relay(resp, flow, sent), status_code=resp.status_code, headers=out_headers)
@@ -225,4 +230,8 @@ def _tag(response: Response, flow: Flow) -> Response:
         response.headers["x-prefixpin-lineage"] = flow.outcome.record.id
     if flow.rewrites:
         response.headers["x-prefixpin-rewrites"] = ",".join(flow.rewrites)
+    if flow.replica is not None:
+        response.headers["x-prefixpin-replica"] = str(flow.replica)
+    if flow.slot is not None:
+        response.headers["x-prefixpin-slot"] = str(flow.slot)
     return response

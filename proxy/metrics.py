@@ -27,6 +27,7 @@ FAIL_OPEN_STAGES = (
     "store",
     "stream_usage",
     "fork_guard",
+    "affinity",
     "measure",
     "record",
     "response",
@@ -109,6 +110,14 @@ class Metrics:
         )
         self.upstream_errors = Counter(
             "prefixpin_upstream_errors_total", "Upstream failures, by kind", ("kind",), registry=r
+        )
+        self.replica_requests = Counter(
+            "prefixpin_replica_requests_total", "Requests sent to each upstream.pool replica", ("replica",), registry=r
+        )
+        self.replica_failovers = Counter(
+            "prefixpin_replica_failovers_total",
+            "Requests sent to another replica after theirs refused the connection",
+            registry=r,
         )
         self.request_duration = Histogram(
             "prefixpin_request_duration_seconds",

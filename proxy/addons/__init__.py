@@ -1,6 +1,6 @@
 """The request path as an ordered tuple of small addons (mitmproxy's model).
 
-    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ForkGuard, Measure, Record)
+    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ForkGuard, Affinity, Measure, Record)
 
 The tuple *is* the execution order.  Each addon may implement
 
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from canonicalize import render
+from proxy.addons.affinity import Affinity
 from proxy.addons.bypass import Bypass
 from proxy.addons.canonicalize import Canonicalize
 from proxy.addons.fork_guard import ForkGuard
@@ -48,6 +49,7 @@ def build(s: Services) -> tuple[Addon, ...]:
         Canonicalize(s),
         StreamUsage(),
         ForkGuard(),
+        Affinity(s.config.affinity),
         Measure(s.metrics),
         Record(s),
     )

@@ -14,15 +14,21 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.errors import UpstreamStreamCut
 from proxy.redact import scrub
-from proxy.upstream.client import UpstreamClient
 from proxy.upstream.headers import request_headers, response_headers
+from proxy.upstream.pool import REPLICA, Pool
 from proxy.upstream.target import client_path
 
 
-async def passthrough(request: Request, upstream: UpstreamClient, body: bytes) -> Response:
-    """Forward any request unchanged: method, path, query, body bytes, streaming."""
+async def passthrough(request: Request, upstream: Pool, body: bytes) -> Response:
+    """Forward any request unchanged: method, path, query, body bytes, streaming
+    (to the next healthy replica in turn when there is a pool)."""
     resp = await upstream.send(
-        request.method, client_path(request), request.url.query, request_headers(request.headers.items()), body
+        request.method,
+        client_path(request),
+        request.url.query,
+        request_headers(request.headers.items()),
+        body,
+        sticky=False,
     )
 
     async def relay() -> AsyncIterator[bytes]:
@@ -39,6 +45,8 @@ async def passthrough(request: Request, upstream: UpstreamClient, body: bytes) -
     headers = response_headers(resp.headers)
     if "content-length" in resp.headers and "transfer-encoding" not in resp.headers:
         headers["content-length"] = resp.headers["content-length"]
+    if upstream.pooled:
+        headers["x-prefixpin-replica"] = str(resp.extensions.get(REPLICA, 0))
     return StreamingResponse(
         relay(), status_code=resp.status_code, headers=headers, background=BackgroundTask(resp.aclose)
     )

@@ -1,0 +1,67 @@
+"""Section 2c: serve each lineage where its prefix is cached.
+
+The affinity key of a request is its lineage root id (one id for a lineage and
+all its forks): the pool's policy routes on it (proxy.upstream.pool), and this
+addon
+
+- pins the lineage to a slot of ``llama-server --parallel N``
+  (``affinity.llama_slots``): ``id_slot`` added to the forwarded body as one
+  member (every other byte as the client sent it); a body that names its own
+  ``id_slot`` keeps it;
+- sets each ``affinity.headers`` name to the key, replacing a client's own value.
+
+A request without a lineage (bypassed, not JSON, failed open, store down) gets
+no key, no slot and none of these headers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from canonicalize import AddMember
+from proxy.config import Affinity as AffinityConfig
+from proxy.flow import Flow
+
+
+class SlotTable:
+    """Lineage root -> llama-server slot, least-recently-used reassignment.
+
+    Per process: with several prefixpin processes in front of one llama-server,
+    each keeps its own table (route a lineage to one process, or use one process
+    per llama-server, the sidecar deployment)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._owners: OrderedDict[str, int] = OrderedDict()
+
+    def slot(self, root: str) -> int:
+        """``root``'s slot, assigning the least recently used one when it has none."""
+        slot = self._owners.get(root)
+        if slot is not None:
+            self._owners.move_to_end(root)
+            return slot
+        if len(self._owners) < self.slots:
+            slot = len(self._owners)
+        else:
+            _, slot = self._owners.popitem(last=False)
+        self._owners[root] = slot
+        return slot
+
+
+class Affinity:
+    name = "affinity"
+
+    def __init__(self, cfg: AffinityConfig) -> None:
+        self.headers = tuple(h.lower() for h in cfg.headers)
+        self.slots = SlotTable(cfg.llama_slots) if cfg.llama_slots > 0 else None
+
+    async def request(self, flow: Flow) -> None:
+        if flow.outcome is None or not flow.editable or flow.body is None:
+            return
+        root = flow.outcome.record.root_id
+        flow.affinity_key = root
+        flow.set_headers = tuple((h, root) for h in self.headers)
+        if self.slots is not None and "id_slot" not in flow.body:
+            slot = self.slots.slot(root)
+            flow.ops.append(AddMember("id_slot", str(slot).encode()))
+            flow.slot = slot

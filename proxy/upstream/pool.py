@@ -1,0 +1,175 @@
+"""``upstream.pool``: one :class:`UpstreamClient` per replica, health, load and failover.
+
+A :class:`Pool` has :class:`UpstreamClient`'s interface (``send``, ``read``,
+``aclose``) plus the request's affinity key; with no pool configured it holds
+the one ``upstream.url`` and behaves exactly as that client.
+
+- The :mod:`policy <proxy.upstream.policy>` chooses a replica from its key, each
+  replica's health and this process's in-flight count for it.
+- A replica that refuses the connection or times out connecting is marked down
+  for ``affinity.retry_after_s`` (its lineages move to their next replica on the
+  ring) and the request goes to the next replica, once.  Only then: the error
+  says the request never reached the replica (``UpstreamError.never_sent``).  A
+  request that was written, even partly, is never sent again.
+- The response's replica index is in ``resp.extensions["prefixpin.replica"]``; it
+  counts as in flight until its body is closed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+import httpx
+
+from proxy.config import Config
+from proxy.errors import UpstreamError
+from proxy.metrics import Metrics
+from proxy.redact import redact
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.policy import Policy, Replica, RoundRobin, make_policy
+
+REPLICA = "prefixpin.replica"
+
+
+class _Tracked(httpx.AsyncByteStream):
+    """The response body; closing it ends the request's time in flight (once)."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._release: Callable[[], None] | None = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
+
+
+class Pool:
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        up = config.upstream
+        self.pooled = bool(up.pool)
+        self.clients = [UpstreamClient(replace(up, url=url), transport) for url in up.urls]
+        self.policy: Policy = make_policy(config.affinity, len(self.clients))
+        self.passthrough_policy: Policy = RoundRobin()  # passthrough routes: any healthy replica
+        self.retry_after_s = config.affinity.retry_after_s
+        self.metrics = metrics
+        self.clock = clock
+        self.in_flight = [0] * len(self.clients)
+        self.down_until = [0.0] * len(self.clients)
+        if self.pooled:
+            for i in range(len(self.clients)):
+                metrics.replica_requests.labels(str(i))
+
+    @property
+    def base(self) -> str:
+        return self.clients[0].base
+
+    def replicas(self, *, skip: int | None = None) -> list[Replica]:
+        now = self.clock()
+        return [
+            Replica(i, i != skip and self.down_until[i] <= now, self.in_flight[i]) for i in range(len(self.clients))
+        ]
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        content: bytes,
+        *,
+        key: str | None = None,
+        timeout: float | None = None,
+        sticky: bool = True,
+    ) -> httpx.Response:
+        """Send to the replica the policy chooses (``sticky=False``: round robin);
+        once more to the next one when the first provably never got the request."""
+        policy = self.policy if sticky else self.passthrough_policy
+        index = policy.choose(key, self.replicas())
+        try:
+            return await self._send_to(index, method, path, query, headers, content, timeout)
+        except UpstreamError as exc:
+            if not (self.pooled and exc.never_sent):
+                raise
+            self.down_until[index] = self.clock() + self.retry_after_s
+            retry = policy.choose(key, self.replicas(skip=index))
+            if retry == index:
+                raise
+            self.metrics.replica_failovers.inc()
+            return await self._send_to(retry, method, path, query, headers, content, timeout)
+
+    async def _send_to(
+        self,
+        index: int,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        content: bytes,
+        timeout: float | None,
+    ) -> httpx.Response:
+        self.in_flight[index] += 1
+        try:
+            resp = await self.clients[index].send(method, path, query, headers, content, timeout=timeout)
+        except BaseException:
+            self.in_flight[index] -= 1
+            raise
+        self.down_until[index] = 0.0
+        if self.pooled:
+            self.metrics.replica_requests.labels(str(index)).inc()
+
+        def release() -> None:
+            self.in_flight[index] -= 1
+
+        if resp.is_closed:  # an already-read response (tests' mock transports)
+            release()
+        else:
+            resp.stream = _Tracked(resp.stream, release)  # type: ignore[arg-type]
+        resp.extensions[REPLICA] = index
+        return resp
+
+    async def read(self, resp: httpx.Response) -> bytes:
+        return await self.clients[int(resp.extensions.get(REPLICA, 0))].read(resp)
+
+    async def health(self) -> list[str | None]:
+        """Each replica's problem (None when its ``/health`` answers below 500)."""
+        out: list[str | None] = []
+        for i, client in enumerate(self.clients):
+            try:
+                r = await client.send("GET", "/health", "", [], b"", timeout=2)
+                await r.aclose()
+                out.append(f"answered {r.status_code}" if r.status_code >= 500 else None)
+            except UpstreamError as exc:
+                if exc.never_sent and self.pooled:
+                    self.down_until[i] = self.clock() + self.retry_after_s
+                out.append(str(exc))  # names no URL
+        return out
+
+    def describe(self, index: int) -> str:
+        return redact(self.clients[index].base)
+
+    async def aclose(self) -> None:
+        seen: set[int] = set()
+        for client in self.clients:
+            if id(client.transport) not in seen:
+                seen.add(id(client.transport))
+                await client.aclose()
+
+
+__all__ = ["REPLICA", "Pool"]

@@ -1,0 +1,133 @@
+"""Section 2c in-process: a pool of fake replicas (one mock transport, told apart
+by host), lineage routing, failover only before any byte left, id_slot and
+affinity headers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+from starlette.testclient import TestClient
+
+from proxy.app import create_app
+from proxy.config import from_mapping
+from tests import hermes
+
+POOL = ["http://r0.test", "http://r1.test", "http://r2.test"]
+
+
+class Replicas(httpx.AsyncBaseTransport):
+    """Three fake replicas; bodies stream unread, as from the real transport."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bytes, httpx.Headers]] = []
+        self.refuse: set[str] = set()
+        self.reset: set[str] = set()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host in self.refuse:
+            raise httpx.ConnectError("refused")
+        self.seen.append((host, await request.aread(), request.headers))
+        if host in self.reset:
+            raise httpx.ReadError("reset after the request was written")
+        body: Any = {"status": "ok"}
+        if request.url.path != "/health":
+            message = {"role": "assistant", "content": "ok"}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            body = {"id": "c", "object": "chat.completion", "choices": [choice], "usage": {"prompt_tokens": 10}}
+        headers = {"content-type": "application/json"}
+        return httpx.Response(200, headers=headers, stream=httpx.ByteStream(orjson.dumps(body)))
+
+
+def _client(up: Replicas, **affinity: Any) -> TestClient:
+    cfg = from_mapping({"upstream": {"pool": POOL}, "affinity": affinity})
+    return TestClient(create_app(cfg, transport=up), headers={"authorization": "Bearer sk-test"})
+
+
+def _turns(session: str, n: int) -> list[dict[str, Any]]:
+    system = f"You are a careful coding agent. Session {session}."
+    history: list[dict[str, Any]] = []
+    out = []
+    for i in range(n):
+        history = [*history, {"role": "user", "content": f"question {i} of {session}"}]
+        out.append(hermes.request(system, history))
+        history = [*history, {"role": "assistant", "content": "ok"}]
+    return out
+
+
+def _metric(client: TestClient, line: str) -> float:
+    return float(next(x for x in client.get("/metrics").text.splitlines() if x.startswith(line)).split()[-1])
+
+
+def test_a_lineage_stays_on_one_replica_and_sessions_spread() -> None:
+    up = Replicas()
+    with _client(up) as client:
+        homes = set()
+        for s in range(8):
+            replicas = set()
+            for body in _turns(f"s{s}", 3):
+                r = client.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200
+                replicas.add(r.headers["x-prefixpin-replica"])
+            assert len(replicas) == 1, replicas
+            homes |= replicas
+        assert len(homes) > 1
+        assert sum(_metric(client, f'prefixpin_replica_requests_total{{replica="{i}"}}') for i in range(3)) == 24
+
+
+def test_refused_replica_fails_over_once_and_is_skipped() -> None:
+    up = Replicas()
+    with _client(up) as client:
+        first = client.post("/v1/chat/completions", json=_turns("a", 1)[0])
+        home = int(first.headers["x-prefixpin-replica"])
+        up.refuse.add(f"r{home}.test")
+        r = client.post("/v1/chat/completions", json=_turns("a", 2)[1])
+        assert r.status_code == 200 and r.headers["x-prefixpin-replica"] != str(home)
+        assert _metric(client, "prefixpin_replica_failovers_total") == 1
+        ready = client.get("/readyz").json()
+        assert ready["status"] == "ready"
+        assert [x["ok"] for x in ready["replicas"]] == [i != home for i in range(3)]
+
+
+def test_a_request_written_to_a_replica_is_never_resent() -> None:
+    up = Replicas()
+    with _client(up) as client:
+        home = client.post("/v1/chat/completions", json=_turns("b", 1)[0]).headers["x-prefixpin-replica"]
+        up.reset.add(f"r{home}.test")
+        before = len(up.seen)
+        r = client.post("/v1/chat/completions", json=_turns("b", 2)[1])
+        assert r.status_code == 502
+        assert len(up.seen) == before + 1
+        assert _metric(client, "prefixpin_replica_failovers_total") == 0
+
+
+def test_llama_slots_add_id_slot_and_keep_every_other_byte() -> None:
+    up = Replicas()
+    with _client(up, llama_slots=2) as client:
+        slots = {}
+        for s in ("a", "b", "c"):
+            for body in _turns(s, 2):
+                raw = orjson.dumps(body)
+                r = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+                sent = up.seen[-1][1]
+                assert sent == raw[:-1] + b',"id_slot":' + r.headers["x-prefixpin-slot"].encode() + b"}"
+                slots.setdefault(s, set()).add(r.headers["x-prefixpin-slot"])
+        assert all(len(v) == 1 for v in slots.values())
+        assert slots["a"] != slots["b"] and slots["c"] == slots["a"]  # LRU: c took a's slot
+
+
+def test_affinity_headers_replace_the_clients_own() -> None:
+    up = Replicas()
+    with _client(up, headers=["x-session-affinity"]) as client:
+        r = client.post("/v1/chat/completions", json=_turns("h", 1)[0], headers={"X-Session-Affinity": "client-chosen"})
+        sent = up.seen[-1][2]
+        assert sent.get_list("x-session-affinity") == [r.headers["x-prefixpin-lineage"]]
+
+
+def test_passthrough_goes_round_robin() -> None:
+    up = Replicas()
+    with _client(up) as client:
+        got = [client.get("/v1/models").headers["x-prefixpin-replica"] for _ in range(3)]
+        assert sorted(got) == ["0", "1", "2"]

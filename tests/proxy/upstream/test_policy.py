@@ -1,0 +1,56 @@
+"""Replica policies: pure functions of the key and the replicas' health and load."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from proxy.config import Affinity
+from proxy.upstream.policy import Lineage, Replica, RoundRobin, make_policy
+
+
+def _up(n: int, loads: dict[int, int] | None = None, down: frozenset[int] = frozenset()) -> list[Replica]:
+    return [Replica(i, i not in down, (loads or {}).get(i, 0)) for i in range(n)]
+
+
+KEYS = [f"lineage-{i}" for i in range(300)]
+
+
+def test_lineage_is_deterministic_across_processes_and_spreads() -> None:
+    a, b = Lineage(3, 1.25), Lineage(3, 1.25)
+    picks = [a.choose(k, _up(3)) for k in KEYS]
+    assert picks == [b.choose(k, _up(3)) for k in KEYS]
+    assert min(Counter(picks).values()) > 50
+
+
+def test_a_down_replica_moves_only_its_own_lineages() -> None:
+    p = Lineage(3, 1.25)
+    before = {k: p.choose(k, _up(3)) for k in KEYS}
+    after = {k: p.choose(k, _up(3, down=frozenset({1}))) for k in KEYS}
+    assert all(after[k] != 1 for k in KEYS)
+    assert all(after[k] == before[k] for k in KEYS if before[k] != 1)
+
+
+def test_bounded_load_skips_a_replica_over_the_cap() -> None:
+    p = Lineage(3, 1.25)
+    key = KEYS[0]
+    home = p.choose(key, _up(3))
+    # home holds 2 of 2 in flight: cap = ceil(1.25 * 3 / 3) = 2, a third would pass it
+    assert p.choose(key, _up(3, {home: 2})) == p.order(key)[1]
+    # one each: cap = ceil(1.25 * 4 / 3) = 2, home stays
+    assert p.choose(key, _up(3, dict.fromkeys(range(3), 1))) == home
+
+
+def test_no_key_and_round_robin_cycle_healthy_replicas() -> None:
+    rr = RoundRobin()
+    assert [rr.choose(None, _up(3, down=frozenset({1}))) for _ in range(4)] == [0, 2, 0, 2]
+    p = Lineage(2, 1.25)
+    assert {p.choose(None, _up(2)) for _ in range(4)} == {0, 1}
+
+
+def test_all_down_still_chooses() -> None:
+    assert Lineage(2, 1.25).choose("k", _up(2, down=frozenset({0, 1}))) in (0, 1)
+
+
+def test_factory() -> None:
+    assert make_policy(Affinity(), 2).name == "lineage"
+    assert make_policy(Affinity(replicas="round_robin"), 2).name == "round_robin"
