@@ -346,8 +346,8 @@ class Canonicalizer:
             )
             self._apply_notes(prep, record.notes, rewrites)
             if self._recorded_tools(prep, parent) and parent.tools_ref in blobs:
-                structural.append(SetValue(("tools",), blobs[parent.tools_ref]))
-                body["tools"] = orjson.loads(blobs[parent.tools_ref])
+                structural.append(SetValue(exchange.tools_path(body), blobs[parent.tools_ref]))
+                _set_tools(exchange, body, orjson.loads(blobs[parent.tools_ref]))
                 rewrites.append(TOOLS_RULE)
             elif prep.tools is not None and tools_meaning != parent.tools_meaning:
                 record = record.evolve(tools_meaning=tools_meaning, tool_order=own_tools)
@@ -426,7 +426,11 @@ class Canonicalizer:
             rewrites.append("fork.system")
         parent_tools = orjson.loads(tools_blob)
         if (exchange.tools(body) or []) != (parent_tools or []):
-            if parent_tools:
+            path = exchange.tools_path(body)
+            if parent_tools and path != ("tools",):  # tools inside the body (a Responses input item)
+                _set_tools(exchange, body, parent_tools)
+                ops.append(SetValue(path, tools_blob))
+            elif parent_tools:
                 had = "tools" in body
                 body["tools"] = parent_tools
                 ops.append(SetMember((), "tools", tools_blob) if had else AddMember("tools", tools_blob))
@@ -496,6 +500,15 @@ def _tools_ref(exchange: Exchange, body: dict[str, Any]) -> str:
         return chain.digest(orjson.dumps(tool_list))
     except TypeError:
         return chain.digest(repr(tool_list).encode("utf-8", "surrogatepass"))
+
+
+def _set_tools(exchange: Exchange, body: dict[str, Any], tools: Any) -> None:
+    """Put ``tools`` where ``exchange`` keeps tools[] in the parse."""
+    *parents, key = exchange.tools_path(body)
+    node: Any = body
+    for k in parents:
+        node = node[k]
+    node[key] = tools
 
 
 def _names(exchange: Exchange, tool_list: Sequence[Any]) -> tuple[str, ...]:

@@ -74,6 +74,10 @@ class Exchange(Protocol):
 
     def tool_slots(self, body: dict[str, Any]) -> list[Slot]: ...
 
+    def tools_path(self, body: dict[str, Any]) -> Path:
+        """Where tools[] sits (or would be added) in the request."""
+        ...
+
     # -- history ----------------------------------------------------------------------
     def history(self, body: dict[str, Any]) -> list[Any]: ...
 
@@ -90,6 +94,10 @@ class Exchange(Protocol):
     def is_user(self, msg: Any) -> bool: ...
 
     def last_user_text(self, body: dict[str, Any]) -> str: ...
+
+    def replayed(self, message: dict[str, Any]) -> list[Any]:
+        """The history items the next turn replays for a reply's ``message()``."""
+        ...
 
     # -- streaming, replies, errors ---------------------------------------------------------
     def stream_usage(self, body: dict[str, Any]) -> list[Op]:

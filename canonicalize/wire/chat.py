@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from canonicalize.edits import AddMember, Op, SetItems, SetMember
-from canonicalize.jsonspan import JsonDoc
+from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
 from canonicalize.wire.reply_chat import ChatReply
 
@@ -152,6 +152,9 @@ class ChatExchange:
                     description_slots(tool, ("tools", i), out)
         return out
 
+    def tools_path(self, body: dict[str, Any]) -> Path:
+        return ("tools",)
+
     # -- history ----------------------------------------------------------------------
     def history(self, body: dict[str, Any]) -> list[Any]:
         return [m for m in _messages(body) if not _is_system(m)]
@@ -207,6 +210,9 @@ class ChatExchange:
                 flat = flat_content(msg.get("content"))
                 return flat if isinstance(flat, str) else ""
         return ""
+
+    def replayed(self, message: dict[str, Any]) -> list[Any]:
+        return [message]
 
     # -- streaming, replies, errors ---------------------------------------------------
     def stream_usage(self, body: dict[str, Any]) -> list[Op]:

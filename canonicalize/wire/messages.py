@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember
-from canonicalize.jsonspan import JsonDoc
+from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.wire.base import Reply, Slot, description_slots, text_slots
 from canonicalize.wire.chat import canonical_json, flat_content
 from canonicalize.wire.reply_messages import MessagesReply
@@ -73,6 +73,9 @@ class MessagesExchange:
             description_slots(tool, ("tools", i), out)
         return out
 
+    def tools_path(self, body: dict[str, Any]) -> Path:
+        return ("tools",)
+
     # -- history ----------------------------------------------------------------------
     def history(self, body: dict[str, Any]) -> list[Any]:
         messages = body.get("messages")
@@ -118,6 +121,9 @@ class MessagesExchange:
                 flat = flat_content(msg.get("content"))
                 return flat if isinstance(flat, str) else ""
         return ""
+
+    def replayed(self, message: dict[str, Any]) -> list[Any]:
+        return [message]
 
     # -- streaming, replies, errors ---------------------------------------------------
     def stream_usage(self, body: dict[str, Any]) -> list[Op]:
