@@ -16,7 +16,7 @@ match, for hashing and fingerprints.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -119,6 +119,8 @@ class Canonicalizer:
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
         self._tools_cache: OrderedDict[bytes, str] = OrderedDict()
         self.rule_names = tuple(r.name for r in rules)
+        self.identity_params = tuple(dict.fromkeys(q for p in packs for q in p.identity_params))
+        self.identity_headers = tuple(dict.fromkeys(h for p in packs for h in p.identity_headers))
         self.static = {s: tuple(r for r in rules if r.static and r.scope in (s, "all")) for s in ("system", "tools")}
         self.static_messages = tuple(r for r in rules if r.static and r.scope == "all")
         self.pin_system = tuple(r for r in rules if not r.static and r.scope in ("system", "all"))
@@ -182,9 +184,16 @@ class Canonicalizer:
         return ToolsId(chain.digest(form), meaning, _names(exchange, tool_list), len(form))
 
     def prepare(
-        self, doc: JsonDoc, body: dict[str, Any], exchange: Exchange, *, declared_parent: str | None = None
+        self,
+        doc: JsonDoc,
+        body: dict[str, Any],
+        exchange: Exchange,
+        *,
+        declared_parent: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Prepared:
-        """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``)."""
+        """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``);
+        ``headers`` (the request's) name the session for packs that say so."""
         rewrites: list[str] = []
         originals: dict[Path, tuple[Slot, str]] = {}
         system_slots = exchange.system_slots(body)
@@ -228,7 +237,7 @@ class Canonicalizer:
             depth=0,
             first_assistant=first_assistant,
             last_assistant=last_assistant,
-            identity=tuple(s.value for s in spans if s.rule.identity),
+            identity=tuple(s.value for s in spans if s.rule.identity) + self._identity(body, headers),
             skeleton=skeleton,
             head=head,
             tools=tools.names if tools else (),
@@ -392,6 +401,17 @@ class Canonicalizer:
         )
 
     # -- helpers ------------------------------------------------------------
+    def _identity(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> tuple[str, ...]:
+        """The session named by the packs' identity params / headers (first one found)."""
+        for p in self.identity_params:
+            if isinstance(body.get(p), str) and body[p]:
+                return (f"{p}={body[p]}",)
+        for h in self.identity_headers if headers is not None else ():
+            value = headers.get(h) if headers is not None else None
+            if value:
+                return (f"header={value}",)
+        return ()
+
     def _apply_notes(self, prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str]) -> None:
         for index, line in recorded:
             slot = prep.exchange.note_slot(prep.body, index)

@@ -80,7 +80,7 @@ class Canonicalize:
         flow.body = body
         flow.doc = JsonDoc(flow.raw)
         parent = flow.headers.get("x-prefixpin-parent") or None
-        return self.s.canon.prepare(flow.doc, body, flow.exchange, declared_parent=parent)
+        return self.s.canon.prepare(flow.doc, body, flow.exchange, declared_parent=parent, headers=flow.headers)
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
