@@ -38,6 +38,7 @@ CANDIDATES = 8  # lineages a lookup returns at most
 SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
 SLOT_CACHE = 256  # distinct system texts / tool lists whose analysis is memoised
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
+_TIP = object()  # a previous response, standing first in a chain that starts from its tip
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,8 @@ class Prepared:
     signals: Signals
     tools: ToolsId | None
     originals: dict[Path, tuple[Slot, str]]  # every string a rule may change, as sent
+    offset: int = 0  # chain links before the body's own history (1: a previous response's tip)
+    continues: str | None = None  # the lineage a previous response belongs to (it continues it)
 
 
 @dataclass(slots=True)
@@ -191,9 +194,15 @@ class Canonicalizer:
         *,
         declared_parent: str | None = None,
         headers: Mapping[str, str] | None = None,
+        previous: tuple[str, bytes] | None = None,
     ) -> Prepared:
         """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``);
-        ``headers`` (the request's) name the session for packs that say so."""
+        ``headers`` (the request's) name the session for packs that say so.  ``previous``
+        is the lineage and tip link a previous response ended at (Responses
+        ``previous_response_id``): the chain is that link, then the body's own history
+        chained from it, the tip counts as the replayed reply, and the request
+        continues that lineage."""
+        tip = previous[1] if previous is not None else None
         rewrites: list[str] = []
         originals: dict[Path, tuple[Slot, str]] = {}
         system_slots = exchange.system_slots(body)
@@ -228,11 +237,20 @@ class Canonicalizer:
             ]
             for slot in tool_slots:
                 originals.setdefault(slot.path, (slot, slot.get()))
-        history = exchange.history(body)
-        links, sizes = chain.links(exchange, history)
-        first_assistant = next((i for i, m in enumerate(history) if exchange.is_assistant(m)), None)
-        last_assistant = next((i for i in range(len(history) - 1, -1, -1) if exchange.is_assistant(history[i])), None)
-        last_user = next((i for i in range(len(history) - 1, -1, -1) if exchange.is_user(history[i])), None)
+        history: list[Any] = exchange.history(body)
+        links, sizes = chain.links(exchange, history, prev=tip or chain.ROOT)
+        offset = 0
+        if tip is not None:
+            links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
+        first_assistant = next((i for i, m in enumerate(history) if m is _TIP or exchange.is_assistant(m)), None)
+        last_assistant = next(
+            (i for i in range(len(history) - 1, -1, -1) if history[i] is _TIP or exchange.is_assistant(history[i])),
+            None,
+        )
+        last_user = next(
+            (i for i in range(len(history) - 1, -1, -1) if history[i] is not _TIP and exchange.is_user(history[i])),
+            None,
+        )
         signals = Signals(
             depth=0,
             first_assistant=first_assistant,
@@ -246,12 +264,29 @@ class Canonicalizer:
             declared_parent=declared_parent,
         )
         return Prepared(
-            doc, body, exchange, rewrites, system_slots, slots, spans, links, sizes, signals, tools, originals
+            doc,
+            body,
+            exchange,
+            rewrites,
+            system_slots,
+            slots,
+            spans,
+            links,
+            sizes,
+            signals,
+            tools,
+            originals,
+            offset,
+            previous[0] if previous is not None else None,
         )
 
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
         prep.signals = replace(prep.signals, depth=lookup.depth)
+        if prep.continues is not None:  # named by previous_response_id: no guessing
+            for rec in lookup.candidates:
+                if rec.id == prep.continues:
+                    return Decision("continuation", rec)
         return classify(prep.signals, lookup, self.fork)
 
     def blobs_needed(self, prep: Prepared, decision: Decision) -> tuple[str, ...]:
@@ -414,7 +449,7 @@ class Canonicalizer:
 
     def _apply_notes(self, prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str]) -> None:
         for index, line in recorded:
-            slot = prep.exchange.note_slot(prep.body, index)
+            slot = prep.exchange.note_slot(prep.body, index - prep.offset) if index >= prep.offset else None
             if slot is None:
                 continue
             prep.originals.setdefault(slot.path, (slot, slot.get()))

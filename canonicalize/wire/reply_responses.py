@@ -48,6 +48,7 @@ class ResponsesReply:
         self._renumber: dict[int, int] = {}
         self._items: dict[int, dict[str, Any]] = {}  # client index -> item as received
         self._saw = False
+        self.response_id: str | None = None
 
     def _blocks(self, item: Any) -> bool:
         return (
@@ -69,6 +70,8 @@ class ResponsesReply:
         if kind in _FIRST_TOKEN:
             self.first_token = True
         changed = False
+        if kind in ("response.created", "response.completed", "response.incomplete"):
+            self._id(obj.get("response"))
         if kind == "response.completed" or kind == "response.incomplete":
             self._saw = True
             changed = self._filter(obj.get("response"))
@@ -98,6 +101,10 @@ class ResponsesReply:
             return event.raw
         return b"event: " + str(kind).encode() + b"\n" + encode(orjson.dumps(obj))
 
+    def _id(self, response: Any) -> None:
+        if isinstance(response, dict) and isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+
     def _filter(self, response: Any) -> bool:
         """Remove blocked calls from a whole response's ``output``; True if changed."""
         if not isinstance(response, dict) or not isinstance(response.get("output"), list):
@@ -115,6 +122,7 @@ class ResponsesReply:
         if not isinstance(obj, dict):
             return False
         self.usage.feed(obj)
+        self._id(obj)
         if not isinstance(obj.get("output"), list):
             return False
         self._saw = True
@@ -124,7 +132,11 @@ class ResponsesReply:
         return changed
 
     def message(self) -> dict[str, Any] | None:
-        """The output items the client received, as ``{"role": "assistant", "output": [...]}``."""
+        """The output items the client received, as ``{"role": "assistant", "id":
+        <response id>, "output": [...]}`` (the id is what ``previous_response_id`` names)."""
         if not self._saw:
             return None
-        return {"role": "assistant", "output": [item for _, item in sorted(self._items.items())]}
+        out: dict[str, Any] = {"role": "assistant", "output": [item for _, item in sorted(self._items.items())]}
+        if self.response_id is not None:
+            out["id"] = self.response_id
+        return out

@@ -36,6 +36,10 @@ class Record:
                 for item in prep.exchange.replayed(flow.message):
                     tip.append(chain.extend(prep.exchange, tip, item))
                     links.append(tip[-1])
+                response_id = flow.message.get("id")
+                if isinstance(response_id, str) and response_id and tip:  # Responses: previous_response_id
+                    rec_id, last = outcome.record.id, tip[-1]
+                    await s.guard.call(lambda: s.store.record_response(flow.tenant, response_id, rec_id, last))
             blobs = await asyncio.to_thread(self._blobs, flow, outcome) if flow.big else self._blobs(flow, outcome)
             await s.guard.call(lambda: s.store.record(flow.tenant, outcome.record, links, blobs, outcome.touch))
         except StoreError as exc:

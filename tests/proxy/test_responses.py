@@ -141,3 +141,21 @@ def test_string_input_then_replay() -> None:
     one = h.send(req("hello"), exchange=RESPONSES, reply={"role": "assistant", "output": [MSG]})
     two = h.send(req([{"role": "user", "content": "hello"}, *replayed(MSG), TASK]), exchange=RESPONSES)
     assert two.role == "continuation" and two.record.id == one.record.id
+
+
+def test_previous_response_id_continues_from_the_responses_tip() -> None:
+    h = harness()
+    first = req([DEV, TASK], key="")
+    one = h.send(first, exchange=RESPONSES, reply={"role": "assistant", "id": "resp_1", "output": [MSG, CALL]})
+    # The next turn sends only what is new, naming the previous response.
+    nxt = req([OUT], key="", previous_response_id="resp_1")
+    two = h.send(nxt, exchange=RESPONSES, reply={"role": "assistant", "id": "resp_2", "output": [MSG]})
+    assert two.role == "continuation" and two.record.id == one.record.id
+    assert two.flow.prep is not None and two.flow.prep.signals.depth == 1
+    three = h.send(req([TASK], key="", previous_response_id="resp_2"), exchange=RESPONSES)
+    assert three.role == "continuation" and three.record.id == one.record.id
+    # Another tenant naming the same id shares nothing.
+    other = {"authorization": "Bearer sk-other"}
+    assert h.send(nxt, exchange=RESPONSES, headers=other).role == "root"
+    # An unknown id: a root.
+    assert h.send(req([OUT], key="", previous_response_id="resp_x"), exchange=RESPONSES).role == "root"

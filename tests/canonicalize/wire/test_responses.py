@@ -179,7 +179,7 @@ def test_stream_passes_through_byte_identical(cut: int) -> None:
     assert b"".join(run(reply, PLAIN, cut)) == PLAIN
     assert reply.usage.result == Usage(120, 100)
     assert reply.blocked == 0 and reply.first_token
-    assert reply.message() == {"role": "assistant", "output": [MSG, fcall(1, "shell")]}
+    assert reply.message() == {"role": "assistant", "id": "resp_1", "output": [MSG, fcall(1, "shell")]}
 
 
 @pytest.mark.parametrize("cut", range(0, len(GUARDED) + 1))
@@ -190,7 +190,7 @@ def test_stream_guard_drops_calls_not_offered_and_renumbers(cut: int) -> None:
     assert all(e.get("item_id") != "fc_0" and (e.get("item") or {}).get("name") != "spawn_agent" for e in got)
     assert [e["output_index"] for e in got if "output_index" in e] == [0, 0, 0, 1, 1, 1]
     assert got[-1]["response"]["output"] == [MSG, fcall(2, "shell")]
-    assert reply.message() == {"role": "assistant", "output": [MSG, fcall(2, "shell")]}
+    assert reply.message() == {"role": "assistant", "id": "resp_1", "output": [MSG, fcall(2, "shell")]}
     assert reply.usage.result == Usage(120, 100)
 
 
@@ -201,7 +201,7 @@ def test_not_streamed_guard_and_message() -> None:
     assert reply.complete(obj) is True
     assert obj["output"] == [MSG] and reply.blocked == 1
     assert reply.usage.result == Usage(120, 100)
-    assert reply.message() == {"role": "assistant", "output": [MSG]}
+    assert reply.message() == {"role": "assistant", "id": "resp_1", "output": [MSG]}
     unguarded = ResponsesReply()
     assert unguarded.complete(copy.deepcopy(whole)) is False and unguarded.blocked == 0
 
