@@ -191,10 +191,14 @@ RESPONSE_IDS = iter(range(1, 1 << 30))
 
 async def responses(request: Request) -> Response:
     """OpenAI Responses: output items (a message, or function calls), usage in the
-    whole response and in ``response.completed``; ids ``resp_<n>`` in order."""
+    whole response and in ``response.completed``; ids ``resp_<n>`` in order.  A
+    control with ``then`` answers once and makes ``then`` the control (an agent's
+    tool loop: a call, then a final message)."""
     raw, ctl, early = await _preamble(request)
     if early is not None:
         return early
+    if isinstance(ctl.get("then"), dict):
+        STATE["control"] = ctl["then"]
     body = json.loads(raw)
     calls = ctl.get("tool_calls", [])
     n = next(RESPONSE_IDS)
