@@ -74,7 +74,7 @@ class ResponsesReply:
             self._id(obj.get("response"))
         if kind == "response.completed" or kind == "response.incomplete":
             self._saw = True
-            changed = self._filter(obj.get("response"))
+            changed = self._filter(obj.get("response"), streamed=True)
         index = obj.get("output_index")
         if isinstance(index, int) and not isinstance(index, bool):
             item = obj.get("item")
@@ -105,13 +105,16 @@ class ResponsesReply:
         if isinstance(response, dict) and isinstance(response.get("id"), str):
             self.response_id = response["id"]
 
-    def _filter(self, response: Any) -> bool:
-        """Remove blocked calls from a whole response's ``output``; True if changed."""
+    def _filter(self, response: Any, *, streamed: bool = False) -> bool:
+        """Remove blocked calls from a whole response's ``output``; True if changed.
+        A stream's final ``output`` replaces the items collected from
+        ``output_item.done`` unless it is empty (some backends leave it so)."""
         if not isinstance(response, dict) or not isinstance(response.get("output"), list):
             return False
         output = response["output"]
         kept = [item for item in output if not self._blocks(item)]
-        self._items = {i: item for i, item in enumerate(kept) if isinstance(item, dict)}
+        if kept or not streamed:
+            self._items = {i: item for i, item in enumerate(kept) if isinstance(item, dict)}
         if len(kept) == len(output):
             return False
         response["output"] = kept

@@ -194,6 +194,14 @@ def test_stream_guard_drops_calls_not_offered_and_renumbers(cut: int) -> None:
     assert reply.usage.result == Usage(120, 100)
 
 
+def test_stream_whose_completed_output_is_empty_keeps_the_streamed_items() -> None:
+    raw = PLAIN.replace(b'"output": [{"type": "message"', b'"output": [], "was": [{"type": "message"')
+    assert raw != PLAIN
+    reply = ResponsesReply()
+    assert b"".join(run(reply, raw, 0)) == raw
+    assert reply.message() == {"role": "assistant", "id": "resp_1", "output": [MSG, fcall(1, "shell")]}
+
+
 def test_not_streamed_guard_and_message() -> None:
     whole = {"id": "resp_1", "object": "response", "output": [fcall(0, "spawn_agent"), MSG], "usage": USAGE}
     obj = copy.deepcopy(whole)
