@@ -51,11 +51,15 @@ class ResponsesReply:
         self.response_id: str | None = None
 
     def _blocks(self, item: Any) -> bool:
+        """A call to a tool the fork did not offer: neither its name nor its
+        ``namespace`` (a call into a ``{"type": "namespace"}`` tool, e.g. Codex's
+        multi-agent tools) is among the offered tools' names."""
         return (
             self.offered is not None
             and isinstance(item, dict)
             and item.get("type") in CALLS
             and item.get("name") not in self.offered
+            and item.get("namespace") not in self.offered
         )
 
     # -- streamed --------------------------------------------------------------

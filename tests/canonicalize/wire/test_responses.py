@@ -202,6 +202,14 @@ def test_stream_whose_completed_output_is_empty_keeps_the_streamed_items() -> No
     assert reply.message() == {"role": "assistant", "id": "resp_1", "output": [MSG, fcall(1, "shell")]}
 
 
+def test_guard_allows_calls_into_an_offered_namespace() -> None:
+    inside = {**fcall(0, "spawn_agent"), "namespace": "multi_agent_v1"}
+    obj = {"id": "resp_1", "object": "response", "output": [inside, fcall(1, "spawn_agent")], "usage": USAGE}
+    reply = ResponsesReply(offered=frozenset({"shell", "multi_agent_v1"}))
+    assert reply.complete(obj) is True
+    assert obj["output"] == [inside] and reply.blocked == 1
+
+
 def test_not_streamed_guard_and_message() -> None:
     whole = {"id": "resp_1", "object": "response", "output": [fcall(0, "spawn_agent"), MSG], "usage": USAGE}
     obj = copy.deepcopy(whole)
