@@ -16,7 +16,7 @@ from canonicalize.predict import Prediction, predict
 from canonicalize.rules import Rule, RuleError, compile_rule
 from canonicalize.sse import Event, SSESplitter, encode
 from canonicalize.usage import Usage, UsageAccumulator, parse_usage
-from canonicalize.wire import CHAT, EXCHANGES, MESSAGES, Exchange, Reply, match
+from canonicalize.wire import CHAT, EXCHANGES, MESSAGES, RESPONSES, Exchange, Reply, match
 
 __all__ = [
     "CANDIDATES",
@@ -25,6 +25,7 @@ __all__ = [
     "LINKS_PER_KEY",
     "MESSAGES",
     "PACKS",
+    "RESPONSES",
     "SCAN_UP",
     "AddMember",
     "Canonicalizer",

@@ -16,7 +16,7 @@ match, for hashing and fingerprints.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ CANDIDATES = 8  # lineages a lookup returns at most
 SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
 SLOT_CACHE = 256  # distinct system texts / tool lists whose analysis is memoised
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
+_TIP = object()  # a previous response, standing first in a chain that starts from its tip
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,8 @@ class Prepared:
     signals: Signals
     tools: ToolsId | None
     originals: dict[Path, tuple[Slot, str]]  # every string a rule may change, as sent
+    offset: int = 0  # chain links before the body's own history (1: a previous response's tip)
+    continues: str | None = None  # the lineage a previous response belongs to (it continues it)
 
 
 @dataclass(slots=True)
@@ -119,6 +122,8 @@ class Canonicalizer:
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
         self._tools_cache: OrderedDict[bytes, str] = OrderedDict()
         self.rule_names = tuple(r.name for r in rules)
+        self.identity_params = tuple(dict.fromkeys(q for p in packs for q in p.identity_params))
+        self.identity_headers = tuple(dict.fromkeys(h for p in packs for h in p.identity_headers))
         self.static = {s: tuple(r for r in rules if r.static and r.scope in (s, "all")) for s in ("system", "tools")}
         self.static_messages = tuple(r for r in rules if r.static and r.scope == "all")
         self.pin_system = tuple(r for r in rules if not r.static and r.scope in ("system", "all"))
@@ -182,9 +187,22 @@ class Canonicalizer:
         return ToolsId(chain.digest(form), meaning, _names(exchange, tool_list), len(form))
 
     def prepare(
-        self, doc: JsonDoc, body: dict[str, Any], exchange: Exchange, *, declared_parent: str | None = None
+        self,
+        doc: JsonDoc,
+        body: dict[str, Any],
+        exchange: Exchange,
+        *,
+        declared_parent: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        previous: tuple[str, bytes] | None = None,
     ) -> Prepared:
-        """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``)."""
+        """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``);
+        ``headers`` (the request's) name the session for packs that say so.  ``previous``
+        is the lineage and tip link a previous response ended at (Responses
+        ``previous_response_id``): the chain is that link, then the body's own history
+        chained from it, the tip counts as the replayed reply, and the request
+        continues that lineage."""
+        tip = previous[1] if previous is not None else None
         rewrites: list[str] = []
         originals: dict[Path, tuple[Slot, str]] = {}
         system_slots = exchange.system_slots(body)
@@ -219,16 +237,25 @@ class Canonicalizer:
             ]
             for slot in tool_slots:
                 originals.setdefault(slot.path, (slot, slot.get()))
-        history = exchange.history(body)
-        links, sizes = chain.links(exchange, history)
-        first_assistant = next((i for i, m in enumerate(history) if exchange.is_assistant(m)), None)
-        last_assistant = next((i for i in range(len(history) - 1, -1, -1) if exchange.is_assistant(history[i])), None)
-        last_user = next((i for i in range(len(history) - 1, -1, -1) if exchange.is_user(history[i])), None)
+        history: list[Any] = exchange.history(body)
+        links, sizes = chain.links(exchange, history, prev=tip or chain.ROOT)
+        offset = 0
+        if tip is not None:
+            links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
+        first_assistant = next((i for i, m in enumerate(history) if m is _TIP or exchange.is_assistant(m)), None)
+        last_assistant = next(
+            (i for i in range(len(history) - 1, -1, -1) if history[i] is _TIP or exchange.is_assistant(history[i])),
+            None,
+        )
+        last_user = next(
+            (i for i in range(len(history) - 1, -1, -1) if history[i] is not _TIP and exchange.is_user(history[i])),
+            None,
+        )
         signals = Signals(
             depth=0,
             first_assistant=first_assistant,
             last_assistant=last_assistant,
-            identity=tuple(s.value for s in spans if s.rule.identity),
+            identity=tuple(s.value for s in spans if s.rule.identity) + self._identity(body, headers),
             skeleton=skeleton,
             head=head,
             tools=tools.names if tools else (),
@@ -237,12 +264,29 @@ class Canonicalizer:
             declared_parent=declared_parent,
         )
         return Prepared(
-            doc, body, exchange, rewrites, system_slots, slots, spans, links, sizes, signals, tools, originals
+            doc,
+            body,
+            exchange,
+            rewrites,
+            system_slots,
+            slots,
+            spans,
+            links,
+            sizes,
+            signals,
+            tools,
+            originals,
+            offset,
+            previous[0] if previous is not None else None,
         )
 
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
         prep.signals = replace(prep.signals, depth=lookup.depth)
+        if prep.continues is not None:  # named by previous_response_id: no guessing
+            for rec in lookup.candidates:
+                if rec.id == prep.continues:
+                    return Decision("continuation", rec)
         return classify(prep.signals, lookup, self.fork)
 
     def blobs_needed(self, prep: Prepared, decision: Decision) -> tuple[str, ...]:
@@ -346,8 +390,8 @@ class Canonicalizer:
             )
             self._apply_notes(prep, record.notes, rewrites)
             if self._recorded_tools(prep, parent) and parent.tools_ref in blobs:
-                structural.append(SetValue(("tools",), blobs[parent.tools_ref]))
-                body["tools"] = orjson.loads(blobs[parent.tools_ref])
+                structural.append(SetValue(exchange.tools_path(body), blobs[parent.tools_ref]))
+                _set_tools(exchange, body, orjson.loads(blobs[parent.tools_ref]))
                 rewrites.append(TOOLS_RULE)
             elif prep.tools is not None and tools_meaning != parent.tools_meaning:
                 record = record.evolve(tools_meaning=tools_meaning, tool_order=own_tools)
@@ -392,9 +436,20 @@ class Canonicalizer:
         )
 
     # -- helpers ------------------------------------------------------------
+    def _identity(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> tuple[str, ...]:
+        """The session named by the packs' identity params / headers (first one found)."""
+        for p in self.identity_params:
+            if isinstance(body.get(p), str) and body[p]:
+                return (f"{p}={body[p]}",)
+        for h in self.identity_headers if headers is not None else ():
+            value = headers.get(h) if headers is not None else None
+            if value:
+                return (f"header={value}",)
+        return ()
+
     def _apply_notes(self, prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str]) -> None:
         for index, line in recorded:
-            slot = prep.exchange.note_slot(prep.body, index)
+            slot = prep.exchange.note_slot(prep.body, index - prep.offset) if index >= prep.offset else None
             if slot is None:
                 continue
             prep.originals.setdefault(slot.path, (slot, slot.get()))
@@ -426,7 +481,11 @@ class Canonicalizer:
             rewrites.append("fork.system")
         parent_tools = orjson.loads(tools_blob)
         if (exchange.tools(body) or []) != (parent_tools or []):
-            if parent_tools:
+            path = exchange.tools_path(body)
+            if parent_tools and path != ("tools",):  # tools inside the body (a Responses input item)
+                _set_tools(exchange, body, parent_tools)
+                ops.append(SetValue(path, tools_blob))
+            elif parent_tools:
                 had = "tools" in body
                 body["tools"] = parent_tools
                 ops.append(SetMember((), "tools", tools_blob) if had else AddMember("tools", tools_blob))
@@ -496,6 +555,15 @@ def _tools_ref(exchange: Exchange, body: dict[str, Any]) -> str:
         return chain.digest(orjson.dumps(tool_list))
     except TypeError:
         return chain.digest(repr(tool_list).encode("utf-8", "surrogatepass"))
+
+
+def _set_tools(exchange: Exchange, body: dict[str, Any], tools: Any) -> None:
+    """Put ``tools`` where ``exchange`` keeps tools[] in the parse."""
+    *parents, key = exchange.tools_path(body)
+    node: Any = body
+    for k in parents:
+        node = node[k]
+    node[key] = tools
 
 
 def _names(exchange: Exchange, tool_list: Sequence[Any]) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ def _fields(obj: dict[str, Any]) -> dict[str, int]:
     usage = obj.get("usage")
     if obj.get("type") == "message_start" and isinstance(obj.get("message"), dict):
         usage = obj["message"].get("usage")
-    if obj.get("type") == "response.completed" and isinstance(obj.get("response"), dict):
+    if obj.get("type") in ("response.completed", "response.incomplete") and isinstance(obj.get("response"), dict):
         usage = obj["response"].get("usage")
     if isinstance(usage, dict):
         for name, path in (

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from canonicalize import EXCHANGES
+
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 1.0)
@@ -157,7 +159,7 @@ class Metrics:
             self.forks.labels(action)
         for rule in (*rules, *LINEAGE_REWRITES):
             self.rewrites.labels(rule)
-        for route in ("chat_completions", "messages"):
+        for route in (exchange.name for exchange in EXCHANGES):
             for role in ROLES:
                 self.requests.labels(route, role, "200")
         for model in models:

@@ -16,3 +16,7 @@ class Pack:
     rules: tuple[Rule, ...]
     markers: tuple[re.Pattern[str], ...] = ()
     inherit_params: tuple[str, ...] = ()
+    # The session's identity when the agent names it outside the system text: request
+    # params (``prompt_cache_key``) and headers (``session-id``), as sent.
+    identity_params: tuple[str, ...] = ()
+    identity_headers: tuple[str, ...] = ()

@@ -17,8 +17,9 @@ from __future__ import annotations
 from canonicalize.wire.base import Exchange, Reply, Slot
 from canonicalize.wire.chat import CHAT
 from canonicalize.wire.messages import MESSAGES
+from canonicalize.wire.responses import RESPONSES
 
-EXCHANGES: tuple[Exchange, ...] = (CHAT, MESSAGES)
+EXCHANGES: tuple[Exchange, ...] = (CHAT, MESSAGES, RESPONSES)
 
 
 def match(path: str) -> Exchange | None:
@@ -29,4 +30,4 @@ def match(path: str) -> Exchange | None:
     return None
 
 
-__all__ = ["CHAT", "EXCHANGES", "MESSAGES", "Exchange", "Reply", "Slot", "match"]
+__all__ = ["CHAT", "EXCHANGES", "MESSAGES", "RESPONSES", "Exchange", "Reply", "Slot", "match"]

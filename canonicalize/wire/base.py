@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -76,6 +77,10 @@ class Exchange(Protocol):
 
     def tool_slots(self, body: dict[str, Any]) -> list[Slot]: ...
 
+    def tools_path(self, body: dict[str, Any]) -> Path:
+        """Where tools[] sits (or would be added) in the request."""
+        ...
+
     # -- history ----------------------------------------------------------------------
     def history(self, body: dict[str, Any]) -> list[Any]: ...
 
@@ -92,6 +97,10 @@ class Exchange(Protocol):
     def is_user(self, msg: Any) -> bool: ...
 
     def last_user_text(self, body: dict[str, Any]) -> str: ...
+
+    def replayed(self, message: dict[str, Any]) -> list[Any]:
+        """The history items the next turn replays for a reply's ``message()``."""
+        ...
 
     # -- streaming, replies, errors ---------------------------------------------------------
     def stream_usage(self, body: dict[str, Any]) -> list[Op]:
@@ -168,3 +177,27 @@ class RoleMessages:
                 flat = flat_content(msg.get("content"))
                 return flat if isinstance(flat, str) else ""
         return ""
+
+    def replayed(self, message: dict[str, Any]) -> list[Any]:
+        """The history items a reply becomes when the next request replays it: itself."""
+        return [message]
+
+
+def _normalize_args(arguments: str) -> orjson.Fragment:
+    try:
+        return orjson.Fragment(canonical_json(orjson.loads(arguments)))
+    except orjson.JSONDecodeError:
+        return orjson.Fragment(orjson.dumps(arguments))
+
+
+# Tool-call arguments replay unchanged turn after turn: normalise each short one
+# once (bounded: at most 8192 entries of at most 4 KB each).
+_cached_args = functools.lru_cache(maxsize=8192)(_normalize_args)
+
+
+def arguments_form(arguments: Any) -> Any:
+    """Tool-call arguments as hashed: JSON text parsed and re-encoded with sorted keys
+    (whitespace and key order do not change a call's meaning), anything else as is."""
+    if isinstance(arguments, str):
+        return _cached_args(arguments) if len(arguments) <= 4096 else _normalize_args(arguments)
+    return arguments

@@ -13,18 +13,18 @@ because of it.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
 import orjson
 
 from canonicalize.edits import AddMember, Op, SetItems, SetMember
-from canonicalize.jsonspan import JsonDoc
+from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.wire.base import (
     Reply,
     RoleMessages,
     Slot,
+    arguments_form,
     canonical_json,
     description_slots,
     flat_content,
@@ -34,24 +34,6 @@ from canonicalize.wire.reply_chat import ChatReply
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 _PATH = re.compile(r"(?:/v1)?/chat/completions/?|/openai/deployments/[^/]+/chat/completions/?")
-
-
-def _normalize_args(arguments: str) -> orjson.Fragment:
-    try:
-        return orjson.Fragment(canonical_json(orjson.loads(arguments)))
-    except orjson.JSONDecodeError:
-        return orjson.Fragment(orjson.dumps(arguments))
-
-
-# Tool-call arguments replay unchanged turn after turn: normalise each short one
-# once (bounded: at most 8192 entries of at most 4 KB each).
-_cached_args = functools.lru_cache(maxsize=8192)(_normalize_args)
-
-
-def _args(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        return _cached_args(arguments) if len(arguments) <= 4096 else _normalize_args(arguments)
-    return arguments
 
 
 def _is_system(msg: Any) -> bool:
@@ -65,7 +47,7 @@ def _call(call: Any) -> Any:
     fn = call.get("function")
     if not isinstance(fn, dict):
         return [None, fn]
-    return [fn.get("name"), _args(fn.get("arguments"))]
+    return [fn.get("name"), arguments_form(fn.get("arguments"))]
 
 
 def _messages(body: dict[str, Any]) -> list[Any]:
@@ -137,6 +119,9 @@ class ChatExchange(RoleMessages):
                 else:
                     description_slots(tool, ("tools", i), out)
         return out
+
+    def tools_path(self, body: dict[str, Any]) -> Path:
+        return ("tools",)
 
     # -- history ----------------------------------------------------------------------
     def history(self, body: dict[str, Any]) -> list[Any]:

@@ -1,8 +1,11 @@
 """Anthropic Messages: ``POST /v1/messages``.
 
-System text is the top-level ``system`` (a string or text blocks); tools[] carry
-``input_schema``; every message is history.  ``cache_control`` markers do not
-change a message's hash: they move between turns.
+System text is the top-level ``system`` (a string or text blocks) and any
+message of role ``system`` (Claude Code 2.1.33x puts its cwd and date in one at
+``messages[1]``): rules see them, the hash chain does not, so a new date there
+does not look like a rewritten history.  tools[] carry ``input_schema``; every
+other message is history.  ``cache_control`` markers do not change a message's
+hash: they move between turns.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 import orjson
 
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember
-from canonicalize.jsonspan import JsonDoc
+from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.wire.base import (
     Reply,
     RoleMessages,
@@ -28,6 +31,15 @@ from canonicalize.wire.reply_messages import MessagesReply
 _PATH = re.compile(r"/v1/messages/?")
 
 
+def _messages(body: dict[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    return messages if isinstance(messages, list) else []
+
+
+def _is_system(msg: Any) -> bool:
+    return isinstance(msg, dict) and msg.get("role") == "system"
+
+
 class MessagesExchange(RoleMessages):
     name = "messages"
     schema_key = "input_schema"
@@ -40,6 +52,9 @@ class MessagesExchange(RoleMessages):
         out: list[Slot] = []
         if "system" in body:
             text_slots(body, "system", ("system",), out)
+        for i, msg in enumerate(_messages(body)):
+            if _is_system(msg) and "content" in msg:
+                text_slots(msg, "content", ("messages", i, "content"), out)
         return out
 
     def system_value(self, body: dict[str, Any]) -> Any:
@@ -76,27 +91,30 @@ class MessagesExchange(RoleMessages):
             description_slots(tool, ("tools", i), out)
         return out
 
+    def tools_path(self, body: dict[str, Any]) -> Path:
+        return ("tools",)
+
     # -- history ----------------------------------------------------------------------
     def history(self, body: dict[str, Any]) -> list[Any]:
-        messages = body.get("messages")
-        return list(messages) if isinstance(messages, list) else []
+        return [m for m in _messages(body) if not _is_system(m)]
 
     def message_slots(self, body: dict[str, Any]) -> list[Slot]:
         out: list[Slot] = []
-        for i, msg in enumerate(self.history(body)):
-            if isinstance(msg, dict) and "content" in msg:
+        for i, msg in enumerate(_messages(body)):
+            if isinstance(msg, dict) and not _is_system(msg) and "content" in msg:
                 text_slots(msg, "content", ("messages", i, "content"), out)
         return out
 
     def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:
-        history = self.history(body)
-        if not 0 <= index < len(history):
+        at = [i for i, m in enumerate(_messages(body)) if not _is_system(m)]
+        if not 0 <= index < len(at):
             return None
-        msg = history[index]
+        i = at[index]
+        msg = _messages(body)[i]
         if not (self.is_user(msg) and "content" in msg):
             return None
         found: list[Slot] = []
-        text_slots(msg, "content", ("messages", index, "content"), found)
+        text_slots(msg, "content", ("messages", i, "content"), found)
         return found[-1] if found else None
 
     def canonical_message(self, msg: Any) -> bytes:

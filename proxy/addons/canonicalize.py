@@ -35,14 +35,13 @@ class Canonicalize:
     async def request(self, flow: Flow) -> None:
         if flow.skip:
             return
-        if flow.big:
-            prep = await asyncio.to_thread(self._prepare, flow)
-        else:
-            prep = self._prepare(flow)
-        if prep is None:
+        parsed = await asyncio.to_thread(self._parse, flow) if flow.big else self._parse(flow)
+        if not parsed:
             flow.skip, flow.role = True, "bypass"
             return
         s, canon = self.s, self.s.canon
+        previous = await self._previous(flow)
+        prep = await asyncio.to_thread(self._prepare, flow, previous) if flow.big else self._prepare(flow, previous)
         flow.prep = prep
         try:
             lookup = await s.guard.call(lambda: self._lookup(flow.tenant, prep))
@@ -70,17 +69,39 @@ class Canonicalize:
             s.metrics.fail_open.labels("store").inc()
             flow.role = "fail-open"
 
-    def _prepare(self, flow: Flow) -> Prepared | None:
+    @staticmethod
+    def _parse(flow: Flow) -> bool:
         try:
             body = orjson.loads(flow.raw)
         except orjson.JSONDecodeError:
-            return None
+            return False
         if not isinstance(body, dict):
-            return None
+            return False
         flow.body = body
         flow.doc = JsonDoc(flow.raw)
+        return True
+
+    async def _previous(self, flow: Flow) -> tuple[str, bytes] | None:
+        """The lineage and tip link the response named by ``previous_response_id``
+        (Responses API) left: the request continues there.  Unknown, or the store
+        down: None (the request is judged on its own)."""
+        assert flow.body is not None
+        response_id = flow.body.get("previous_response_id")
+        if not isinstance(response_id, str) or not response_id:
+            return None
+        s = self.s
+        try:
+            found = await s.guard.call(lambda: s.store.response(flow.tenant, response_id))
+        except StoreError:
+            return None
+        return found
+
+    def _prepare(self, flow: Flow, previous: tuple[str, bytes] | None) -> Prepared:
+        assert flow.doc is not None and flow.body is not None
         parent = flow.headers.get("x-prefixpin-parent") or None
-        return self.s.canon.prepare(flow.doc, body, flow.exchange, declared_parent=parent)
+        return self.s.canon.prepare(
+            flow.doc, flow.body, flow.exchange, declared_parent=parent, headers=flow.headers, previous=previous
+        )
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""

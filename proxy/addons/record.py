@@ -32,7 +32,14 @@ class Record:
         try:
             links = list(outcome.links)
             if flow.message is not None and flow.status < 400:
-                links.append(chain.extend(prep.exchange, prep.links, flow.message))
+                tip = list(prep.links)
+                for item in prep.exchange.replayed(flow.message):
+                    tip.append(chain.extend(prep.exchange, tip, item))
+                    links.append(tip[-1])
+                response_id = flow.message.get("id")
+                if isinstance(response_id, str) and response_id and tip:  # Responses: previous_response_id
+                    rec_id, last = outcome.record.id, tip[-1]
+                    await s.guard.call(lambda: s.store.record_response(flow.tenant, response_id, rec_id, last))
             blobs = await asyncio.to_thread(self._blobs, flow, outcome) if flow.big else self._blobs(flow, outcome)
             await s.guard.call(lambda: s.store.record(flow.tenant, outcome.record, links, blobs, outcome.touch))
         except StoreError as exc:
@@ -53,6 +60,6 @@ class Record:
         if "system" in outcome.new_blobs and rec.system_ref is not None:
             out[rec.system_ref] = exchange.system_blob(doc, body)
         if "tools" in outcome.new_blobs and rec.tools_ref is not None:
-            span = doc.span(("tools",)) if exchange.tools(body) else None
+            span = doc.span(exchange.tools_path(body)) if exchange.tools(body) else None
             out[rec.tools_ref] = doc.raw[span[0] : span[1]] if span else b"[]"
         return out

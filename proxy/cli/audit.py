@@ -76,6 +76,11 @@ def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
         return msg if isinstance(msg, dict) else None
     if resp.get("type") == "message" and "content" in resp:  # a whole Anthropic message
         return {"role": "assistant", "content": resp["content"]}
+    if isinstance(resp.get("output"), list):  # a whole Responses response (its id: previous_response_id)
+        out: dict[str, Any] = {"role": "assistant", "output": resp["output"]}
+        if isinstance(resp.get("id"), str):
+            out["id"] = resp["id"]
+        return out
     return resp if resp.get("role") == "assistant" else None
 
 

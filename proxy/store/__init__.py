@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # the config section the factory reads (only its fields: no i
 
 Links = Sequence[bytes]
 
+MAX_RESPONSE_ID = 256  # a response id is the client's string: longer ones are not stored
+
 ISOLATED = ""  # the tenant of a request that shares nothing (see proxy.tenancy)
 
 
@@ -50,6 +52,16 @@ class Store(Protocol):
         """Save ``record``; add its id in front of each of the newest
         ``max_links_per_request`` links' owners (deduped, at most LINKS_PER_KEY);
         store new blobs once; keep ``touch`` blobs alive."""
+        ...
+
+    async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
+        """The (lineage id, tip link) recorded for a Responses API response id."""
+        ...
+
+    async def record_response(self, tenant: str, response_id: str, lineage_id: str, tip: bytes) -> None:
+        """Remember that ``response_id`` ended ``lineage_id`` at link ``tip`` (a request
+        with ``previous_response_id`` continues from there); one entry of the tenant's,
+        bounded and expiring like its others.  Ids over MAX_RESPONSE_ID chars are ignored."""
         ...
 
     async def ping(self) -> None: ...
@@ -91,6 +103,7 @@ __all__ = [
     "DEFAULT_BOUNDS",
     "ISOLATED",
     "LINKS_PER_KEY",
+    "MAX_RESPONSE_ID",
     "SCAN_UP",
     "Bounds",
     "Store",

@@ -10,7 +10,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from canonicalize import LineageRecord, Lookup
-from proxy.store import CANDIDATES, DEFAULT_BOUNDS, ISOLATED, LINKS_PER_KEY, SCAN_UP, Bounds, Links, newest
+from proxy.store import (
+    CANDIDATES,
+    DEFAULT_BOUNDS,
+    ISOLATED,
+    LINKS_PER_KEY,
+    MAX_RESPONSE_ID,
+    SCAN_UP,
+    Bounds,
+    Links,
+    newest,
+)
 
 Key = tuple[str, str, Any]
 
@@ -138,6 +148,16 @@ class MemoryStore:
             self._set((tenant, "b", ref), raw)
         for ref in touch:
             self._touch((tenant, "b", ref))
+
+    async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
+        if tenant == ISOLATED or len(response_id) > MAX_RESPONSE_ID:
+            return None
+        found: tuple[str, bytes] | None = self._get((tenant, "r", response_id))
+        return found
+
+    async def record_response(self, tenant: str, response_id: str, lineage_id: str, tip: bytes) -> None:
+        if tenant != ISOLATED and len(response_id) <= MAX_RESPONSE_ID:
+            self._set((tenant, "r", response_id), (lineage_id, tip))
 
     async def ping(self) -> None:
         return None

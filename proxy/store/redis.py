@@ -5,6 +5,8 @@ Keys (``{tenant}`` is a hash tag, so a tenant's keys share a cluster slot)::
     pp:{tenant}:l:<link hex>   comma-separated ids of the lineages owning this link
     pp:{tenant}:g:<lineage id> the lineage record (JSON)
     pp:{tenant}:b:<content hash> a system / tools[] blob, stored once
+    pp:{tenant}:r:<response id> lineage id, ',', tip link: where a Responses API
+                               response left its lineage (``previous_response_id``)
     pp:{tenant}:i              the tenant's keys by time of last write (ZSET, for its bounds)
     pp:{tenant}:s              the sizes of the tenant's blobs, their total under '' (HASH)
 
@@ -27,7 +29,17 @@ from redis.exceptions import RedisError
 
 from canonicalize import LineageRecord, Lookup
 from proxy.errors import StoreError
-from proxy.store import CANDIDATES, DEFAULT_BOUNDS, ISOLATED, LINKS_PER_KEY, SCAN_UP, Bounds, Links, newest
+from proxy.store import (
+    CANDIDATES,
+    DEFAULT_BOUNDS,
+    ISOLATED,
+    LINKS_PER_KEY,
+    MAX_RESPONSE_ID,
+    SCAN_UP,
+    Bounds,
+    Links,
+    newest,
+)
 
 # KEYS: the request's link keys in chain order.  ARGV: n, lineage key prefix,
 # declared parent id, max candidates, links to scan past the deepest.
@@ -225,6 +237,33 @@ class RedisStore:
         args += blobs.values()
         try:
             await self._record(keys=keys, args=args)
+        except RedisError as exc:
+            raise StoreError(f"redis write failed: {type(exc).__name__}") from exc
+
+    async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
+        if tenant == ISOLATED or len(response_id) > MAX_RESPONSE_ID:
+            return None
+        try:
+            raw = await self._redis.get(f"{self._prefix(tenant)}r:{response_id}")
+        except RedisError as exc:
+            raise StoreError(f"redis response read failed: {type(exc).__name__}") from exc
+        if not isinstance(raw, bytes) or b"," not in raw:
+            return None
+        lineage_id, tip = raw.split(b",", 1)
+        return lineage_id.decode(), tip
+
+    async def record_response(self, tenant: str, response_id: str, lineage_id: str, tip: bytes) -> None:
+        """Written before the lineage's record, whose script holds the tenant to its
+        bounds: the entry joins the tenant's index, so it counts and is evicted like any."""
+        if tenant == ISOLATED or len(response_id) > MAX_RESPONSE_ID:
+            return
+        p = self._prefix(tenant)
+        try:
+            now = await self._redis.time()
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(f"{p}r:{response_id}", lineage_id.encode() + b"," + tip, ex=self.ttl_s)
+                pipe.zadd(p + "i", {f"r:{response_id}": now[0] * 1_000_000 + now[1]})
+                await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis write failed: {type(exc).__name__}") from exc
 

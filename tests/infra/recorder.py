@@ -1,7 +1,7 @@
 """A small real upstream that records what it receives and answers as told.
 
 Run as ``python -m tests.infra.recorder --port N``.  It speaks OpenAI chat
-completions and Anthropic messages, streamed and not, and can be told (``POST
+completions, Anthropic messages and OpenAI Responses, streamed and not, and can be told (``POST
 /_control``) to answer with tool calls, an error status, a delay, or a stream that
 is cut mid-way.  ``GET /_requests`` returns every request received, with its raw
 body, so tests can check the exact bytes prefixpin forwarded.
@@ -186,6 +186,101 @@ async def messages(request: Request) -> Response:
     return StreamingResponse(gen(), media_type="text/event-stream")
 
 
+RESPONSE_IDS = iter(range(1, 1 << 30))
+
+
+async def responses(request: Request) -> Response:
+    """OpenAI Responses: output items (a message, or function calls), usage in the
+    whole response and in ``response.completed``; ids ``resp_<n>`` in order.  A
+    control with ``then`` answers once and makes ``then`` the control (an agent's
+    tool loop: a call, then a final message)."""
+    raw, ctl, early = await _preamble(request)
+    if early is not None:
+        return early
+    if isinstance(ctl.get("then"), dict):
+        STATE["control"] = ctl["then"]
+    body = json.loads(raw)
+    calls = ctl.get("tool_calls", [])
+    n = next(RESPONSE_IDS)
+    items: list[dict[str, Any]] = [
+        {
+            "type": "function_call",
+            "id": f"fc_{n}_{i}",
+            "call_id": f"call_{n}_{i}",
+            "name": c["name"],
+            "arguments": c.get("arguments", "{}"),
+            "status": "completed",
+        }
+        for i, c in enumerate(calls)
+    ]
+    text = ctl.get("content", "ok")
+    if not calls:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        items.append(
+            {"type": "message", "id": f"msg_{n}", "status": "completed", "role": "assistant", "content": [part]}
+        )
+    usage = ctl.get("usage") or {
+        "input_tokens": max(1, len(raw) // 4),
+        "input_tokens_details": {"cached_tokens": ctl.get("cached", 0)},
+        "output_tokens": 3,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": max(1, len(raw) // 4) + 3,
+    }
+    resp = {
+        "id": f"resp_{n}",
+        "object": "response",
+        "created_at": 1,
+        "status": "completed",
+        "model": body.get("model", "m"),
+        "output": items,
+        "usage": usage,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    if not body.get("stream"):
+        return JSONResponse(resp)
+
+    async def gen() -> AsyncIterator[bytes]:
+        seq = iter(range(1 << 30))
+
+        def ev(kind: str, obj: dict[str, Any]) -> bytes:
+            return f"event: {kind}\n".encode() + _sse({"type": kind, "sequence_number": next(seq), **obj})
+
+        start = {**resp, "status": "in_progress", "output": [], "usage": None}
+        yield ev("response.created", {"response": start})
+        for i, item in enumerate(items):
+            if item["type"] == "function_call":
+                yield ev(
+                    "response.output_item.added",
+                    {"output_index": i, "item": {**item, "arguments": "", "status": "in_progress"}},
+                )
+                args = item["arguments"]
+                for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
+                    yield ev(
+                        "response.function_call_arguments.delta",
+                        {"item_id": item["id"], "output_index": i, "delta": piece},
+                    )
+                yield ev(
+                    "response.function_call_arguments.done",
+                    {"item_id": item["id"], "output_index": i, "arguments": args},
+                )
+            else:
+                added = {**item, "content": [], "status": "in_progress"}
+                yield ev("response.output_item.added", {"output_index": i, "item": added})
+                empty = {"type": "output_text", "text": "", "annotations": []}
+                where = {"item_id": item["id"], "output_index": i, "content_index": 0}
+                yield ev("response.content_part.added", {**where, "part": empty})
+                for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
+                    yield ev("response.output_text.delta", {**where, "delta": piece, "logprobs": []})
+                yield ev("response.output_text.done", {**where, "text": text, "logprobs": []})
+                yield ev("response.content_part.done", {**where, "part": item["content"][0]})
+            yield ev("response.output_item.done", {"output_index": i, "item": item})
+        yield ev("response.completed", {"response": resp})
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
 async def control(request: Request) -> Response:
     STATE["control"] = await request.json()
     return JSONResponse({"ok": True})
@@ -239,6 +334,7 @@ app = Starlette(
         Route("/v1/chat/completions/", chat, methods=["POST"]),
         Route("/openai/deployments/{name}/chat/completions", chat, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/_control", control, methods=["POST"]),
         Route("/_requests", requests_, methods=["GET"]),
         Route("/_reset", reset, methods=["POST"]),

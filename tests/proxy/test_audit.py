@@ -87,3 +87,31 @@ def test_audit_missing_file() -> None:
     out = _run("/nonexistent/trace.jsonl")
     assert out.returncode == 2
     assert "cannot read" in out.stderr
+
+
+def test_audit_reads_responses_lines(tmp_path: Path) -> None:
+    """Codex-shaped ``/v1/responses`` lines: a reply recorded from the whole response,
+    a full replay and a ``previous_response_id`` turn continue one lineage."""
+    instructions = "You are Codex, a coding agent. " * 10
+    task = {"role": "user", "content": [{"type": "input_text", "text": "fix it"}]}
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "shell", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    body = {"model": "gpt-5", "instructions": instructions, "tools": [{"type": "function", "name": "shell"}]}
+    resp = {"id": "resp_1", "object": "response", "output": [call], "usage": {"input_tokens": 9}}
+    lines = [
+        {"t": 0, "headers": KEY, "path": "/v1/responses", "body": {**body, "input": [task]}, "response": resp},
+        {"t": 1, "headers": KEY, "path": "/v1/responses", "body": {**body, "input": [task, call, out]}},
+        {
+            "t": 2,
+            "headers": KEY,
+            "path": "/v1/responses",
+            "body": {**body, "input": [out], "previous_response_id": "resp_1"},
+        },
+    ]
+    path = tmp_path / "codex.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = _run(str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["requests"] == 3
+    assert [(lin["kind"], lin["parent"]) for lin in report["lineages"]] == [("root", None)]

@@ -202,3 +202,19 @@ def test_via_prefixpin_reports_roles_and_usage_of_streams(recorder: Recorder, se
     assert out["by_role"]["continuation"]["requests"] == 1
     sent = [json.loads(b) for b in recorder.bodies()]
     assert all(s["stream_options"] == {"include_usage": True} for s in sent)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_responses_lines_go_to_their_path_through_prefixpin(
+    recorder: Recorder, serve: Callable[..., str], trace, stream: bool
+) -> None:
+    proxy = serve(recorder.base)
+    recorder.control(cached=4)
+    req = {"model": "m", "instructions": "Be brief.", "input": "hi", "stream": stream}
+    path = trace({"t": 0, "headers": {}, "path": "/v1/responses", "body": req})
+    code, out, err = replay_json(path, recorder.base, "--via", proxy)
+    assert code == 0, err
+    (r,) = out["requests"]
+    assert (r["status"], r["cached"], r["role"]) == (200, 4, "root")
+    assert r["prompt"] > 0
+    assert [json.loads(b) for b in recorder.bodies("/v1/responses")] == [req]

@@ -111,6 +111,37 @@ def test_link_owners_are_capped_and_deduped(store: Store) -> None:
     run(go())
 
 
+def test_response_ids_map_to_their_lineage_tip(store: Store) -> None:
+    async def go() -> None:
+        assert await store.response("t", "resp_1") is None
+        await store.record_response("t", "resp_1", "a", L[2])
+        await store.record("t", LineageRecord(id="a"), L[:3], {}, [])
+        assert await store.response("t", "resp_1") == ("a", L[2])
+        assert await store.response("u", "resp_1") is None  # tenant-namespaced
+        await store.record_response(ISOLATED, "resp_2", "a", L[2])
+        assert await store.response(ISOLATED, "resp_2") is None
+        await store.record_response("t", "x" * 300, "a", L[2])  # a client's overlong id: not stored
+        assert await store.response("t", "x" * 300) is None
+        await _done(store)
+
+    run(go())
+
+
+def test_response_ids_count_against_the_tenant_bound(bounded: Store) -> None:
+    async def go() -> None:
+        for i in range(100):
+            await store_one(bounded, i)
+        assert await bounded.response("t", "resp_99") == ("a99", L[0])
+        assert await bounded.response("t", "resp_0") is None  # evicted with the tenant's oldest entries
+        await _done(bounded)
+
+    async def store_one(s: Store, i: int) -> None:
+        await s.record_response("t", f"resp_{i}", f"a{i}", L[0])
+        await s.record("t", LineageRecord(id=f"a{i}"), [bytes([i]) * 16], {}, [])
+
+    run(go())
+
+
 def test_memory_ttl_and_bound_with_injected_clock() -> None:
     clock = Clock()
     s = MemoryStore(ttl_s=10, max_entries=5, clock=clock)
