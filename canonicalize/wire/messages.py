@@ -24,6 +24,7 @@ _PATH = re.compile(r"/v1/messages/?")
 class MessagesExchange:
     name = "messages"
     schema_key = "input_schema"
+    cache_key_member: str | None = None  # Anthropic caches by breakpoints (canonicalize.provider.breakpoints)
 
     def matches(self, path: str) -> bool:
         return _PATH.fullmatch(path) is not None

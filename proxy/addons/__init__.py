@@ -1,6 +1,6 @@
 """The request path as an ordered tuple of small addons (mitmproxy's model).
 
-    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ForkGuard, Measure, Record)
+    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ProviderCache, ForkGuard, Measure, Record)
 
 The tuple *is* the execution order.  Each addon may implement
 
@@ -25,6 +25,7 @@ from proxy.addons.bypass import Bypass
 from proxy.addons.canonicalize import Canonicalize
 from proxy.addons.fork_guard import ForkGuard
 from proxy.addons.measure import Measure
+from proxy.addons.provider_cache import ProviderCache
 from proxy.addons.record import Record
 from proxy.addons.stream_usage import StreamUsage
 from proxy.addons.tenancy import Tenancy
@@ -47,6 +48,7 @@ def build(s: Services) -> tuple[Addon, ...]:
         Tenancy(s.config.tenancy),
         Canonicalize(s),
         StreamUsage(),
+        ProviderCache(s),
         ForkGuard(),
         Measure(s.metrics),
         Record(s),
