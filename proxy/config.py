@@ -239,7 +239,13 @@ _POSITIVE = {
 }
 
 
+# YAML 1.1 reads a bare ``off`` as false: these keys take it as the word.
+_OFF_WORDS = {"provider_cache.prompt_cache_key", "provider_cache.anthropic_breakpoints"}
+
+
 def _check_scalar(key: str, value: Any, default: Any) -> Any:
+    if key in _OFF_WORDS and value is False:
+        value = "off"
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: must be true or false (got {value!r})")
