@@ -91,7 +91,8 @@ def test_audit_missing_file() -> None:
 
 def test_audit_prices_the_saving(tmp_path: Path) -> None:
     config = tmp_path / "prices.yaml"
-    config.write_text("provider_cache:\n  prices:\n    tiny: {input: 3, cached_input: 0.3, cache_write: 3.75, output: 15}\n")
+    price = "{input: 3, cached_input: 0.3, cache_write: 3.75, output: 15}"
+    config.write_text(f"provider_cache:\n  prices:\n    tiny: {price}\n")
     out = _run(str(_trace(tmp_path)), "--json", "--config", str(config))
     assert out.returncode == 0, out.stderr
     tiny = json.loads(out.stdout)["savings"]["tiny"]
