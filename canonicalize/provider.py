@@ -6,7 +6,8 @@
   collide with another tenant's.
 - :func:`breakpoints`: Anthropic ``cache_control`` markers at the stable points
   of a ``/v1/messages`` request (the end of system+tools, the newest message
-  before the last user turn), as byte-preserving edits.
+  before the last user turn), as byte-preserving edits; :func:`chat_breakpoints`
+  the same on a chat-completions request LiteLLM translates to Anthropic.
 - :func:`provider_cause`: the break cause a provider's own cache diagnostics
   name, in prefixpin's cause vocabulary (section 6), to compare with ours.
 
@@ -83,6 +84,49 @@ def breakpoints(doc: JsonDoc, body: dict[str, Any], ops: Sequence[Op] = ()) -> l
             if op is not None:
                 out.append(op)
     return [op for op in out if not _covered(ops, _target(op))][:MAX_BREAKPOINTS]
+
+
+def chat_breakpoints(body: dict[str, Any], ops: Sequence[Op] = ()) -> list[Op]:
+    """The same two breakpoints on a chat-completions request LiteLLM translates to
+    Anthropic, as ``cache_control`` members LiteLLM carries over (on the last tool,
+    a system message, a message with string content, a tool call, a content part):
+    members added, no value converted.  The last user turn is the final run of
+    ``user`` / ``tool`` messages (tool results are user turns in Anthropic's shape)."""
+    if any(has_cache_control(body.get(k)) for k in ("tools", "messages")):
+        return []
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    out: list[Op] = []
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+        out.append(SetMember(("tools", len(tools) - 1), "cache_control", EPHEMERAL))
+    else:
+        system = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+        if system and isinstance(messages[system[-1]].get("content"), str):
+            out.append(SetMember(("messages", system[-1]), "cache_control", EPHEMERAL))
+    turn = len(messages)
+    while turn > 0 and isinstance(messages[turn - 1], dict) and messages[turn - 1].get("role") in ("user", "tool"):
+        turn -= 1
+    if 0 < turn < len(messages) and isinstance(messages[turn - 1], dict):
+        op = _on_chat_message(turn - 1, messages[turn - 1])
+        if op is not None:
+            out.append(op)
+    return [op for op in out if not _covered(ops, _target(op))]
+
+
+def _on_chat_message(index: int, msg: dict[str, Any]) -> Op | None:
+    calls, content = msg.get("tool_calls"), msg.get("content")
+    if isinstance(calls, list) and calls and isinstance(calls[-1], dict):
+        return SetMember(("messages", index, "tool_calls", len(calls) - 1), "cache_control", EPHEMERAL)
+    if isinstance(content, str) and content:
+        return SetMember(("messages", index), "cache_control", EPHEMERAL)
+    if isinstance(content, list):
+        for j in range(len(content) - 1, -1, -1):
+            part = content[j]
+            if isinstance(part, dict) and part.get("type") == "text" and part.get("text"):
+                return SetMember(("messages", index, "content", j), "cache_control", EPHEMERAL)
+    return None
 
 
 def _text_block(doc: JsonDoc, path: Path, text: str) -> bytes:
@@ -175,4 +219,12 @@ def provider_cause(diagnostics: Any) -> str | None:
     return _CAUSES.get(reason)
 
 
-__all__ = ["EPHEMERAL", "NO_BREAK", "breakpoints", "cache_key", "has_cache_control", "provider_cause"]
+__all__ = [
+    "EPHEMERAL",
+    "NO_BREAK",
+    "breakpoints",
+    "cache_key",
+    "chat_breakpoints",
+    "has_cache_control",
+    "provider_cause",
+]

@@ -2,8 +2,10 @@
 
 Before the upstream: a ``prompt_cache_key`` per lineage where the API has one
 (``Exchange.cache_key_member``) and the client set none, and Anthropic
-``cache_control`` breakpoints on a ``/v1/messages`` request that carries none;
-both are edits spliced into the client's bytes.
+``cache_control`` breakpoints on a ``/v1/messages`` request that carries none
+(and, with ``upstream.kind: litellm``, on a chat completion for an
+``anthropic/…`` model, which LiteLLM carries over); all are edits spliced into
+the client's bytes.
 
 After the response: what the request cost and what its cached tokens saved
 (``prefixpin_cost_usd_total`` / ``prefixpin_saved_usd_total``), and, when the
@@ -17,9 +19,9 @@ import asyncio
 
 import orjson
 
-from canonicalize import MESSAGES, Usage, predict
+from canonicalize import CHAT, MESSAGES, Usage, predict
 from canonicalize.edits import AddMember
-from canonicalize.provider import NO_BREAK, breakpoints, cache_key, provider_cause
+from canonicalize.provider import NO_BREAK, breakpoints, cache_key, chat_breakpoints, provider_cause
 from proxy.config import Price
 from proxy.flow import Flow
 from proxy.pricing import Pricing, cost, saved
@@ -33,6 +35,8 @@ class ProviderCache:
         self.s = s
         self.settings = s.config.provider_cache
         self.pricing = pricing or Pricing(self.settings.price_map())
+        # LiteLLM turns chat completions for "anthropic/…" models into Messages requests.
+        self.via_litellm = s.config.upstream.kind == "litellm"
 
     async def request(self, flow: Flow) -> None:
         if not flow.editable or flow.body is None or flow.doc is None:
@@ -46,8 +50,11 @@ class ProviderCache:
         ):
             key = cache_key(flow.tenant, flow.outcome.record.root_id)
             flow.ops.append(AddMember(member, orjson.dumps(key)))
-        if self.settings.anthropic_breakpoints == "auto" and flow.exchange is MESSAGES:
-            flow.ops.extend(breakpoints(flow.doc, flow.body, flow.ops))
+        if self.settings.anthropic_breakpoints == "auto":
+            if flow.exchange is MESSAGES:
+                flow.ops.extend(breakpoints(flow.doc, flow.body, flow.ops))
+            elif self.via_litellm and flow.exchange is CHAT and str(flow.model).startswith("anthropic/"):
+                flow.ops.extend(chat_breakpoints(flow.body, flow.ops))
 
     def done(self, flow: Flow) -> None:
         reply = flow.reply

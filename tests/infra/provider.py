@@ -186,12 +186,18 @@ def _strip(value: Json) -> Json:
     return value
 
 
+def _blocks(content: Json) -> Json:
+    """A string content is the one text block it stands for."""
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
 def _fingerprint(body: Json) -> dict[str, Any]:
+    messages = [{**m, "content": _blocks(m.get("content"))} for m in body.get("messages") or []]
     return {
         "model": body.get("model"),
-        "system": _canon(_strip(body.get("system"))),
+        "system": _canon(_strip(_blocks(body.get("system")))),
         "tools": _canon(_strip(body.get("tools"))),
-        "messages": [_canon(_strip(m)) for m in body.get("messages") or []],
+        "messages": [_canon(_strip(m)) for m in messages],
     }
 
 
