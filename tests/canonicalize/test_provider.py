@@ -11,7 +11,7 @@ import pytest
 
 from canonicalize import JsonDoc, render
 from canonicalize.edits import Op, SetMember, SetValue
-from canonicalize.provider import NO_BREAK, breakpoints, cache_key, has_cache_control, provider_cause
+from canonicalize.provider import NO_BREAK, breakpoints, cache_key, chat_breakpoints, has_cache_control, provider_cause
 
 CC = b'"cache_control":{"type":"ephemeral"}'
 
@@ -126,3 +126,21 @@ def test_a_rewritten_system_string_is_taken_as_forwarded() -> None:
 )
 def test_provider_cause(diagnostics: Any, cause: str | None) -> None:
     assert provider_cause(diagnostics) == cause
+
+
+def test_chat_breakpoints_are_members_added_for_litellm() -> None:
+    raw = (
+        b'{"model":"anthropic/c","messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},'
+        b'{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f",'
+        b'"arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"out"}]}'
+    )
+    doc = JsonDoc(raw)
+    out = render(doc, chat_breakpoints(orjson.loads(raw)))
+    assert out == raw.replace(b'"content":"s"}', b'"content":"s",' + CC + b"}").replace(
+        b'"arguments":"{}"}}', b'"arguments":"{}"},' + CC + b"}"
+    )
+    with_tools = {**orjson.loads(raw), "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert [type(op).__name__ for op in chat_breakpoints(with_tools)] == ["SetMember", "SetMember"]
+    assert chat_breakpoints(with_tools)[0] == SetMember(("tools", 0), "cache_control", b'{"type":"ephemeral"}')
+    own = {"messages": [{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {}}]}]}
+    assert chat_breakpoints(own) == []

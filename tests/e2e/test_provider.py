@@ -84,7 +84,8 @@ def test_breakpoints_through_litellm(
     serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
 ) -> None:
     pytest.importorskip("litellm", reason="the litellm extra is not installed")
-    config = {"upstream": {"kind": "litellm"}, "provider_cache": {"anthropic_breakpoints": "auto"}}
+    both = {"anthropic_breakpoints": "auto", "prompt_cache_key": "lineage"}
+    config = {"upstream": {"kind": "litellm"}, "provider_cache": both}
     proxy = serve(recorder.base, write_config(config))
     # Chat completions for an anthropic/ model: LiteLLM sends Messages with the breakpoints.
     client = track(openai.OpenAI(base_url=proxy + "/v1", api_key="sk-litellm-pc", max_retries=0, timeout=120))
@@ -98,6 +99,7 @@ def test_breakpoints_through_litellm(
         model="anthropic/claude-3-5-sonnet-20241022", max_tokens=8, tools=hermes.tools_full(), messages=messages
     )
     sent = json.loads(recorder.bodies("/v1/messages")[-1])
+    assert "prompt_cache_key" not in sent  # LiteLLM keeps OpenAI's key away from Anthropic
     ephemeral = {"type": "ephemeral"}
     assert sent["tools"][-1]["cache_control"] == ephemeral
     assert [b.get("cache_control") for b in sent["messages"][1]["content"]] == [ephemeral]
