@@ -68,8 +68,10 @@ class ProviderCache:
 
     def _dollars(self, flow: Flow, usage: Usage, completion: int) -> None:
         model = flow.model
+        if not isinstance(model, str):
+            return
         label = self.s.metrics.model_label(model, answered=True)
-        if isinstance(model, str) and self.pricing.known(model):
+        if self.pricing.known(model):
             self._count(label, self.pricing.price(model), usage, completion)
             return
 
