@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize.edits import AddMember, DeleteMember, Op, SetItems, SetMember, SetString, SetValue
+from canonicalize.edits import AddMember, DeleteMember, Op, SetItems, SetMember, SetString, SetValue, render
 from canonicalize.jsonspan import JsonDoc, Path
 
 EPHEMERAL = b'{"type":"ephemeral"}'
@@ -48,12 +48,11 @@ def has_cache_control(node: Any) -> bool:
     return False
 
 
-def breakpoints(doc: JsonDoc, body: dict[str, Any], ops: Sequence[Op] = ()) -> list[Op]:
+def breakpoints(doc: JsonDoc, body: dict[str, Any]) -> list[Op]:
     """Edits adding ``cache_control`` breakpoints to an Anthropic Messages request.
 
-    ``body`` is the parse of ``doc`` as it will be forwarded (rules applied); ``ops``
-    are the edits already decided, so a breakpoint inside a value they replace
-    whole (a fork's recorded system or tools) is left out rather than conflict.
+    ``body`` is the parse of ``doc`` as it will be forwarded (rules and repairs
+    applied); combine the result with the edits already decided with :func:`place`.
     Returns no edits when the request carries any ``cache_control`` of its own.
 
     1. The end of system+tools: the last tool if there are tools, else the last
@@ -83,10 +82,10 @@ def breakpoints(doc: JsonDoc, body: dict[str, Any], ops: Sequence[Op] = ()) -> l
             op = _on_message(doc, last_user - 1, messages[last_user - 1])
             if op is not None:
                 out.append(op)
-    return [op for op in out if not _covered(ops, _target(op))][:MAX_BREAKPOINTS]
+    return out[:MAX_BREAKPOINTS]
 
 
-def chat_breakpoints(body: dict[str, Any], ops: Sequence[Op] = ()) -> list[Op]:
+def chat_breakpoints(body: dict[str, Any]) -> list[Op]:
     """The same two breakpoints on a chat-completions request LiteLLM translates to
     Anthropic, as ``cache_control`` members LiteLLM carries over (on the last tool,
     a system message, a message with string content, a tool call, a content part):
@@ -112,7 +111,7 @@ def chat_breakpoints(body: dict[str, Any], ops: Sequence[Op] = ()) -> list[Op]:
         op = _on_chat_message(turn - 1, messages[turn - 1])
         if op is not None:
             out.append(op)
-    return [op for op in out if not _covered(ops, _target(op))]
+    return out
 
 
 def _on_chat_message(index: int, msg: dict[str, Any]) -> Op | None:
@@ -169,22 +168,60 @@ def _target(op: Op) -> Path:
     raise TypeError(op)
 
 
-def _covered(ops: Sequence[Op], path: Path) -> bool:
-    """True when an earlier structural edit replaces ``path`` or a value containing it."""
-    for op in ops:
-        if isinstance(op, SetValue):
-            whole = op.path
-        elif isinstance(op, SetMember | DeleteMember):
-            whole = (*op.obj, op.key)
-        elif isinstance(op, AddMember):
-            whole = (op.key,)
-        elif isinstance(op, SetItems):
-            whole = op.array
+def place(ops: Sequence[Op], added: Sequence[Op]) -> list[Op]:
+    """``ops`` with the breakpoint edits ``added``: an edit inside a value an earlier
+    edit replaces whole (a fork's recorded system, the lineage's recorded tools[])
+    is made inside that edit's bytes instead; one inside a deleted value is dropped."""
+    out = list(ops)
+    for op in added:
+        path = _target(op)
+        for i, prior in enumerate(out):
+            whole = _replaced(prior)
+            if whole is None or path[: len(whole)] != whole:
+                continue
+            raw = _raw(prior)
+            if raw is not None:
+                inner = JsonDoc(raw)
+                out[i] = _with_raw(prior, render(inner, [_relative(op, len(whole))]))
+            break
         else:
-            continue
-        if path[: len(whole)] == whole:
-            return True
-    return False
+            out.append(op)
+    return out
+
+
+def _replaced(op: Op) -> Path | None:
+    """The path whose whole value ``op`` replaces or removes (None: a string edit)."""
+    if isinstance(op, SetValue):
+        return op.path
+    if isinstance(op, SetMember | DeleteMember):
+        return (*op.obj, op.key)
+    if isinstance(op, AddMember):
+        return (op.key,)
+    if isinstance(op, SetItems):
+        return op.array
+    return None
+
+
+def _raw(op: Op) -> bytes | None:
+    return op.raw if isinstance(op, SetValue | SetMember | AddMember) else None
+
+
+def _with_raw(op: Op, raw: bytes) -> Op:
+    if isinstance(op, SetValue):
+        return SetValue(op.path, raw)
+    if isinstance(op, SetMember):
+        return SetMember(op.obj, op.key, raw)
+    if isinstance(op, AddMember):
+        return AddMember(op.key, raw)
+    raise TypeError(op)
+
+
+def _relative(op: Op, depth: int) -> Op:
+    if isinstance(op, SetMember):
+        return SetMember(op.obj[depth:], op.key, op.raw)
+    if isinstance(op, SetValue):
+        return SetValue(op.path[depth:], op.raw)
+    raise TypeError(op)
 
 
 # -- the providers' verdicts ------------------------------------------------------------
@@ -226,5 +263,6 @@ __all__ = [
     "cache_key",
     "chat_breakpoints",
     "has_cache_control",
+    "place",
     "provider_cause",
 ]

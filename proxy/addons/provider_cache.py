@@ -21,7 +21,7 @@ import orjson
 
 from canonicalize import CHAT, MESSAGES, Usage, predict
 from canonicalize.edits import AddMember
-from canonicalize.provider import NO_BREAK, breakpoints, cache_key, chat_breakpoints, provider_cause
+from canonicalize.provider import NO_BREAK, breakpoints, cache_key, chat_breakpoints, place, provider_cause
 from proxy.config import Price
 from proxy.flow import Flow
 from proxy.pricing import Pricing, cost, saved
@@ -52,9 +52,9 @@ class ProviderCache:
             flow.ops.append(AddMember(member, orjson.dumps(key)))
         if self.settings.anthropic_breakpoints == "auto":
             if flow.exchange is MESSAGES:
-                flow.ops.extend(breakpoints(flow.doc, flow.body, flow.ops))
+                flow.ops = place(flow.ops, breakpoints(flow.doc, flow.body))
             elif self.via_litellm and flow.exchange is CHAT and str(flow.model).startswith("anthropic/"):
-                flow.ops.extend(chat_breakpoints(flow.body, flow.ops))
+                flow.ops = place(flow.ops, chat_breakpoints(flow.body))
 
     def done(self, flow: Flow) -> None:
         reply = flow.reply

@@ -10,16 +10,24 @@ import orjson
 import pytest
 
 from canonicalize import JsonDoc, render
-from canonicalize.edits import Op, SetMember, SetValue
-from canonicalize.provider import NO_BREAK, breakpoints, cache_key, chat_breakpoints, has_cache_control, provider_cause
+from canonicalize.edits import DeleteMember, Op, SetMember, SetValue
+from canonicalize.provider import (
+    NO_BREAK,
+    breakpoints,
+    cache_key,
+    chat_breakpoints,
+    has_cache_control,
+    place,
+    provider_cause,
+)
 
 CC = b'"cache_control":{"type":"ephemeral"}'
 
 
 def _apply(raw: bytes, ops: list[Op] | None = None) -> tuple[bytes, list[Op]]:
     doc = JsonDoc(raw)
-    found = breakpoints(doc, orjson.loads(raw), ops or [])
-    return render(doc, [*(ops or []), *found]), found
+    found = breakpoints(doc, orjson.loads(raw))
+    return render(doc, place(ops or [], found)), found
 
 
 def test_cache_key_is_keyed_by_tenant_and_root() -> None:
@@ -97,8 +105,13 @@ def test_no_breakpoint_on_thinking_or_empty_blocks_nor_inside_replaced_values() 
     }
     doc = JsonDoc(orjson.dumps(body))
     assert breakpoints(doc, body) == [SetMember(("tools", 0), "cache_control", b'{"type":"ephemeral"}')]
-    replaced: list[Op] = [SetMember((), "tools", b"[]")]
-    assert breakpoints(doc, body, replaced) == []
+    # A breakpoint inside a value replaced whole is made in the replacement's bytes.
+    recorded = b'[ {"name":"t","input_schema":{ }} ]'
+    placed = place([SetMember((), "tools", recorded)], breakpoints(doc, body))
+    assert placed == [
+        SetMember((), "tools", b'[ {"name":"t","input_schema":{ },"cache_control":{"type":"ephemeral"}} ]')
+    ]
+    assert place([DeleteMember((), "tools")], breakpoints(doc, body)) == [DeleteMember((), "tools")]
 
 
 def test_a_rewritten_system_string_is_taken_as_forwarded() -> None:
