@@ -39,6 +39,19 @@ def cache_key(tenant: str, root_id: str) -> str:
     return KEY_PREFIX + digest
 
 
+def sent_breakpoints(raw: bytes) -> bool:
+    """True when the client's own bytes carry a ``cache_control`` anywhere (its own
+    breakpoints: leave the request alone).  Checked on what the client sent, not on
+    the repaired body: a fork's recorded system and tools carry the breakpoints
+    prefixpin added to its parent."""
+    if b"cache_control" not in raw:
+        return False
+    try:
+        return has_cache_control(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return True
+
+
 def has_cache_control(node: Any) -> bool:
     """True when any object under ``node`` has a ``cache_control`` member."""
     if isinstance(node, dict):
@@ -53,15 +66,13 @@ def breakpoints(doc: JsonDoc, body: dict[str, Any]) -> list[Op]:
 
     ``body`` is the parse of ``doc`` as it will be forwarded (rules and repairs
     applied); combine the result with the edits already decided with :func:`place`.
-    Returns no edits when the request carries any ``cache_control`` of its own.
+    The caller leaves a request with breakpoints of its own alone (:func:`sent_breakpoints`).
 
     1. The end of system+tools: the last tool if there are tools, else the last
        system block (a string ``system`` becomes one text block carrying it).
     2. The newest message before the last user turn: its last cacheable block
        (a string content becomes one text block).
     """
-    if any(has_cache_control(body.get(k)) for k in ("system", "tools", "messages")):
-        return []
     out: list[Op] = []
     tools = body.get("tools")
     system = body.get("system")
@@ -91,8 +102,6 @@ def chat_breakpoints(body: dict[str, Any]) -> list[Op]:
     a system message, a message with string content, a tool call, a content part):
     members added, no value converted.  The last user turn is the final run of
     ``user`` / ``tool`` messages (tool results are user turns in Anthropic's shape)."""
-    if any(has_cache_control(body.get(k)) for k in ("tools", "messages")):
-        return []
     messages = body.get("messages")
     if not isinstance(messages, list):
         return []
@@ -265,4 +274,5 @@ __all__ = [
     "has_cache_control",
     "place",
     "provider_cause",
+    "sent_breakpoints",
 ]

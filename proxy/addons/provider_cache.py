@@ -21,7 +21,15 @@ import orjson
 
 from canonicalize import CHAT, MESSAGES, Usage, predict
 from canonicalize.edits import AddMember
-from canonicalize.provider import NO_BREAK, breakpoints, cache_key, chat_breakpoints, place, provider_cause
+from canonicalize.provider import (
+    NO_BREAK,
+    breakpoints,
+    cache_key,
+    chat_breakpoints,
+    place,
+    provider_cause,
+    sent_breakpoints,
+)
 from proxy.config import Price
 from proxy.flow import Flow
 from proxy.pricing import Pricing, cost, saved
@@ -50,7 +58,7 @@ class ProviderCache:
         ):
             key = cache_key(flow.tenant, flow.outcome.record.root_id)
             flow.ops.append(AddMember(member, orjson.dumps(key)))
-        if self.settings.anthropic_breakpoints == "auto":
+        if self.settings.anthropic_breakpoints == "auto" and not sent_breakpoints(flow.raw):
             if flow.exchange is MESSAGES:
                 flow.ops = place(flow.ops, breakpoints(flow.doc, flow.body))
             elif self.via_litellm and flow.exchange is CHAT and str(flow.model).startswith("anthropic/"):

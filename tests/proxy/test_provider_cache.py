@@ -165,3 +165,29 @@ def test_cost_saved_and_verdicts_from_the_answers() -> None:
     assert _metric(text, 'prefixpin_saved_usd_total{model="claude-x"}') == pytest.approx(1000 * 2.7 / 1e6)
     assert _metric(text, 'prefixpin_cache_verdicts_total{agree="yes"}') == 2
     assert _metric(text, 'prefixpin_cache_verdicts_total{agree="no"}') == 1
+
+
+def test_a_repaired_messages_fork_gets_its_breakpoints_in_the_parents_bytes() -> None:
+    h = _harness(anthropic_breakpoints="auto")
+    tools = [
+        {"name": "memory", "description": "Save a fact.", "input_schema": {"type": "object"}},
+        {"name": "terminal", "description": "Run a command.", "input_schema": {"type": "object"}},
+    ]
+    user = {"role": "user", "content": "List the files."}
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "README.md"}]}
+    first = {"model": "c", "system": "You are helpful.", "tools": tools, "messages": [user]}
+    parent = h.send(first, exchange=MESSAGES, reply=reply)
+    fork_body = {
+        "model": "c",
+        "system": "You review.",
+        "tools": tools[:1],
+        "messages": [user, reply, {"role": "user", "content": "Review the conversation."}],
+    }
+    fork = h.send(fork_body, exchange=MESSAGES, declared=parent.record.id)
+    assert fork.role == "fork" and fork.fork_action == "repaired", fork.role
+    sent = fork.body
+    assert sent["system"] == "You are helpful."  # the parent's, as recorded (its breakpoint was on the tools)
+    assert [t["name"] for t in sent["tools"]] == ["memory", "terminal"]
+    assert sent["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert sent["messages"][1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert fork.raw.count(b"cache_control") == 2
