@@ -14,6 +14,9 @@ shape calls it, so ``cached / prompt`` is the hit ratio everywhere:
 - DeepSeek: ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``;
 - Responses API: ``input_tokens`` and ``input_tokens_details.cached_tokens``.
 
+The accumulator's ``completion`` is ``completion_tokens`` (OpenAI shapes) or
+``output_tokens`` (Anthropic, Responses): what the output tokens cost.
+
 :class:`UsageAccumulator` is fed every event of a stream and reports once: later
 values of a field replace earlier ones (Anthropic repeats cumulative counts in
 ``message_delta``; OpenAI sends one final chunk), so nothing is counted twice.
@@ -64,6 +67,8 @@ def _fields(obj: dict[str, Any]) -> dict[str, int]:
             ("input_cached_tokens", ("input_tokens_details", "cached_tokens")),
             ("prompt_cache_hit_tokens", ("prompt_cache_hit_tokens",)),
             ("prompt_cache_miss_tokens", ("prompt_cache_miss_tokens",)),
+            ("completion_tokens", ("completion_tokens",)),
+            ("output_tokens", ("output_tokens",)),
         ):
             value = _int(usage, *path)
             if value is not None:
@@ -103,6 +108,18 @@ def _resolve(f: dict[str, int]) -> Usage | None:
     return None
 
 
+def diagnostics(obj: dict[str, Any]) -> Any:
+    """A provider's cache diagnostics in one response object or stream event:
+    Anthropic's ``diagnostics`` (top level, or in ``message_start.message``),
+    OpenAI Responses' ``prompt_cache_diagnostics`` (in ``response.completed``)."""
+    for holder in (obj, obj.get("message"), obj.get("response")):
+        if isinstance(holder, dict):
+            for key in ("diagnostics", "prompt_cache_diagnostics"):
+                if isinstance(holder.get(key), dict):
+                    return holder[key]
+    return None
+
+
 def parse_usage(obj: Any) -> Usage | None:
     """Usage of one complete (non-streamed) response body."""
     return _resolve(_fields(obj)) if isinstance(obj, dict) else None
@@ -111,17 +128,26 @@ def parse_usage(obj: Any) -> Usage | None:
 class UsageAccumulator:
     """Feed every parsed stream event; ``result`` is the usage, counted once."""
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_fields", "diagnostics")
 
     def __init__(self) -> None:
         self._fields: dict[str, int] = {}
+        self.diagnostics: Any = None  # the provider's cache diagnostics, when it sent any
 
     def feed(self, obj: Any) -> None:
         if isinstance(obj, dict):
             found = _fields(obj)
             if found:
                 self._fields.update(found)
+            diag = diagnostics(obj)
+            if diag is not None:
+                self.diagnostics = diag
 
     @property
     def result(self) -> Usage | None:
         return _resolve(self._fields)
+
+    @property
+    def completion(self) -> int:
+        """Output tokens reported (0 when none were)."""
+        return self._fields.get("completion_tokens", self._fields.get("output_tokens", 0))

@@ -146,6 +146,26 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Price:
+    """USD per million tokens of one model."""
+
+    input: float
+    cached_input: float
+    cache_write: float
+    output: float
+
+
+@dataclass(frozen=True)
+class ProviderCache:
+    prompt_cache_key: str = "off"  # off | lineage
+    anthropic_breakpoints: str = "off"  # off | auto
+    prices: tuple[tuple[str, Price], ...] = ()  # (model, price); LiteLLM's cost map for the others
+
+    def price_map(self) -> dict[str, Price]:
+        return dict(self.prices)
+
+
+@dataclass(frozen=True)
 class Log:
     level: str = "info"
     access: bool = False
@@ -163,6 +183,7 @@ class Config:
     metrics: Metrics = field(default_factory=Metrics)
     limits: Limits = field(default_factory=Limits)
     log: Log = field(default_factory=Log)
+    provider_cache: ProviderCache = field(default_factory=ProviderCache)
 
     def settings(self) -> Settings:
         """The pure core's view of this config (compiled rules and fork policy)."""
@@ -193,6 +214,7 @@ class Config:
         out["store"]["redis_url"] = _hide_password(self.store.redis_url)
         out["upstream"]["url"] = redact(self.upstream.url)
         out["upstream"]["pool"] = [redact(u) for u in self.upstream.pool]
+        out["provider_cache"]["prices"] = {m: _to_plain(p) for m, p in self.provider_cache.prices}
         return out
 
 
@@ -212,6 +234,8 @@ _ENUMS = {
     "log.level": ("debug", "info", "warning", "error"),
     "tenancy.anonymous": ("isolated", "shared"),
     "affinity.replicas": ("lineage", "round_robin"),
+    "provider_cache.prompt_cache_key": ("off", "lineage"),
+    "provider_cache.anthropic_breakpoints": ("off", "auto"),
 }
 _POSITIVE = {
     "listen.port",
@@ -234,7 +258,13 @@ _POSITIVE = {
 }
 
 
+# YAML 1.1 reads a bare ``off`` as false: these keys take it as the word.
+_OFF_WORDS = {"provider_cache.prompt_cache_key", "provider_cache.anthropic_breakpoints"}
+
+
 def _check_scalar(key: str, value: Any, default: Any) -> Any:
+    if key in _OFF_WORDS and value is False:
+        value = "off"
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: must be true or false (got {value!r})")
@@ -296,6 +326,30 @@ def _rules(value: Any) -> tuple[UserRule, ...]:
     return tuple(out)
 
 
+def _prices(value: Any) -> tuple[tuple[str, Price], ...]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"provider_cache.prices: must be a mapping of model to prices (got {value!r})")
+    out = []
+    names = [f.name for f in fields(Price)]
+    for model, item in value.items():
+        key = f"provider_cache.prices.{model}"
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"provider_cache.prices: model names must be non-empty strings (got {model!r})")
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{key}: must be a mapping with {', '.join(names)} (got {item!r})")
+        for k in item:
+            if k not in names:
+                raise ConfigError(f"{key}.{k}: unknown key (known: {', '.join(names)})")
+        numbers = {}
+        for name in names:
+            v = item.get(name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise ConfigError(f"{key}.{name}: is required, USD per million tokens, 0 or more (got {v!r})")
+            numbers[name] = float(v)
+        out.append((model, Price(**numbers)))
+    return tuple(out)
+
+
 def _section(name: str, cls: Any, data: Any) -> Any:
     if data is None:
         return cls()
@@ -311,6 +365,8 @@ def _section(name: str, cls: Any, data: Any) -> Any:
         default = getattr(defaults, k)
         if key == "canonicalize.rules":
             values[k] = _rules(v)
+        elif key == "provider_cache.prices":
+            values[k] = _prices(v)
         elif isinstance(default, tuple):
             values[k] = _str_list(key, v)
         else:

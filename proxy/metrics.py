@@ -32,11 +32,14 @@ FAIL_OPEN_STAGES = (
     "affinity",
     "measure",
     "record",
+    "provider_cache",
     "response",
 )
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "stream_cut", "http_4xx", "http_5xx")
 FORK_ACTIONS = ("repaired", "continued", "missing_parent", "disabled")
 LINEAGE_REWRITES = ("lineage.tools", "fork.system", "fork.tools", "fork.params")
+# prefixpin_cache_verdicts_total{agree}: our break cause against the provider's own diagnostics.
+VERDICTS = ("yes", "no")
 
 
 class ModelLabels:
@@ -146,6 +149,26 @@ class Metrics:
             buckets=_RATIO,
             registry=r,
         )
+        self.cost_usd = Counter(
+            "prefixpin_cost_usd_total",
+            "What the requests cost at the model's prices (input, cached input, cache writes, output)",
+            ("model",),
+            registry=r,
+        )
+        self.saved_usd = Counter(
+            "prefixpin_saved_usd_total",
+            "Cached tokens times (input price - cached input price)",
+            ("model",),
+            registry=r,
+        )
+        self.cache_verdicts = Counter(
+            "prefixpin_cache_verdicts_total",
+            "Requests whose provider explained its cache result, by whether prefixpin's break cause agrees",
+            ("agree",),
+            registry=r,
+        )
+        for agree in VERDICTS:
+            self.cache_verdicts.labels(agree)
         # Known label values exist from the start at zero: Prometheus cannot see the
         # first increment of a series that appears already holding it, so rate()
         # and alerts on a lone event would miss it.
@@ -166,3 +189,5 @@ class Metrics:
             for role in ROLES:
                 for family in (self.prompt_tokens, self.cached_tokens, self.cache_write_tokens):
                     family.labels(model, role)
+            self.cost_usd.labels(model)
+            self.saved_usd.labels(model)

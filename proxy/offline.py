@@ -18,6 +18,7 @@ from proxy.addons import Runner
 from proxy.addons.bypass import Bypass
 from proxy.addons.canonicalize import Canonicalize
 from proxy.addons.fork_guard import ForkGuard
+from proxy.addons.provider_cache import ProviderCache
 from proxy.addons.record import Record
 from proxy.addons.stream_usage import StreamUsage
 from proxy.addons.tenancy import Tenancy
@@ -62,6 +63,7 @@ class Offline:
             Tenancy(config.tenancy),
             Canonicalize(self.s, new_id=ids),
             StreamUsage(),
+            ProviderCache(self.s),
             ForkGuard(),
             Record(self.s),
         )

@@ -52,6 +52,9 @@ class Exchange(Protocol):
 
     name: str  # the ``route`` metric label
     schema_key: str  # where a tool's JSON schema sits
+    # The top-level member naming a provider cache key (OpenAI's ``prompt_cache_key``),
+    # set per lineage by ``provider_cache.prompt_cache_key: lineage``; None: the API has none.
+    cache_key_member: str | None
 
     def matches(self, path: str) -> bool: ...
 

@@ -58,6 +58,7 @@ def _messages(body: dict[str, Any]) -> list[Any]:
 class ChatExchange(RoleMessages):
     name = "chat_completions"
     schema_key = "parameters"
+    cache_key_member: str | None = "prompt_cache_key"
 
     def matches(self, path: str) -> bool:
         return _PATH.fullmatch(path) is not None

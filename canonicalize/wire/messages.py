@@ -43,6 +43,7 @@ def _is_system(msg: Any) -> bool:
 class MessagesExchange(RoleMessages):
     name = "messages"
     schema_key = "input_schema"
+    cache_key_member: str | None = None  # Anthropic caches by breakpoints (canonicalize.provider.breakpoints)
 
     def matches(self, path: str) -> bool:
         return _PATH.fullmatch(path) is not None

@@ -94,6 +94,7 @@ def _flat(content: Any) -> Any:
 class ResponsesExchange:
     name = "responses"
     schema_key = "parameters"
+    cache_key_member: str | None = "prompt_cache_key"  # Codex sets its own (its thread id): kept
 
     def matches(self, path: str) -> bool:
         return _PATH.fullmatch(path) is not None

@@ -1,6 +1,6 @@
 """The request path as an ordered tuple of small addons (mitmproxy's model).
 
-    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ForkGuard, Affinity, Measure, Record)
+    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ProviderCache, ForkGuard, Affinity, Measure, Record)
 
 The tuple *is* the execution order.  Each addon may implement
 
@@ -26,6 +26,7 @@ from proxy.addons.bypass import Bypass
 from proxy.addons.canonicalize import Canonicalize
 from proxy.addons.fork_guard import ForkGuard
 from proxy.addons.measure import Measure
+from proxy.addons.provider_cache import ProviderCache
 from proxy.addons.record import Record
 from proxy.addons.stream_usage import StreamUsage
 from proxy.addons.tenancy import Tenancy
@@ -48,6 +49,7 @@ def build(s: Services) -> tuple[Addon, ...]:
         Tenancy(s.config.tenancy),
         Canonicalize(s),
         StreamUsage(),
+        ProviderCache(s),
         ForkGuard(),
         Affinity(s.config.affinity),
         Measure(s.metrics),

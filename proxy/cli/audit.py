@@ -9,6 +9,13 @@ Roots count as fully uncached.  A trace line may carry the upstream's reply unde
 ``"response"`` (an assistant message or a whole completion); it is recorded like
 the proxy records real replies.  Unknown keys are ignored; a malformed line is
 reported with its number and skipped.
+
+The saving: predicted cacheable bytes are turned into tokens at
+:data:`BYTES_PER_TOKEN` (an estimate: compact JSON of English text and code runs
+at about 4 bytes per token; real tokenizers differ by model and content, so treat
+it as +-30%), priced at the model's input minus cached-input price (the
+``provider_cache.prices``, else LiteLLM's local cost map): what a provider cache
+would save on this trace as the agent sent it and as prefixpin forwards it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Config
 from proxy.offline import Offline
+from proxy.pricing import Pricing, saved
+
+BYTES_PER_TOKEN = 4  # the estimate behind the audit's dollar figures (module docstring)
 
 
 @dataclass
@@ -89,6 +99,7 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
     offline = Offline(replace(config, tenancy=replace(config.tenancy, anonymous="shared")))
     lineages: dict[str, Lineage] = {}
     total = Tally()
+    by_model: dict[str, list[int]] = {}  # model -> [cacheable bytes before, after]
     for line in lines:
         progress.advance()
         exchange = line.exchange
@@ -126,6 +137,10 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         lin.last_raw = (raw_fp, len(raw_sizes))
         lin.tally.add(total_bytes, before, after, cause_before, cause_after)
         total.add(total_bytes, before, after, cause_before, cause_after)
+        model = line.body.get("model") if isinstance(line.body, dict) else None
+        acc = by_model.setdefault(model if isinstance(model, str) else "unknown", [0, 0])
+        acc[0] += before
+        acc[1] += after
     kinds = Counter(lin.kind for lin in lineages.values())
     # Show lineages numbered in order of appearance.
     names = {lid: f"L{i}" for i, lid in enumerate(lineages, 1)}
@@ -139,7 +154,23 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         ],
         "lineage_kinds": dict(kinds),
         "total": total.as_dict(),
+        "savings": _savings(by_model, Pricing(config.provider_cache.price_map())),
     }
+
+
+def _savings(by_model: dict[str, list[int]], pricing: Pricing) -> dict[str, Any]:
+    """USD the predicted cached tokens save per model (None: the model has no price)."""
+    out: dict[str, Any] = {}
+    for model, (before, after) in by_model.items():
+        price = pricing.price(model)
+        tokens = before // BYTES_PER_TOKEN, after // BYTES_PER_TOKEN
+        out[model] = {
+            "cached_tokens_before": tokens[0],
+            "cached_tokens_after": tokens[1],
+            "saved_usd_before": round(saved(price, tokens[0]), 6) if price else None,
+            "saved_usd_after": round(saved(price, tokens[1]), 6) if price else None,
+        }
+    return out
 
 
 def _pct(x: float) -> str:
@@ -176,6 +207,17 @@ def render(report: dict[str, Any], path: str) -> str:
         "before/after: predicted share of prompt bytes a prefix cache can serve (roots count as uncached),",
         "as the agent sent them and as prefixpin forwards them.",
     ]
+    savings = report.get("savings") or {}
+    if savings:
+        lines += ["", f"saving at the model's prices (cached tokens ~ bytes / {BYTES_PER_TOKEN}): before -> after"]
+    for model, v in savings.items():
+        if v["saved_usd_before"] is None:
+            lines.append(f"  {model}: no price (add it to provider_cache.prices)")
+        else:
+            lines.append(
+                f"  {model}: ${v['saved_usd_before']:.4f} -> ${v['saved_usd_after']:.4f} "
+                f"({v['cached_tokens_before']} -> {v['cached_tokens_after']} cached tokens)"
+            )
     return "\n".join(lines) + "\n"
 
 

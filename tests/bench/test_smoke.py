@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
     [
         ["-m", "tests.bench.bench_cache", "--smoke"],
         ["-m", "tests.bench.bench_overhead", "--smoke", "--no-install"],
+        ["-m", "tests.bench.bench_provider", "--smoke"],
     ],
-    ids=["cache", "overhead"],
+    ids=["cache", "overhead", "provider"],
 )
 def test_benchmark_smoke_run(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=900)

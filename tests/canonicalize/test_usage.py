@@ -153,3 +153,22 @@ def test_float_counts_are_truncated_to_int() -> None:
     assert parse_usage({"usage": {"prompt_tokens": 12.0, "prompt_tokens_details": {"cached_tokens": 4.0}}}) == Usage(
         12, 4
     )
+
+
+def test_completion_tokens_and_provider_diagnostics_are_kept() -> None:
+    acc = UsageAccumulator()
+    diag = {"cache_miss_reason": {"type": "system_changed"}}
+    acc.feed(
+        {"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}, "diagnostics": diag}}
+    )
+    acc.feed({"type": "message_delta", "usage": {"output_tokens": 7}})
+    assert (acc.completion, acc.diagnostics) == (7, diag)
+    chat = UsageAccumulator()
+    chat.feed({"usage": {"prompt_tokens": 9, "completion_tokens": 3}})
+    assert (chat.completion, chat.diagnostics) == (3, None)
+    responses = UsageAccumulator()
+    pcd = {"cache_miss_reason": "input_changed"}
+    responses.feed(
+        {"type": "response.completed", "response": {"usage": {"input_tokens": 4}, "prompt_cache_diagnostics": pcd}}
+    )
+    assert responses.diagnostics == pcd and responses.result == Usage(4, 0)

@@ -56,6 +56,8 @@ SPEC_METRICS = {
     "prefixpin_overhead_seconds": set(),
     "prefixpin_upstream_ttft_seconds": set(),
     "prefixpin_predicted_prefix_ratio": set(),
+    "prefixpin_cost_usd_total": {"model"},
+    "prefixpin_saved_usd_total": {"model"},
 }
 HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")
 CHAT = 'route="chat_completions"'
@@ -202,10 +204,18 @@ Traffic = tuple[str, Prometheus]  # the proxy's base URL, the Prometheus scrapin
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, log_dir: Path, llama_server: str, serve: Callable[..., str]) -> Iterator[Traffic]:
+def prometheus(
+    tmp_path: Path,
+    log_dir: Path,
+    llama_server: str,
+    serve: Callable[..., str],
+    write_config: Callable[[dict[str, Any]], Path],
+) -> Iterator[Traffic]:
     """``prefixpin serve`` in front of llama-server, and a Prometheus scraping both every second."""
     assert PROMETHEUS is not None
-    proxy = serve(llama_server)
+    # A price for the tiny model, so the dollar panel has series to show.
+    price = {"input": 3.0, "cached_input": 0.3, "cache_write": 3.75, "output": 15.0}
+    proxy = serve(llama_server, write_config({"provider_cache": {"prices": {"tiny": price}}}))
     targets = {"prefixpin": proxy.removeprefix("http://"), "llama-server": llama_server.removeprefix("http://")}
     config = scrape_config(targets, interval="1s")
     proc, prom = start_prometheus(

@@ -115,3 +115,17 @@ def test_audit_reads_responses_lines(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["requests"] == 3
     assert [(lin["kind"], lin["parent"]) for lin in report["lineages"]] == [("root", None)]
+
+
+def test_audit_prices_the_saving(tmp_path: Path) -> None:
+    config = tmp_path / "prices.yaml"
+    price = "{input: 3, cached_input: 0.3, cache_write: 3.75, output: 15}"
+    config.write_text(f"provider_cache:\n  prices:\n    tiny: {price}\n")
+    out = _run(str(_trace(tmp_path)), "--json", "--config", str(config))
+    assert out.returncode == 0, out.stderr
+    tiny = json.loads(out.stdout)["savings"]["tiny"]
+    assert tiny["cached_tokens_after"] > tiny["cached_tokens_before"] > 0
+    assert tiny["saved_usd_after"] == round(tiny["cached_tokens_after"] * 2.7 / 1e6, 6)
+    text = _run(str(_trace(tmp_path)), "--no-progress", "--config", str(config)).stdout
+    assert "saving at the model's prices (cached tokens ~ bytes / 4): before -> after" in text
+    assert f"tiny: ${tiny['saved_usd_before']:.4f} -> ${tiny['saved_usd_after']:.4f}" in text

@@ -1,0 +1,278 @@
+"""The providers' own cache controls, as edits; their cache verdicts, as causes.
+
+- :func:`cache_key`: the ``prompt_cache_key`` of a lineage (OpenAI routes requests
+  with one key to one cache machine): a keyed hash of the lineage root id, keyed
+  by the tenant, so a lineage and its forks share a key and nobody can guess or
+  collide with another tenant's.
+- :func:`breakpoints`: Anthropic ``cache_control`` markers at the stable points
+  of a ``/v1/messages`` request (the end of system+tools, the newest message
+  before the last user turn), as byte-preserving edits; :func:`chat_breakpoints`
+  the same on a chat-completions request LiteLLM translates to Anthropic.
+- :func:`provider_cause`: the break cause a provider's own cache diagnostics
+  name, in prefixpin's cause vocabulary (section 6), to compare with ours.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from canonicalize.edits import AddMember, DeleteMember, Op, SetItems, SetMember, SetString, SetValue, render
+from canonicalize.jsonspan import JsonDoc, Path
+
+EPHEMERAL = b'{"type":"ephemeral"}'
+KEY_PREFIX = "pp-"
+MAX_BREAKPOINTS = 4  # Anthropic's limit per request
+# Blocks Anthropic refuses a cache_control on (or that are never part of a stable prefix).
+_UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+def cache_key(tenant: str, root_id: str) -> str:
+    """``pp-`` + 24 hex: the lineage root ``root_id`` hashed with the tenant as the key."""
+    key = hashlib.blake2b(tenant.encode(), digest_size=32).digest()
+    digest = hashlib.blake2b(root_id.encode(), key=key, digest_size=12, person=b"prefixpin.pck").hexdigest()
+    return KEY_PREFIX + digest
+
+
+def sent_breakpoints(raw: bytes) -> bool:
+    """True when the client's own bytes carry a ``cache_control`` anywhere (its own
+    breakpoints: leave the request alone).  Checked on what the client sent, not on
+    the repaired body: a fork's recorded system and tools carry the breakpoints
+    prefixpin added to its parent."""
+    if b"cache_control" not in raw:
+        return False
+    try:
+        return has_cache_control(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return True
+
+
+def has_cache_control(node: Any) -> bool:
+    """True when any object under ``node`` has a ``cache_control`` member."""
+    if isinstance(node, dict):
+        return "cache_control" in node or any(has_cache_control(v) for v in node.values())
+    if isinstance(node, list):
+        return any(has_cache_control(v) for v in node)
+    return False
+
+
+def breakpoints(doc: JsonDoc, body: dict[str, Any]) -> list[Op]:
+    """Edits adding ``cache_control`` breakpoints to an Anthropic Messages request.
+
+    ``body`` is the parse of ``doc`` as it will be forwarded (rules and repairs
+    applied); combine the result with the edits already decided with :func:`place`.
+    The caller leaves a request with breakpoints of its own alone (:func:`sent_breakpoints`).
+
+    1. The end of system+tools: the last tool if there are tools, else the last
+       system block (a string ``system`` becomes one text block carrying it).
+    2. The newest message before the last user turn: its last cacheable block
+       (a string content becomes one text block).
+    """
+    out: list[Op] = []
+    tools = body.get("tools")
+    system = body.get("system")
+    if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+        out.append(SetMember(("tools", len(tools) - 1), "cache_control", EPHEMERAL))
+    elif isinstance(system, str) and system:
+        out.append(SetValue(("system",), _text_block(doc, ("system",), system)))
+    elif isinstance(system, list):
+        op = _on_last_block(doc, ("system",), system)
+        if op is not None:
+            out.append(op)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        last_user = max(
+            (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=-1
+        )
+        if last_user > 0:
+            op = _on_message(doc, last_user - 1, messages[last_user - 1])
+            if op is not None:
+                out.append(op)
+    return out[:MAX_BREAKPOINTS]
+
+
+def chat_breakpoints(body: dict[str, Any]) -> list[Op]:
+    """The same two breakpoints on a chat-completions request LiteLLM translates to
+    Anthropic, as ``cache_control`` members LiteLLM carries over (on the last tool,
+    a system message, a message with string content, a tool call, a content part):
+    members added, no value converted.  The last user turn is the final run of
+    ``user`` / ``tool`` messages (tool results are user turns in Anthropic's shape)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    out: list[Op] = []
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+        out.append(SetMember(("tools", len(tools) - 1), "cache_control", EPHEMERAL))
+    else:
+        system = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+        if system and isinstance(messages[system[-1]].get("content"), str):
+            out.append(SetMember(("messages", system[-1]), "cache_control", EPHEMERAL))
+    turn = len(messages)
+    while turn > 0 and isinstance(messages[turn - 1], dict) and messages[turn - 1].get("role") in ("user", "tool"):
+        turn -= 1
+    if 0 < turn < len(messages) and isinstance(messages[turn - 1], dict):
+        op = _on_chat_message(turn - 1, messages[turn - 1])
+        if op is not None:
+            out.append(op)
+    return out
+
+
+def _on_chat_message(index: int, msg: dict[str, Any]) -> Op | None:
+    calls, content = msg.get("tool_calls"), msg.get("content")
+    if isinstance(calls, list) and calls and isinstance(calls[-1], dict):
+        return SetMember(("messages", index, "tool_calls", len(calls) - 1), "cache_control", EPHEMERAL)
+    if isinstance(content, str) and content:
+        return SetMember(("messages", index), "cache_control", EPHEMERAL)
+    if isinstance(content, list):
+        for j in range(len(content) - 1, -1, -1):
+            part = content[j]
+            if isinstance(part, dict) and part.get("type") == "text" and part.get("text"):
+                return SetMember(("messages", index, "content", j), "cache_control", EPHEMERAL)
+    return None
+
+
+def _text_block(doc: JsonDoc, path: Path, text: str) -> bytes:
+    """``[{"type":"text","text":<the string as written>,"cache_control":...}]``."""
+    span = doc.span(path)
+    raw = doc.raw[span[0] : span[1]] if span is not None else b""
+    if not raw or orjson.loads(raw) != text:  # a rule changed it: its new value
+        raw = orjson.dumps(text)
+    return b'[{"type":"text","text":' + raw + b',"cache_control":' + EPHEMERAL + b"}]"
+
+
+def _on_last_block(doc: JsonDoc, path: Path, blocks: list[Any]) -> Op | None:
+    for j in range(len(blocks) - 1, -1, -1):
+        block = blocks[j]
+        if not isinstance(block, dict) or block.get("type") in _UNCACHEABLE:
+            continue
+        if block.get("type") == "text" and not block.get("text"):
+            continue  # Anthropic rejects cache_control on an empty text block
+        return SetMember((*path, j), "cache_control", EPHEMERAL)
+    return None
+
+
+def _on_message(doc: JsonDoc, index: int, msg: Any) -> Op | None:
+    if not isinstance(msg, dict):
+        return None
+    content = msg.get("content")
+    path: Path = ("messages", index, "content")
+    if isinstance(content, str) and content:
+        return SetValue(path, _text_block(doc, path, content))
+    if isinstance(content, list):
+        return _on_last_block(doc, path, content)
+    return None
+
+
+def _target(op: Op) -> Path:
+    if isinstance(op, SetMember):
+        return (*op.obj, op.key)
+    if isinstance(op, SetValue | SetString):
+        return op.path
+    raise TypeError(op)
+
+
+def place(ops: Sequence[Op], added: Sequence[Op]) -> list[Op]:
+    """``ops`` with the breakpoint edits ``added``: an edit inside a value an earlier
+    edit replaces whole (a fork's recorded system, the lineage's recorded tools[])
+    is made inside that edit's bytes instead; one inside a deleted value is dropped."""
+    out = list(ops)
+    for op in added:
+        path = _target(op)
+        for i, prior in enumerate(out):
+            whole = _replaced(prior)
+            if whole is None or path[: len(whole)] != whole:
+                continue
+            raw = _raw(prior)
+            if raw is not None:
+                inner = JsonDoc(raw)
+                out[i] = _with_raw(prior, render(inner, [_relative(op, len(whole))]))
+            break
+        else:
+            out.append(op)
+    return out
+
+
+def _replaced(op: Op) -> Path | None:
+    """The path whose whole value ``op`` replaces or removes (None: a string edit)."""
+    if isinstance(op, SetValue):
+        return op.path
+    if isinstance(op, SetMember | DeleteMember):
+        return (*op.obj, op.key)
+    if isinstance(op, AddMember):
+        return (op.key,)
+    if isinstance(op, SetItems):
+        return op.array
+    return None
+
+
+def _raw(op: Op) -> bytes | None:
+    return op.raw if isinstance(op, SetValue | SetMember | AddMember) else None
+
+
+def _with_raw(op: Op, raw: bytes) -> Op:
+    if isinstance(op, SetValue):
+        return SetValue(op.path, raw)
+    if isinstance(op, SetMember):
+        return SetMember(op.obj, op.key, raw)
+    if isinstance(op, AddMember):
+        return AddMember(op.key, raw)
+    raise TypeError(op)
+
+
+def _relative(op: Op, depth: int) -> Op:
+    if isinstance(op, SetMember):
+        return SetMember(op.obj[depth:], op.key, op.raw)
+    if isinstance(op, SetValue):
+        return SetValue(op.path[depth:], op.raw)
+    raise TypeError(op)
+
+
+# -- the providers' verdicts ------------------------------------------------------------
+
+# Anthropic cache diagnostics (``diagnostics.cache_miss_reason.type``) and the
+# assumed OpenAI Responses shape (``prompt_cache_diagnostics``, see docs/metrics.md).
+_CAUSES = {
+    "model_changed": "model_changed",
+    "system_changed": "system_changed",
+    "instructions_changed": "system_changed",
+    "tools_changed": "tools_changed",
+    "messages_changed": "history_rewritten",
+    "input_changed": "history_rewritten",
+    "params_changed": "params_changed",
+}
+NO_BREAK = "none"  # the provider compared and found no divergence
+
+
+def provider_cause(diagnostics: Any) -> str | None:
+    """prefixpin's cause for a provider's diagnostics object: a section 6 cause,
+    :data:`NO_BREAK`, or None when the provider could not compare (previous
+    response unknown, comparison still running, a reason we do not know)."""
+    if not isinstance(diagnostics, dict):
+        return None
+    reason = diagnostics.get("cache_miss_reason", diagnostics.get("miss_reason", ...))
+    if reason is None:
+        return NO_BREAK
+    if isinstance(reason, dict):
+        reason = reason.get("type")
+    if not isinstance(reason, str):
+        return None
+    return _CAUSES.get(reason)
+
+
+__all__ = [
+    "EPHEMERAL",
+    "NO_BREAK",
+    "breakpoints",
+    "cache_key",
+    "chat_breakpoints",
+    "has_cache_control",
+    "place",
+    "provider_cause",
+    "sent_breakpoints",
+]

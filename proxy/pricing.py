@@ -1,0 +1,122 @@
+"""What a request cost, and what its cached tokens saved, in USD.
+
+Prices come from ``provider_cache.prices`` (USD per million tokens per model);
+a model not listed there is looked up once in LiteLLM's *local* cost map
+(imported lazily with ``LITELLM_LOCAL_MODEL_COST_MAP=True``: never fetched from
+the network), and the answer, found or not, is cached per model.  Without
+LiteLLM installed, unlisted models are not priced (said once in the log).
+
+    cost  = uncached input x input + cached x cached_input + cache writes x cache_write
+            + output x output
+    saved = cached x (input - cached_input)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from canonicalize import Usage
+from proxy.config import Price
+
+log = logging.getLogger("prefixpin")
+PER = 1_000_000
+MAX_LOOKUPS = 1024  # distinct model names whose LiteLLM lookup is remembered
+
+
+def _litellm_costs() -> Mapping[str, Any] | None:
+    """LiteLLM's bundled cost map, or None when LiteLLM is not installed."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch at import
+    try:
+        import litellm
+    except ImportError:
+        return None
+    costs: Mapping[str, Any] = litellm.model_cost
+    return costs
+
+
+def from_cost_map(entry: Any) -> Price | None:
+    """A LiteLLM cost-map entry (USD per token) as a :class:`Price` (USD per 1M tokens)."""
+    if not isinstance(entry, Mapping):
+        return None
+    per_token = entry.get("input_cost_per_token")
+    output = entry.get("output_cost_per_token")
+    if not isinstance(per_token, int | float) or not isinstance(output, int | float):
+        return None
+    cached = entry.get("cache_read_input_token_cost")
+    write = entry.get("cache_creation_input_token_cost")
+    return Price(
+        input=per_token * PER,
+        cached_input=(cached if isinstance(cached, int | float) else per_token) * PER,
+        cache_write=(write if isinstance(write, int | float) else per_token) * PER,
+        output=output * PER,
+    )
+
+
+class Pricing:
+    """Prices by model: the config's first, then LiteLLM's local cost map."""
+
+    def __init__(
+        self,
+        prices: Mapping[str, Price],
+        *,
+        cost_map: Callable[[], Mapping[str, Any] | None] = _litellm_costs,
+    ) -> None:
+        self._prices = dict(prices)
+        self._load_map = cost_map
+        self._map: Mapping[str, Any] | None = None
+        self._loaded = False
+        self._looked_up: dict[str, Price | None] = {}
+        self._lock = threading.Lock()
+
+    def known(self, model: str) -> bool:
+        """True when :meth:`price` answers ``model`` without a lookup (no import, no scan)."""
+        return model in self._prices or model in self._looked_up
+
+    def price(self, model: object) -> Price | None:
+        if not isinstance(model, str) or not model:
+            return None
+        if model in self._prices:
+            return self._prices[model]
+        with self._lock:
+            if model in self._looked_up:
+                return self._looked_up[model]
+            found = self._lookup(model)
+            if len(self._looked_up) < MAX_LOOKUPS:
+                self._looked_up[model] = found
+            return found
+
+    def _lookup(self, model: str) -> Price | None:
+        if not self._loaded:
+            self._loaded = True
+            self._map = self._load_map()
+            if self._map is None:
+                log.info("litellm is not installed: models not in provider_cache.prices are not priced")
+        if self._map is None:
+            return None
+        entry = self._map.get(model)
+        if entry is None and "/" in model:  # "anthropic/claude-…" -> "claude-…"
+            entry = self._map.get(model.split("/", 1)[1])
+        return from_cost_map(entry)
+
+
+def cost(price: Price, usage: Usage, completion: int) -> float:
+    """USD for one request's ``usage`` and ``completion`` (output) tokens."""
+    uncached = max(usage.prompt - usage.cached - usage.cache_write, 0)
+    return (
+        uncached * price.input
+        + usage.cached * price.cached_input
+        + usage.cache_write * price.cache_write
+        + completion * price.output
+    ) / PER
+
+
+def saved(price: Price, cached: int) -> float:
+    """USD the ``cached`` tokens saved against the input price (never negative)."""
+    return max(cached * (price.input - price.cached_input), 0.0) / PER
+
+
+__all__ = ["Pricing", "cost", "from_cost_map", "saved"]

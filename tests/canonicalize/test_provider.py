@@ -1,0 +1,158 @@
+"""canonicalize.provider: cache keys, Anthropic breakpoints as byte-preserving
+edits, and the providers' verdicts in prefixpin's causes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+import pytest
+
+from canonicalize import JsonDoc, render
+from canonicalize.edits import DeleteMember, Op, SetMember, SetValue
+from canonicalize.provider import (
+    NO_BREAK,
+    breakpoints,
+    cache_key,
+    chat_breakpoints,
+    has_cache_control,
+    place,
+    provider_cause,
+    sent_breakpoints,
+)
+
+CC = b'"cache_control":{"type":"ephemeral"}'
+
+
+def _apply(raw: bytes, ops: list[Op] | None = None) -> tuple[bytes, list[Op]]:
+    doc = JsonDoc(raw)
+    found = breakpoints(doc, orjson.loads(raw))
+    return render(doc, place(ops or [], found)), found
+
+
+def test_cache_key_is_keyed_by_tenant_and_root() -> None:
+    key = cache_key("tenant-a", "L1")
+    assert re.fullmatch(r"pp-[0-9a-f]{24}", key)
+    assert key == cache_key("tenant-a", "L1")
+    assert key != cache_key("tenant-b", "L1")
+    assert key != cache_key("tenant-a", "L2")
+
+
+def test_breakpoint_on_last_tool_and_newest_message_before_last_user() -> None:
+    raw = (
+        b'{ "model" : "claude-x", "max_tokens":1e3, "system": "You are \\u00e9 helpful.  ",\n'
+        b' "tools": [ {"name":"a","input_schema":{}}, {"name":"ls", "input_schema":{"x":0.50} } ],\n'
+        b' "messages": [ {"role":"user","content":"hi"},\n'
+        b'  {"role":"assistant","content":[{"type":"text","text":"hello"},\n'
+        b'   {"type":"tool_use","id":"t","name":"ls","input":{}} ]},\n'
+        b'  {"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok"}]} ] }'
+    )
+    out, ops = _apply(raw)
+    assert len(ops) == 2
+    expected = raw.replace(b'{"x":0.50} }', b'{"x":0.50} ,' + CC + b"}").replace(
+        b'"input":{}} ]', b'"input":{},' + CC + b"} ]"
+    )
+    assert out == expected
+    assert out.count(b"cache_control") == 2
+
+
+def test_string_system_becomes_one_block_only_without_tools() -> None:
+    raw = b'{"model":"m","system":"Be \\"brief\\"\\n","messages":[{"role":"user","content":"q"}]}'
+    out, _ = _apply(raw)
+    block = b'[{"type":"text","text":"Be \\"brief\\"\\n",' + CC + b"}]"
+    assert out == raw.replace(b'"Be \\"brief\\"\\n"', block)
+
+
+def test_string_content_before_the_last_user_turn_becomes_one_block() -> None:
+    raw = (
+        b'{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q1"},'
+        b'{"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}'
+    )
+    out, ops = _apply(raw)
+    assert out == raw.replace(b'"text":"s"}', b'"text":"s",' + CC + b"}").replace(
+        b'"content":"a1"', b'"content":[{"type":"text","text":"a1",' + CC + b"}]"
+    )
+    assert len(ops) == 2
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]},
+        {"tools": [{"name": "t", "input_schema": {}, "cache_control": {"type": "ephemeral"}}]},
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]}
+            ]
+        },
+    ],
+)
+def test_a_request_with_its_own_breakpoints_is_left_alone(where: dict[str, Any]) -> None:
+    body = {"system": "s", "messages": [{"role": "user", "content": "a"}], **where}
+    assert has_cache_control(body) and sent_breakpoints(orjson.dumps(body))
+    assert not sent_breakpoints(b'{"system":"s","messages":[{"role":"user","content":"no cache_control here"}]}')
+
+
+def test_no_breakpoint_on_thinking_or_empty_blocks_nor_inside_replaced_values() -> None:
+    body = {
+        "system": "s",
+        "tools": [{"name": "t", "input_schema": {}}],
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "text", "text": ""}, {"type": "thinking", "thinking": "x"}]},
+            {"role": "user", "content": "q2"},
+        ],
+    }
+    doc = JsonDoc(orjson.dumps(body))
+    assert breakpoints(doc, body) == [SetMember(("tools", 0), "cache_control", b'{"type":"ephemeral"}')]
+    # A breakpoint inside a value replaced whole is made in the replacement's bytes.
+    recorded = b'[ {"name":"t","input_schema":{ }} ]'
+    placed = place([SetMember((), "tools", recorded)], breakpoints(doc, body))
+    assert placed == [
+        SetMember((), "tools", b'[ {"name":"t","input_schema":{ },"cache_control":{"type":"ephemeral"}} ]')
+    ]
+    assert place([DeleteMember((), "tools")], breakpoints(doc, body)) == [DeleteMember((), "tools")]
+
+
+def test_a_rewritten_system_string_is_taken_as_forwarded() -> None:
+    raw = b'{"system":"at 10:00","messages":[]}'
+    body = {"system": "at <pinned>", "messages": []}
+    (op,) = breakpoints(JsonDoc(raw), body)
+    assert isinstance(op, SetValue)
+    assert orjson.loads(op.raw) == [{"type": "text", "text": "at <pinned>", "cache_control": {"type": "ephemeral"}}]
+
+
+@pytest.mark.parametrize(
+    ("diagnostics", "cause"),
+    [
+        ({"cache_miss_reason": {"type": "system_changed", "cache_missed_input_tokens": 900}}, "system_changed"),
+        ({"cache_miss_reason": {"type": "messages_changed"}}, "history_rewritten"),
+        ({"cache_miss_reason": {"type": "tools_changed"}}, "tools_changed"),
+        ({"cache_miss_reason": {"type": "model_changed"}}, "model_changed"),
+        ({"cache_miss_reason": None}, NO_BREAK),
+        ({"cache_miss_reason": {"type": "previous_message_not_found"}}, None),
+        ({"cache_miss_reason": {"type": "unavailable"}}, None),
+        ({"cache_miss_reason": "instructions_changed"}, "system_changed"),
+        ({}, None),
+        ("junk", None),
+    ],
+)
+def test_provider_cause(diagnostics: Any, cause: str | None) -> None:
+    assert provider_cause(diagnostics) == cause
+
+
+def test_chat_breakpoints_are_members_added_for_litellm() -> None:
+    raw = (
+        b'{"model":"anthropic/c","messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},'
+        b'{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f",'
+        b'"arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"out"}]}'
+    )
+    doc = JsonDoc(raw)
+    out = render(doc, chat_breakpoints(orjson.loads(raw)))
+    assert out == raw.replace(b'"content":"s"}', b'"content":"s",' + CC + b"}").replace(
+        b'"arguments":"{}"}}', b'"arguments":"{}"},' + CC + b"}"
+    )
+    with_tools = {**orjson.loads(raw), "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert [type(op).__name__ for op in chat_breakpoints(with_tools)] == ["SetMember", "SetMember"]
+    assert chat_breakpoints(with_tools)[0] == SetMember(("tools", 0), "cache_control", b'{"type":"ephemeral"}')
