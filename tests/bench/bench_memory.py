@@ -30,6 +30,7 @@ import re
 import shutil
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,17 @@ class Client:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def roles(base: str) -> dict[str, int]:
+    """Requests by role (root, continuation, ...) as /metrics counts them: proves the turns continue."""
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    pattern = r'^prefixpin_requests_total\{role="([^"]+)",route="chat_completions",status="200"\} (\S+)$'
+    return {m[1]: int(float(m[2])) for m in re.finditer(pattern, text, re.M) if float(m[2])}
 
 
 def conversation_turns(t: int, c: int, turns: int) -> list[list[dict[str, str]]]:
@@ -182,6 +194,8 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["| requests | conversations | RSS MiB | elapsed s |", "|---:|---:|---:|---:|"]
     for s in doc["samples"]:
         lines.append(f"| {s['requests']:,} | {s['conversations']:,} | {s['rss_mib']:.1f} | {s['elapsed_s']:.0f} |")
+    if doc.get("roles"):
+        lines += ["", "requests by role: " + ", ".join(f"{k} {v:,}" for k, v in doc["roles"].items())]
     g = doc["growth"]
     if g:
         lines += ["", f"RSS growth per 10,000 requests: first half {g['first_half_mib_per_10k']:+.2f} MiB, "
@@ -212,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run = Run(base, proc.popen.pid, args)
             asyncio.run(run.play())
+            doc["roles"] = roles(base)
         finally:
             proc.stop()
     finally:
