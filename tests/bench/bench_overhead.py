@@ -3,6 +3,7 @@
     python -m tests.bench.bench_overhead            # full run (~8 min on 2 cores), markdown tables
     python -m tests.bench.bench_overhead --smoke    # a few seconds once built: proves the script works (CI)
     python -m tests.bench.bench_overhead --json     # the same, as JSON
+    python -m tests.bench.bench_overhead --compare-ref 346c122 --conns 1,32   # this tree next to an older one
 
 One run starts, in one process tree on this machine: the instant Go upstream
 (tests/bench/overhead/upstream), prefixpin (default config), nginx and LiteLLM
@@ -10,7 +11,10 @@ in front of it, then drives each with the open-loop Go load generator
 (tests/bench/overhead/loadgen) at fixed rates and in saturation.  It builds the
 Go binaries, installs nginx-light (as root, if missing) and LiteLLM (from
 requirements-litellm.lock into ~/.cache/prefixpin/litellm-venv) as needed; a
-target it cannot have is reported as "unavailable: <reason>".  A benchmark,
+target it cannot have is reported as "unavailable: <reason>".  ``--compare-ref REF``
+adds the target ``prefixpin@REF``: the code of git revision REF (exported with
+``git archive`` into the run's temp dir) served the same way, measured in the
+same run, so before/after ratios hold on a noisy machine.  A benchmark,
 not a test: it prints figures and judges the issue's targets, it asserts
 nothing about time.  ``--smoke`` exits non-zero if direct, prefixpin or nginx
 returned any error.
@@ -49,7 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--rates", default="25,50,200,500", help="open-loop rates, non-streamed (req/s)")
     ap.add_argument("--stream-rates", default="25,200", help="open-loop rates, streamed (req/s)")
-    ap.add_argument("--conns", type=int, default=32, help="saturation: connections (0: skip)")
+    ap.add_argument(
+        "--conns",
+        default="32",
+        help="closed loop: comma-separated connection counts; the largest is saturation (0: skip)",
+    )
+    ap.add_argument("--compare-ref", metavar="REF", help="also run prefixpin at git revision REF, as prefixpin@REF")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each run")
     ap.add_argument("--timeout", type=float, default=5.0, help="per-request timeout (an error past it)")
@@ -64,8 +73,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="also write the JSON document here")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.rates, args.stream_rates, args.conns = "20", "20", 4
+        args.rates, args.stream_rates, args.conns = "20", "20", "4"
         args.duration, args.warmup, args.timeout, args.idle_wait = 1.0, 0.3, 5.0, 0.0
+    args.closed = [int(c) for c in args.conns.split(",") if c.strip() and int(c) > 0]
+    args.conns = max(args.closed, default=0)
     return args
 
 
@@ -119,7 +130,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     phases = tuple(
         [Phase(False, rate=r) for r in rates]
         + [Phase(True, rate=r) for r in stream_rates]
-        + ([Phase(False, conns=args.conns), Phase(True, conns=args.conns)] if args.conns else [])
+        + [Phase(stream, conns=c) for c in args.closed for stream in (False, True)]
     )
     return Plan(
         phases,
@@ -131,12 +142,16 @@ def plan_of(args: argparse.Namespace) -> Plan:
     )
 
 
-def make_targets(wanted: list[str], upstream: Proc, up: str, work: Path, *, install: bool) -> list[Target]:
+def make_targets(
+    wanted: list[str], upstream: Proc, up: str, work: Path, *, install: bool, ref: str | None = None
+) -> list[Target]:
     """The targets in report order; ``prefixpin-bypass`` drives the ``prefixpin`` process."""
     out = [targets.direct(upstream, up)]
     pp = targets.prefixpin(up)
     if "prefixpin" in wanted or "prefixpin-bypass" in wanted:
         out.append(pp)
+    if ref:
+        out.append(targets.prefixpin(up, name=f"prefixpin@{ref}", source=targets.checkout(ref, work / "ref")))
     if "prefixpin-bypass" in wanted:
         out.append(targets.prefixpin_bypass(pp))
     if "nginx" in wanted:
@@ -167,7 +182,7 @@ def run_all(args: argparse.Namespace, wanted: list[str], plan: Plan) -> tuple[li
         bodies, sizes = write_bodies(work)
         up_proc, up = targets.start_upstream(logs)
         install = not (args.smoke or args.no_install)
-        all_targets = make_targets(wanted, up_proc, up, work, install=install)
+        all_targets = make_targets(wanted, up_proc, up, work, install=install, ref=args.compare_ref)
         try:
             for t in all_targets:
                 log(f"starting {t.name} ...")
@@ -212,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_s": args.warmup,
             "timeout_s": args.timeout,
             "conns": args.conns,
+            "closed_conns": args.closed,
+            "compare_ref": args.compare_ref,
             "smoke": args.smoke,
             "idle_wait_s": args.idle_wait,
         },

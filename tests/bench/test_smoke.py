@@ -1,4 +1,4 @@
-"""Smoke-sized runs of both benchmarks, so a broken benchmark fails CI.
+"""Smoke-sized runs of the benchmarks, so a broken benchmark fails CI.
 
 They print their tables; nothing here asserts a time (ratios and times belong in
 docs/bench-*.md, measured side by side on a quiet machine).
@@ -22,8 +22,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         ["-m", "tests.bench.bench_cache", "--smoke"],
         ["-m", "tests.bench.bench_overhead", "--smoke", "--no-install"],
         ["-m", "tests.bench.bench_provider", "--smoke"],
+        ["-m", "tests.bench.bench_bigbody", "--smoke"],
+        ["-m", "tests.bench.bench_memory", "--smoke"],
     ],
-    ids=["cache", "overhead", "provider"],
+    ids=["cache", "overhead", "provider", "bigbody", "memory"],
 )
 def test_benchmark_smoke_run(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=900)

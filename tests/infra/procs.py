@@ -29,7 +29,9 @@ def free_port() -> int:
 class Proc:
     """A child process with its output in a log file; ``stop`` is idempotent."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
@@ -42,6 +44,7 @@ class Proc:
             stdin=subprocess.DEVNULL,
             env=full_env,
             start_new_session=True,
+            cwd=cwd,
         )
 
     def alive(self) -> bool:
@@ -82,8 +85,9 @@ class Proc:
             self._log.close()
 
 
-def prefixpin_argv() -> list[str]:
-    exe = shutil.which("prefixpin")
+def prefixpin_argv(source: Path | None = None) -> list[str]:
+    """``prefixpin``, or, to run the code of another checkout (``source``), ``python -m proxy.cli`` in it."""
+    exe = None if source is not None else shutil.which("prefixpin")
     return [exe] if exe else [sys.executable, "-m", "proxy.cli"]
 
 
@@ -94,12 +98,14 @@ def start_prefixpin(
     config: Path | None = None,
     env: dict[str, str] | None = None,
     name: str = "prefixpin",
+    source: Path | None = None,
 ) -> tuple[Proc, str]:
+    """``prefixpin serve`` on a free port; ``source``: a checkout whose code runs instead of this one's."""
     port = free_port()
-    argv = [*prefixpin_argv(), "serve", "--upstream", upstream, "--port", str(port)]
+    argv = [*prefixpin_argv(source), "serve", "--upstream", upstream, "--port", str(port)]
     if config is not None:
         argv += ["--config", str(config)]
-    proc = Proc(name, argv, log_dir, env={"PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = Proc(name, argv, log_dir, env={"PYTHONUNBUFFERED": "1", **(env or {})}, cwd=source)
     base = f"http://127.0.0.1:{port}"
     proc.wait_http(base + "/healthz", timeout=30)
     return proc, base

@@ -218,9 +218,10 @@ def render(doc: dict[str, Any]) -> str:
         if phases:
             out += ["", f"Open loop, {'streamed' if stream else 'non-streamed'}:", ""]
             out.append(open_table(runs, names, phases, reasons))
-    if cfg["conns"]:
-        out += ["", f"Saturation (closed loop, {cfg['conns']} connections, {cfg['duration_s']:g} s):", ""]
-        out.append(saturation_table(runs, names, cfg["conns"], reasons))
+    for conns in cfg.get("closed_conns") or ([cfg["conns"]] if cfg["conns"] else []):
+        title = "Saturation (closed loop" if conns == cfg["conns"] else "Closed loop"
+        out += ["", f"{title}, {conns} connection{'s' if conns > 1 else ''}, {cfg['duration_s']:g} s):", ""]
+        out.append(saturation_table(runs, names, conns, reasons))
     own = [r for r in runs if "own_overhead_ms" in r]
     if own:
         phases = list(dict.fromkeys(r["phase"] for r in own))

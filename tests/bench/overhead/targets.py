@@ -4,6 +4,7 @@ Every target is a set of real child processes on loopback (``tests.infra.procs``
 
     direct            load generator -> upstream
     prefixpin         ``prefixpin serve --upstream <upstream>`` (default config)
+    prefixpin@REF     the same, running the code of git revision REF (``--compare-ref``)
     prefixpin-bypass  the same process, every request sent with ``x-prefixpin-bypass: 1``
                       (no parse, no canonicalization, no store): the cost of its HTTP shell
     nginx             proxy_pass, upstream keepalive, proxy_buffering off (nginx.conf.tmpl)
@@ -124,12 +125,24 @@ def direct(upstream: Proc, base: str) -> Target:
 
 
 # -- prefixpin -------------------------------------------------------------------------------
-def prefixpin(upstream: str) -> Target:
+def prefixpin(upstream: str, *, name: str = "prefixpin", source: Path | None = None) -> Target:
+    """``prefixpin serve``; ``source``: a checkout of another revision, whose code runs instead."""
+
     def launch(log_dir: Path) -> tuple[list[Proc], str]:
-        proc, base = start_prefixpin(log_dir, upstream=upstream, name="prefixpin")
+        proc, base = start_prefixpin(log_dir, upstream=upstream, name=name.replace("@", "-"), source=source)
         return [proc], base
 
-    return Target("prefixpin", launch)
+    return Target(name, launch)
+
+
+def checkout(ref: str, dest: Path) -> Path:
+    """The tree of ``ref`` exported into ``dest`` (``git archive``: no worktree, no index touched)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref], capture_output=True)
+    if archive.returncode != 0:
+        raise Unavailable(f"git archive {ref}: {_one_line(archive.stderr.decode(errors='replace'))}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
 
 
 def prefixpin_bypass(pp: Target) -> Target:
