@@ -140,6 +140,9 @@ class Metrics:
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024
+    # Bodies larger than this are forwarded as sent (no parse, no lineage): per-request
+    # work stays bounded, and no single huge request stalls everyone else's.
+    canonicalize_max_bytes: int = 4 * 1024 * 1024
     max_concurrency: int = 0  # 0: no limit
     header_timeout_s: float = 60.0  # request line + headers, from connect / the request's first byte
     body_timeout_s: float = 60.0  # the longest wait for the next piece of the body
@@ -250,6 +253,7 @@ _POSITIVE = {
     "store.max_links_per_request",
     "store.timeout_ms",
     "limits.max_body_bytes",
+    "limits.canonicalize_max_bytes",
     "limits.header_timeout_s",
     "limits.body_timeout_s",
     "metrics.max_models",

@@ -4,7 +4,9 @@ prefix.
 
 A body that is not a JSON object is not ours to judge: it goes upstream
 untouched and the upstream answers it.  A big body is parsed, hashed and
-finalized on a worker thread so the event loop keeps serving everyone else.  A store that is
+finalized on a worker thread so the event loop keeps serving everyone else; a
+body over ``limits.canonicalize_max_bytes`` is not parsed at all (orjson holds
+the GIL while it parses, and freeing millions of objects costs the loop too).  A store that is
 down or slow costs the lineage, not the request: it goes on as a root with its
 static rules (``fail_open{stage="store"}``).
 """
@@ -12,6 +14,7 @@ static rules (``fail_open{stage="store"}``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Callable
 
@@ -22,6 +25,7 @@ from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.services import Services
 
+log = logging.getLogger("prefixpin")
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
 
 

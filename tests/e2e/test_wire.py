@@ -233,3 +233,16 @@ def test_wrongly_typed_bodies_go_upstream_as_sent(serve: Callable[..., str], rec
     assert r.headers["x-prefixpin-role"] != "fail-open"
     assert recorder.bodies() == [raw]
     assert _metric(proxy, "prefixpin_fail_open_total") == 0
+
+
+def test_a_body_over_canonicalize_max_bytes_goes_as_sent(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
+    proxy = serve(recorder.base, write_config({"limits": {"canonicalize_max_bytes": 4096}}))
+    raw = _body(_json_str(SYSTEM), stream=False)  # over 4 KB, with a rule that would fire
+    assert len(raw) > 4096
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", content=raw, headers=KEY)
+    assert r.status_code == 200 and r.headers["x-prefixpin-role"] == "bypass"
+    assert recorder.bodies() == [raw]
+    assert _metric(proxy, 'prefixpin_requests_total{role="bypass",route="chat_completions",status="200"}') == 1
