@@ -39,6 +39,10 @@ class Canonicalize:
     async def request(self, flow: Flow) -> None:
         if flow.skip:
             return
+        if len(flow.raw) > self.s.config.limits.canonicalize_max_bytes:
+            log.info("a %d-byte body is over limits.canonicalize_max_bytes: forwarded as sent", len(flow.raw))
+            flow.skip, flow.role = True, "bypass"
+            return
         parsed = await asyncio.to_thread(self._parse, flow) if flow.big else self._parse(flow)
         if not parsed:
             flow.skip, flow.role = True, "bypass"
