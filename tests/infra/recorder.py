@@ -3,7 +3,8 @@
 Run as ``python -m tests.infra.recorder --port N``.  It speaks OpenAI chat
 completions, Anthropic messages and OpenAI Responses, streamed and not, and can be told (``POST
 /_control``) to answer with tool calls, an error status, a delay, or a stream that
-is cut mid-way.  ``GET /_requests`` returns every request received, with its raw
+is cut mid-way; a control with ``then`` answers once and then as ``then`` says (an
+agent's tool loop: a call, then a final message).  ``GET /_requests`` returns every request received, with its raw
 body, so tests can check the exact bytes prefixpin forwarded.
 """
 
@@ -37,9 +38,8 @@ def _record(request: Request, raw: bytes) -> None:
     )
 
 
-def _usage(raw: bytes) -> dict[str, Any]:
+def _usage(raw: bytes, ctl: dict[str, Any]) -> dict[str, Any]:
     prompt = max(1, len(raw) // 4)
-    ctl = STATE["control"]
     return ctl.get("usage") or {
         "prompt_tokens": prompt,
         "completion_tokens": 3,
@@ -48,10 +48,10 @@ def _usage(raw: bytes) -> dict[str, Any]:
     }
 
 
-def _calls() -> list[dict[str, Any]]:
+def _calls(ctl: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"id": f"call_{i}", "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "{}")}}
-        for i, c in enumerate(STATE["control"].get("tool_calls", []))
+        for i, c in enumerate(ctl.get("tool_calls", []))
     ]
 
 
@@ -83,6 +83,8 @@ async def chat(request: Request) -> Response:
     raw, ctl, early = await _preamble(request)
     if early is not None:
         return early
+    if isinstance(ctl.get("then"), dict):  # answer once, then as ``then`` says (an agent's tool loop)
+        STATE["control"] = ctl["then"]
     try:
         body = json.loads(raw)
         assert isinstance(body, dict) and isinstance(body.get("messages"), list)
@@ -91,7 +93,7 @@ async def chat(request: Request) -> Response:
             {"error": {"message": "bad request body", "type": "invalid_request_error"}}, status_code=400
         )
     content = ctl.get("content", "ok")
-    calls = _calls()
+    calls = _calls(ctl)
     finish = "tool_calls" if calls else "stop"
     base = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": body.get("model", "m")}
     if not body.get("stream"):
@@ -99,7 +101,7 @@ async def chat(request: Request) -> Response:
         if calls:
             msg["tool_calls"] = calls
         return JSONResponse(
-            {**base, "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": _usage(raw)}
+            {**base, "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": _usage(raw, ctl)}
         )
     include_usage = (body.get("stream_options") or {}).get("include_usage") is True
 
@@ -137,7 +139,7 @@ async def chat(request: Request) -> Response:
                 yield _sse({**chunk, "choices": [{"index": 0, "delta": delta}]})
         yield _sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         if include_usage:
-            yield _sse({**chunk, "choices": [], "usage": _usage(raw)})
+            yield _sse({**chunk, "choices": [], "usage": _usage(raw, ctl)})
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(gen(), media_type="text/event-stream")
