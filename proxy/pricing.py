@@ -1,10 +1,13 @@
 """What a request cost, and what its cached tokens saved, in USD.
 
 Prices come from ``provider_cache.prices`` (USD per million tokens per model);
-a model not listed there is looked up once in LiteLLM's *local* cost map
-(imported lazily with ``LITELLM_LOCAL_MODEL_COST_MAP=True``: never fetched from
-the network), and the answer, found or not, is cached per model.  Without
-LiteLLM installed, unlisted models are not priced (said once in the log).
+a model not listed there is looked up once in LiteLLM's *local* cost map (the
+JSON file the installed ``litellm`` package ships, the one it loads itself with
+``LITELLM_LOCAL_MODEL_COST_MAP=True``: never fetched from the network, and read
+without importing LiteLLM, whose import costs seconds of CPU and a few hundred MB
+of objects that every garbage collection would then scan), and the answer, found
+or not, is cached per model.  Without LiteLLM installed, unlisted models are not
+priced (said once in the log).
 
     cost  = uncached input x input + cached x cached_input + cache writes x cache_write
             + output x output
@@ -13,11 +16,14 @@ LiteLLM installed, unlisted models are not priced (said once in the log).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from canonicalize import Usage
 from proxy.config import Price
@@ -27,15 +33,21 @@ PER = 1_000_000
 MAX_LOOKUPS = 1024  # distinct model names whose LiteLLM lookup is remembered
 
 
+COST_MAP_FILE = "model_prices_and_context_window_backup.json"
+
+
 def _litellm_costs() -> Mapping[str, Any] | None:
     """LiteLLM's bundled cost map, or None when LiteLLM is not installed."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch at import
     try:
-        import litellm
-    except ImportError:
+        spec = importlib.util.find_spec("litellm")  # finds the package, runs none of it
+    except (ImportError, ValueError):
         return None
-    costs: Mapping[str, Any] = litellm.model_cost
-    return costs
+    for folder in (spec.submodule_search_locations or ()) if spec is not None else ():
+        path = Path(folder) / COST_MAP_FILE
+        if path.is_file():
+            costs = orjson.loads(path.read_bytes())
+            return costs if isinstance(costs, dict) else None
+    return None
 
 
 def from_cost_map(entry: Any) -> Price | None:
