@@ -76,6 +76,7 @@ class Lineage:
 
     def __init__(self, size: int, max_load: float) -> None:
         ring = sorted((_point(f"replica-{i}#{v}"), i) for i in range(size) for v in range(VNODES))
+        self.size = size
         self._points = [p for p, _ in ring]
         self._owners = [i for _, i in ring]
         self.max_load = max_load
@@ -90,6 +91,8 @@ class Lineage:
             owner = self._owners[(start + k) % n]
             if owner not in seen:
                 seen.append(owner)
+                if len(seen) == self.size:
+                    break
         return seen
 
     def choose(self, key: str | None, replicas: Sequence[Replica]) -> int:

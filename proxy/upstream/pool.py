@@ -101,7 +101,7 @@ class Pool:
         """Send to the replica the policy chooses (``sticky=False``: round robin);
         once more to the next one when the first provably never got the request."""
         policy = self.policy if sticky else self.passthrough_policy
-        index = policy.choose(key, self.replicas())
+        index = policy.choose(key, self.replicas()) if self.pooled else 0
         try:
             return await self._send_to(index, method, path, query, headers, content, timeout)
         except UpstreamError as exc:
@@ -137,7 +137,7 @@ class Pool:
         def release() -> None:
             self.in_flight[index] -= 1
 
-        if resp.is_closed:  # an already-read response (tests' mock transports)
+        if resp.is_closed or not self.pooled:  # read already (mock transports), or nothing to balance
             release()
         else:
             resp.stream = _Tracked(resp.stream, release)  # type: ignore[arg-type]
