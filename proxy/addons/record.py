@@ -1,18 +1,27 @@
 """After the response: record the lineage, its links, the reply's link and any
 new blobs (the system part and tools[] as forwarded), off the request's path.
-A request the upstream failed is recorded too, so a retry finds its lineage."""
+A request the upstream failed is recorded too, so a retry finds its lineage.
+
+Blobs are stored once by content ref.  Finding a blob's bytes in the forwarded
+body costs a scan of the body (tools[] come after the whole history), so a ref
+this process wrote recently for the tenant is only touched (kept alive), not
+extracted again: every new session of an agent sends the same tools[].  A
+request of the isolated tenant (no credential) records nothing at all."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
 from canonicalize import JsonDoc, Outcome, chain
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.services import Services
+from proxy.store import ISOLATED
 
 log = logging.getLogger("prefixpin")
+WRITTEN = 4096  # (tenant, ref) pairs remembered as written
 
 
 class Record:
@@ -20,9 +29,10 @@ class Record:
 
     def __init__(self, s: Services) -> None:
         self.s = s
+        self._written: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def done(self, flow: Flow) -> None:
-        if flow.outcome is None or flow.prep is None or flow.failed:
+        if flow.outcome is None or flow.prep is None or flow.failed or flow.tenant == ISOLATED:
             return
         self.s.spawn(self._record(flow))
 
@@ -40,8 +50,19 @@ class Record:
                 if isinstance(response_id, str) and response_id and tip:  # Responses: previous_response_id
                     rec_id, last = outcome.record.id, tip[-1]
                     await s.guard.call(lambda: s.store.record_response(flow.tenant, response_id, rec_id, last))
-            blobs = await asyncio.to_thread(self._blobs, flow, outcome) if flow.big else self._blobs(flow, outcome)
-            await s.guard.call(lambda: s.store.record(flow.tenant, outcome.record, links, blobs, outcome.touch))
+            touch = list(outcome.touch)
+            wanted = self._wanted(flow.tenant, outcome, touch)
+            if wanted:
+                blobs = (
+                    await asyncio.to_thread(self._blobs, flow, outcome, wanted)
+                    if flow.big
+                    else self._blobs(flow, outcome, wanted)
+                )
+            else:
+                blobs = {}
+            await s.guard.call(lambda: s.store.record(flow.tenant, outcome.record, links, blobs, touch))
+            for ref in blobs:
+                self._remember(flow.tenant, ref)
         except StoreError as exc:
             log.debug("store record failed: %s", exc)
             s.metrics.fail_open.labels(self.name).inc()
@@ -49,17 +70,34 @@ class Record:
             log.exception("recording failed")
             s.metrics.fail_open.labels(self.name).inc()
 
+    def _wanted(self, tenant: str, outcome: Outcome, touch: list[str]) -> tuple[str, ...]:
+        """The new blobs to extract; those written recently are touched instead."""
+        rec, wanted = outcome.record, []
+        for name in outcome.new_blobs:
+            ref = rec.system_ref if name == "system" else rec.tools_ref
+            if ref is not None and (tenant, ref) in self._written:
+                self._written.move_to_end((tenant, ref))
+                touch.append(ref)
+            else:
+                wanted.append(name)
+        return tuple(wanted)
+
+    def _remember(self, tenant: str, ref: str) -> None:
+        self._written[(tenant, ref)] = None
+        if len(self._written) > WRITTEN:
+            self._written.popitem(last=False)
+
     @staticmethod
-    def _blobs(flow: Flow, outcome: Outcome) -> dict[str, bytes]:
-        """The system part and tools[] as forwarded, for the refs the lineage does not hold yet."""
-        if not outcome.new_blobs or flow.prep is None:
+    def _blobs(flow: Flow, outcome: Outcome, wanted: tuple[str, ...]) -> dict[str, bytes]:
+        """The system part and/or tools[] (``wanted``) as forwarded."""
+        if flow.prep is None:
             return {}
         body, exchange, rec = flow.prep.body, flow.prep.exchange, outcome.record
         doc = JsonDoc(flow.out)
         out: dict[str, bytes] = {}
-        if "system" in outcome.new_blobs and rec.system_ref is not None:
+        if "system" in wanted and rec.system_ref is not None:
             out[rec.system_ref] = exchange.system_blob(doc, body)
-        if "tools" in outcome.new_blobs and rec.tools_ref is not None:
+        if "tools" in wanted and rec.tools_ref is not None:
             span = doc.span(exchange.tools_path(body)) if exchange.tools(body) else None
             out[rec.tools_ref] = doc.raw[span[0] : span[1]] if span else b"[]"
         return out
