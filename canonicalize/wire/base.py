@@ -159,10 +159,39 @@ def flat_content(content: Any) -> Any:
 
 class RoleMessages:
     """What APIs whose history is ``{"role": ..., "content": ...}`` messages and whose
-    tools are a top-level ``tools`` list share (chat completions, Messages)."""
+    tools are a top-level ``tools`` list share (chat completions, Messages): every
+    message whose role is not in ``system_roles`` is history."""
+
+    system_roles: frozenset[str] = frozenset({"system"})
+
+    @staticmethod
+    def messages(body: dict[str, Any]) -> list[Any]:
+        messages = body.get("messages")
+        return messages if isinstance(messages, list) else []
+
+    def is_system(self, msg: Any) -> bool:
+        return isinstance(msg, dict) and isinstance(msg.get("role"), str) and msg["role"] in self.system_roles
 
     def history(self, body: dict[str, Any]) -> list[Any]:
-        raise NotImplementedError
+        return [m for m in self.messages(body) if not self.is_system(m)]
+
+    def message_slots(self, body: dict[str, Any]) -> list[Slot]:
+        out: list[Slot] = []
+        for i, msg in enumerate(self.messages(body)):
+            if isinstance(msg, dict) and not self.is_system(msg) and "content" in msg:
+                text_slots(msg, "content", ("messages", i, "content"), out)
+        return out
+
+    def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:
+        at = [i for i, m in enumerate(self.messages(body)) if not self.is_system(m)]
+        if not 0 <= index < len(at):
+            return None
+        msg = self.messages(body)[at[index]]
+        if not (self.is_user(msg) and "content" in msg):
+            return None
+        found: list[Slot] = []
+        text_slots(msg, "content", ("messages", at[index], "content"), found)
+        return found[-1] if found else None
 
     def tools(self, body: dict[str, Any]) -> list[Any] | None:
         tools = body.get("tools")

@@ -36,10 +36,6 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 _PATH = re.compile(r"(?:/v1)?/chat/completions/?|/openai/deployments/[^/]+/chat/completions/?")
 
 
-def _is_system(msg: Any) -> bool:
-    return isinstance(msg, dict) and isinstance(msg.get("role"), str) and msg["role"] in SYSTEM_ROLES
-
-
 def _call(call: Any) -> Any:
     """A tool call's hashing form: its name and its normalised arguments."""
     if not isinstance(call, dict):
@@ -50,13 +46,9 @@ def _call(call: Any) -> Any:
     return [fn.get("name"), arguments_form(fn.get("arguments"))]
 
 
-def _messages(body: dict[str, Any]) -> list[Any]:
-    messages = body.get("messages")
-    return messages if isinstance(messages, list) else []
-
-
 class ChatExchange(RoleMessages):
     name = "chat_completions"
+    system_roles = SYSTEM_ROLES
     schema_key = "parameters"
     cache_key_member: str | None = "prompt_cache_key"
 
@@ -66,22 +58,22 @@ class ChatExchange(RoleMessages):
     # -- system -----------------------------------------------------------------------
     def system_slots(self, body: dict[str, Any]) -> list[Slot]:
         out: list[Slot] = []
-        for i, msg in enumerate(_messages(body)):
-            if _is_system(msg) and "content" in msg:
+        for i, msg in enumerate(self.messages(body)):
+            if self.is_system(msg) and "content" in msg:
                 text_slots(msg, "content", ("messages", i, "content"), out)
         return out
 
     def _lead(self, body: dict[str, Any]) -> int:
         n = 0
-        for msg in _messages(body):
-            if not _is_system(msg):
+        for msg in self.messages(body):
+            if not self.is_system(msg):
                 break
             n += 1
         return n
 
     def system_value(self, body: dict[str, Any]) -> Any:
         """The leading system messages (a fork gets its parent's)."""
-        return _messages(body)[: self._lead(body)]
+        return self.messages(body)[: self._lead(body)]
 
     def system_blob(self, doc: JsonDoc, body: dict[str, Any]) -> bytes:
         parts = []
@@ -97,7 +89,7 @@ class ChatExchange(RoleMessages):
         if items is None:
             raise ValueError("a recorded system part is not a JSON array")
         n = self._lead(body)
-        body["messages"] = list(orjson.loads(blob)) + _messages(body)[n:]
+        body["messages"] = list(orjson.loads(blob)) + self.messages(body)[n:]
         return [SetItems(("messages",), 0, n, tuple(blob[s:e] for s, e in items))]
 
     # -- tools ------------------------------------------------------------------------
@@ -124,38 +116,7 @@ class ChatExchange(RoleMessages):
     def tools_path(self, body: dict[str, Any]) -> Path:
         return ("tools",)
 
-    # -- history ----------------------------------------------------------------------
-    def history(self, body: dict[str, Any]) -> list[Any]:
-        return [m for m in _messages(body) if not _is_system(m)]
-
-    def _history_index(self, body: dict[str, Any], index: int) -> int | None:
-        k = 0
-        for i, msg in enumerate(_messages(body)):
-            if _is_system(msg):
-                continue
-            if k == index:
-                return i
-            k += 1
-        return None
-
-    def message_slots(self, body: dict[str, Any]) -> list[Slot]:
-        out: list[Slot] = []
-        for i, msg in enumerate(_messages(body)):
-            if isinstance(msg, dict) and not _is_system(msg) and "content" in msg:
-                text_slots(msg, "content", ("messages", i, "content"), out)
-        return out
-
-    def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:
-        i = self._history_index(body, index)
-        if i is None:
-            return None
-        msg = _messages(body)[i]
-        if not (self.is_user(msg) and "content" in msg):
-            return None
-        found: list[Slot] = []
-        text_slots(msg, "content", ("messages", i, "content"), found)
-        return found[-1] if found else None
-
+    # -- history ------------------------------------------------------------------------
     def canonical_message(self, msg: Any) -> bytes:
         if not isinstance(msg, dict):
             return canonical_json(msg)

@@ -31,15 +31,6 @@ from canonicalize.wire.reply_messages import MessagesReply
 _PATH = re.compile(r"/v1/messages/?")
 
 
-def _messages(body: dict[str, Any]) -> list[Any]:
-    messages = body.get("messages")
-    return messages if isinstance(messages, list) else []
-
-
-def _is_system(msg: Any) -> bool:
-    return isinstance(msg, dict) and msg.get("role") == "system"
-
-
 class MessagesExchange(RoleMessages):
     name = "messages"
     schema_key = "input_schema"
@@ -53,8 +44,8 @@ class MessagesExchange(RoleMessages):
         out: list[Slot] = []
         if "system" in body:
             text_slots(body, "system", ("system",), out)
-        for i, msg in enumerate(_messages(body)):
-            if _is_system(msg) and "content" in msg:
+        for i, msg in enumerate(self.messages(body)):
+            if self.is_system(msg) and "content" in msg:
                 text_slots(msg, "content", ("messages", i, "content"), out)
         return out
 
@@ -95,29 +86,7 @@ class MessagesExchange(RoleMessages):
     def tools_path(self, body: dict[str, Any]) -> Path:
         return ("tools",)
 
-    # -- history ----------------------------------------------------------------------
-    def history(self, body: dict[str, Any]) -> list[Any]:
-        return [m for m in _messages(body) if not _is_system(m)]
-
-    def message_slots(self, body: dict[str, Any]) -> list[Slot]:
-        out: list[Slot] = []
-        for i, msg in enumerate(_messages(body)):
-            if isinstance(msg, dict) and not _is_system(msg) and "content" in msg:
-                text_slots(msg, "content", ("messages", i, "content"), out)
-        return out
-
-    def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:
-        at = [i for i, m in enumerate(_messages(body)) if not _is_system(m)]
-        if not 0 <= index < len(at):
-            return None
-        i = at[index]
-        msg = _messages(body)[i]
-        if not (self.is_user(msg) and "content" in msg):
-            return None
-        found: list[Slot] = []
-        text_slots(msg, "content", ("messages", i, "content"), found)
-        return found[-1] if found else None
-
+    # -- history ------------------------------------------------------------------------
     def canonical_message(self, msg: Any) -> bytes:
         if not isinstance(msg, dict):
             return canonical_json(msg)
