@@ -197,6 +197,9 @@ class RoleMessages:
         tools = body.get("tools")
         return tools if isinstance(tools, list) else None
 
+    def tools_path(self, body: dict[str, Any]) -> Path:
+        return ("tools",)
+
     def is_assistant(self, msg: Any) -> bool:
         return isinstance(msg, dict) and msg.get("role") == "assistant"
 

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from canonicalize.edits import AddMember, Op, SetItems, SetMember
-from canonicalize.jsonspan import JsonDoc, Path
+from canonicalize.jsonspan import JsonDoc
 from canonicalize.wire.base import (
     Reply,
     RoleMessages,
@@ -112,9 +112,6 @@ class ChatExchange(RoleMessages):
                 else:
                     description_slots(tool, ("tools", i), out)
         return out
-
-    def tools_path(self, body: dict[str, Any]) -> Path:
-        return ("tools",)
 
     # -- history ------------------------------------------------------------------------
     def canonical_message(self, msg: Any) -> bytes:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember
-from canonicalize.jsonspan import JsonDoc, Path
+from canonicalize.jsonspan import JsonDoc
 from canonicalize.wire.base import (
     Reply,
     RoleMessages,
@@ -82,9 +82,6 @@ class MessagesExchange(RoleMessages):
         for i, tool in enumerate(self.tools(body) or ()):
             description_slots(tool, ("tools", i), out)
         return out
-
-    def tools_path(self, body: dict[str, Any]) -> Path:
-        return ("tools",)
 
     # -- history ------------------------------------------------------------------------
     def canonical_message(self, msg: Any) -> bytes:
