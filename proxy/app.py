@@ -2,7 +2,9 @@
 
 POST <an exchange's path>   the one request flow (proxy.handler): chat completions
                             (also ``/chat/completions``, a trailing slash, Azure's
-                            ``/openai/deployments/{name}/chat/completions``), Messages
+                            ``/openai/deployments/{name}/chat/completions``), Messages,
+                            Responses; served by :class:`Front` straight from the ASGI
+                            scope (the hot path: no router, no framework middleware)
 GET  /metrics               Prometheus exposition (per-app registry)
 GET  /healthz               200 while the process serves
 GET  /readyz                200 when the store and the upstream (a replica of the pool) answer, else
@@ -15,20 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
+from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from canonicalize import Canonicalizer, match
 from proxy import addons, responses
 from proxy.admission import Admission
-from proxy.config import Config
+from proxy.config import Config, Limits
 from proxy.errors import Overloaded, PrefixpinError, StoreError, UpstreamError, UpstreamStreamCut
 from proxy.handler import Handler, read_body
 from proxy.metrics import Metrics
@@ -42,12 +45,52 @@ from proxy.upstream.pool import Pool
 log = logging.getLogger("prefixpin")
 
 
+class Front:
+    """The ASGI app: a POST to an exchange's path goes straight to the handler;
+    everything else (prefixpin's own endpoints, passthrough, the lifespan) to the
+    Starlette app.  Admission and CutStreams wrap both."""
+
+    def __init__(
+        self,
+        app: Starlette,
+        state: dict[str, Handler],
+        *,
+        limits: Limits,
+        on_cut: Callable[[UpstreamStreamCut], None],
+        on_reject: Callable[[str], None],
+    ) -> None:
+        self.starlette = app
+        self._state = state
+        self.app: ASGIApp = Admission(
+            CutStreams(self._route, on_cut=on_cut),
+            limit=limits.max_concurrency,
+            body_timeout_s=limits.body_timeout_s,
+            on_reject=on_reject,
+        )
+
+    @property
+    def state(self) -> State:
+        return self.starlette.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            exchange = match(scope["path"])
+            if exchange is not None:
+                response = await self._state["handler"](Request(scope, receive), exchange)
+                await response(scope, receive, send)
+                return
+        await self.starlette(scope, receive, send)
+
+
 def create_app(
     config: Config,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     store: Store | None = None,
-) -> Starlette:
+) -> Front:
     """Build the app.  ``transport`` and ``store`` replace the real ones in unit tests."""
     canon = Canonicalizer(config.settings())
     metrics = Metrics(config.metrics.models, config.metrics.max_models, rules=canon.rule_names)
@@ -96,10 +139,6 @@ def create_app(
 
     async def other(request: Request) -> Response:
         handler = state["handler"]
-        if request.method == "POST":
-            exchange = match(request.url.path)
-            if exchange is not None:
-                return await handler(request, exchange)
         try:
             body = await read_body(request, config.limits.max_body_bytes)
             response = await passthrough(request, handler.upstream, body)
@@ -125,16 +164,7 @@ def create_app(
         log.warning("the upstream cut a passthrough response; the client's is cut too (%s)", exc.detail)
 
     all_methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-    return Starlette(
-        middleware=[
-            Middleware(
-                Admission,
-                limit=config.limits.max_concurrency,
-                body_timeout_s=config.limits.body_timeout_s,
-                on_reject=rejected,
-            ),
-            Middleware(CutStreams, on_cut=cut),
-        ],
+    app = Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET", "HEAD"]),
             Route("/readyz", readyz, methods=["GET", "HEAD"]),
@@ -143,3 +173,4 @@ def create_app(
         ],
         lifespan=lifespan,
     )
+    return Front(app, state, limits=config.limits, on_cut=cut, on_reject=rejected)

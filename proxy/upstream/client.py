@@ -1,8 +1,10 @@
 """The upstream: base URL, pooled transport, timeouts, at-most-once sending.
 
-Requests and responses are httpx's; they go straight to the transport (aiohttp's
-connector, or LiteLLM for ``kind: litellm``), since a proxy has no client-side
-cookies, auth or redirects for ``httpx.AsyncClient`` to run.  Transport failures
+Responses are httpx's.  Requests go straight to the transport (prefixpin's own
+HTTP/1.1 one, proxy.upstream.transport, given the method, target, headers and
+bytes; LiteLLM for ``kind: litellm`` and test transports get an ``httpx.Request``),
+since a proxy has no client-side cookies, auth or redirects for
+``httpx.AsyncClient`` to run.  Transport failures
 leave :meth:`UpstreamClient.send` as prefixpin's own :class:`UpstreamError`
 (mapped once, by :func:`proxy.errors.from_httpx`).
 """
@@ -10,12 +12,16 @@ leave :meth:`UpstreamClient.send` as prefixpin's own :class:`UpstreamError`
 from __future__ import annotations
 
 import base64
+import re
 
 import httpx
 
 from proxy.config import Upstream
 from proxy.errors import PathRefused, from_httpx
 from proxy.upstream.target import Base
+from proxy.upstream.transport import H1Transport, split_origin
+
+_BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")  # would break the request line
 
 
 class UpstreamClient:
@@ -31,9 +37,7 @@ class UpstreamClient:
 
     def __init__(self, cfg: Upstream, transport: httpx.AsyncBaseTransport | None = None) -> None:
         if transport is None:
-            from proxy.upstream.transport import AiohttpTransport
-
-            transport = AiohttpTransport(max_connections=cfg.max_connections)
+            transport = H1Transport(max_connections=cfg.max_connections)
         if cfg.kind == "litellm":
             from proxy.upstream.litellm import LiteLLMTransport
 
@@ -41,6 +45,8 @@ class UpstreamClient:
         self.transport = transport
         self.base = cfg.url  # may hold credentials: print only redact(self.base)
         self._base = Base.parse(cfg.url)
+        self._origin = split_origin(self._base.origin)
+        self._h1 = transport if isinstance(transport, H1Transport) else None
         self._basic = None
         if self._base.userinfo is not None:
             self._basic = "Basic " + base64.b64encode(":".join(self._base.userinfo).encode()).decode()
@@ -66,6 +72,16 @@ class UpstreamClient:
         target = self._base.target(path, query)
         if self._basic is not None and not any(k.lower() == "authorization" for k, _ in headers):
             headers = [*headers, ("authorization", self._basic)]
+        if self._h1 is not None:
+            if _BAD_TARGET.search(target):
+                raise PathRefused("the request path is not a valid URL path")
+            try:
+                try:
+                    return await self._h1.send(method, self._origin, target, headers, content, limits)
+                except httpx.ConnectError:  # nothing was sent
+                    return await self._h1.send(method, self._origin, target, headers, content, limits)
+            except httpx.HTTPError as exc:
+                raise from_httpx(exc, self.base) from exc
         try:
             request = httpx.Request(
                 method,

@@ -13,7 +13,7 @@ from proxy.config import Upstream
 from proxy.errors import PathRefused, UpstreamReset
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.target import Base, climbs
-from proxy.upstream.transport import AiohttpTransport
+from proxy.upstream.transport import H1Transport
 from tests.infra import rawupstream as raw
 
 
@@ -33,7 +33,7 @@ def test_a_pooled_connection_the_upstream_closed_is_not_used(loop: str) -> None:
     up = raw.RawUpstream(script)
 
     async def main() -> list[int]:
-        transport = AiohttpTransport(max_connections=4)
+        transport = H1Transport(max_connections=4)
         statuses = []
         try:
             for _ in range(3):
@@ -64,7 +64,7 @@ def test_a_request_reset_after_it_was_sent_is_not_resent() -> None:
         client = UpstreamClient(Upstream(url=up.url))
         try:
             with pytest.raises(UpstreamReset) as info:
-                await client.send("PUT", "/v1/x", "", [], b"{}")  # aiohttp itself would resend a PUT
+                await client.send("PUT", "/v1/x", "", [], b"{}")  # a general client would resend a PUT
             assert isinstance(info.value.__cause__, httpx.TransportError)
             assert not isinstance(info.value.__cause__, httpx.ConnectError | httpx.TimeoutException)
         finally:
@@ -110,21 +110,69 @@ def test_target_joins_base_path_and_query() -> None:
 
 
 def test_timeouts_say_which_phase_and_no_url_secrets() -> None:
-    import aiohttp
-
     from proxy.errors import from_httpx
-    from proxy.upstream.transport import _translate
 
     url = "http://alice:pw-SECRET@h:1/v1?api_key=qs-SECRET"
-    connect = _translate(aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}/chat/completions"))
-    read = _translate(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
-    assert isinstance(connect, httpx.ConnectTimeout) and isinstance(read, httpx.ReadTimeout)
-    assert "SECRET" not in str(connect)
-    c, r = from_httpx(connect, url), from_httpx(read, url)
+    c = from_httpx(httpx.ConnectTimeout("timed out connecting to the upstream"), url)
+    r = from_httpx(httpx.ReadTimeout("timed out waiting for the upstream"), url)
     assert (c.status, r.status) == (504, 504)
     assert "connecting" in str(c) and "waiting for the upstream's response" in str(r)
     for e in (c, r):
         assert "SECRET" not in str(e) + e.detail and "h:1" not in str(e)
+
+
+def test_a_refused_connection_is_a_connect_error_that_names_no_secret() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> None:
+        client = UpstreamClient(Upstream(url=f"http://alice:pw-SECRET@127.0.0.1:{port}/v1?api_key=qs-SECRET"))
+        try:
+            with pytest.raises(Exception) as info:
+                await client.send("POST", "/v1/x", "", [], b"{}")
+        finally:
+            await client.aclose()
+        assert isinstance(info.value.__cause__, httpx.ConnectError)
+        assert info.value.status == 502  # type: ignore[attr-defined]
+        assert "SECRET" not in str(info.value) + info.value.detail  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_a_body_without_length_ends_with_the_connection_and_head_has_no_body() -> None:
+    def script(conn: raw.Conn) -> None:
+        req = conn.read_request()
+        if req is None:
+            return
+        if req.line.startswith(b"HEAD"):
+            conn.send(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+        else:
+            conn.send(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nhello ")
+            conn.send(b"world")
+        conn.sock.close()
+
+    up = raw.RawUpstream(script)
+
+    async def main() -> tuple[bytes, bytes]:
+        transport = H1Transport(max_connections=4)
+        try:
+            r = await transport.handle_async_request(httpx.Request("GET", up.url + "/v1/x"))
+            body = await r.aread()
+            await r.aclose()
+            h = await transport.handle_async_request(httpx.Request("HEAD", up.url + "/v1/x"))
+            head = await h.aread()
+            await h.aclose()
+            return body, head
+        finally:
+            await transport.aclose()
+
+    try:
+        assert asyncio.run(main()) == (b"hello world", b"")
+    finally:
+        up.close()
 
 
 def test_access_log_query_redaction() -> None:
