@@ -170,7 +170,10 @@ class RoleMessages:
         return messages if isinstance(messages, list) else []
 
     def is_system(self, msg: Any) -> bool:
-        return isinstance(msg, dict) and isinstance(msg.get("role"), str) and msg["role"] in self.system_roles
+        if not isinstance(msg, dict):
+            return False
+        role = msg.get("role")
+        return type(role) is str and role in self.system_roles
 
     def history(self, body: dict[str, Any]) -> list[Any]:
         return [m for m in self.messages(body) if not self.is_system(m)]

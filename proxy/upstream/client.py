@@ -19,7 +19,7 @@ import httpx
 from proxy.config import Upstream
 from proxy.errors import PathRefused, from_httpx
 from proxy.upstream.target import Base
-from proxy.upstream.transport import H1Transport, split_origin
+from proxy.upstream.transport import Body, H1Transport, split_origin
 
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")  # would break the request line
 
@@ -103,6 +103,8 @@ class UpstreamClient:
     async def read(self, resp: httpx.Response) -> bytes:
         """A (non-streamed) response's whole body; UpstreamError when the upstream fails it."""
         try:
+            if isinstance(resp.stream, Body) and "content-encoding" not in resp.headers:
+                return b"".join([chunk async for chunk in resp.stream])  # nothing to decode
             return await resp.aread()
         except httpx.HTTPError as exc:
             raise from_httpx(exc, self.base) from exc

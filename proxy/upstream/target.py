@@ -11,6 +11,7 @@ absolute-URI request target or a ``Host`` header changes nothing.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -30,6 +31,7 @@ def client_path(request: Request) -> str:
     return request.url.path
 
 
+@functools.lru_cache(maxsize=1024)  # a handful of paths, every request
 def climbs(path: str) -> bool:
     """Would resolving ``path``'s dot segments go above its start?  Decoded up to
     three times (double encoding), split on ``/`` and ``\\``; empty segments

@@ -245,7 +245,7 @@ class _Conn(asyncio.Protocol):
                 self.waiter = None
 
 
-class _Body(httpx.AsyncByteStream):
+class Body(httpx.AsyncByteStream):
     """A response body, relayed as the bytes arrive; closing it early closes the
     connection (so the upstream stops generating), reading it to the end returns
     the connection to the pool."""
@@ -436,7 +436,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status,
             headers=raw_headers,
-            stream=_Body(pool, conn, timeouts.get("read")),
+            stream=Body(pool, conn, timeouts.get("read")),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
         )
 
@@ -476,4 +476,4 @@ def split_origin(origin: str) -> tuple[str, str, int | None, str]:
     return (parts.scheme, parts.hostname or "", parts.port, parts.netloc.rpartition("@")[2])
 
 
-__all__ = ["H1Transport", "split_origin"]
+__all__ = ["Body", "H1Transport", "split_origin"]
