@@ -210,7 +210,7 @@ class RoleMessages:
         return isinstance(msg, dict) and msg.get("role") == "user"
 
     def last_user_text(self, body: dict[str, Any]) -> str:
-        for msg in reversed(self.history(body)):
+        for msg in reversed(self.messages(body)):  # a user message is never a system one
             if self.is_user(msg):
                 flat = flat_content(msg.get("content"))
                 return flat if isinstance(flat, str) else ""
