@@ -1,7 +1,7 @@
 """Talking to the upstream.
 
 client.py       UpstreamClient: base URL, pooled transport, timeouts, at-most-once
-transport.py    aiohttp's connector under httpx (aiohttp errors -> httpx's, once)
+transport.py    HTTP/1.1 on asyncio protocols + httptools: pooled, at-most-once, httpx's responses
 litellm.py      upstream.kind: litellm (provider translation), imported lazily
 target.py       the client's raw path on the upstream's base; climbing paths refused
 headers.py      hop-by-hop and own headers never cross
