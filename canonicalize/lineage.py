@@ -81,6 +81,11 @@ class LineageRecord:
     fingerprint: Fingerprint | None = None
     requests: int = 0
     branch: int = 0  # forks: how many messages of the parent's history the fork replayed
+    # The pool replica (its index in upstream.pool) that last served the lineage; a
+    # fork starts with its parent's.  Every process sharing the store routes the
+    # lineage there while it is healthy (section 2c), so a lineage the load bound or
+    # a failover moved stays where its prefix is now cached.
+    replica: int | None = None
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -103,6 +108,7 @@ class LineageRecord:
                 "fp": self.fingerprint.to_json() if self.fingerprint else None,
                 "n": self.requests,
                 "b": self.branch,
+                "rp": self.replica,
             }
         )
 
@@ -129,6 +135,7 @@ class LineageRecord:
             fingerprint=Fingerprint.from_json(fp) if fp else None,
             requests=int(d.get("n", 0)),
             branch=int(d.get("b", 0)),
+            replica=_replica(d.get("rp")),
         )
 
     @property
@@ -138,6 +145,12 @@ class LineageRecord:
 
     def evolve(self, **changes: Any) -> LineageRecord:
         return replace(self, **changes)
+
+
+def _replica(value: Any) -> int | None:
+    """A recorded replica index; anything else (absent in records written before the
+    field existed) is no preference."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -362,6 +362,7 @@ class Canonicalizer:
                     params=dict(parent.params),
                     notes=parent.notes,
                     branch=_branch(prep, lookup),
+                    replica=parent.replica,  # a fork goes where its parent's prefix is cached
                 )
                 fork_action = "repaired"
             else:

@@ -99,7 +99,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         upstream = Pool(config, metrics, transport)
-        the_store = store or open_store(config.store)
+        the_store = store if store is not None else open_store(config.store)  # an empty MemoryStore is falsy
         s = Services(config=config, canon=canon, store=the_store, guard=StoreGuard(), metrics=metrics)
         state["handler"] = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
         app.state.services = s

@@ -45,6 +45,7 @@ class Flow:
     status: int = 0
     message: dict[str, Any] | None = None  # the reply as the client received it (the next turn replays it)
     affinity_key: str | None = None  # the lineage root id: the pool routes on it (section 2c)
+    home: int | None = None  # the replica the lineage's record says last served it (the pool prefers it)
     slot: int | None = None  # the llama-server slot pinned in the body (x-prefixpin-slot)
     set_headers: tuple[tuple[str, str], ...] = ()  # request headers set for a router behind us
     replica: int | None = None  # the pool replica that answered (x-prefixpin-replica)
@@ -71,5 +72,6 @@ class Flow:
         self.offered = None
         self.drop_usage_chunk = False
         self.affinity_key = None
+        self.home = None
         self.slot = None
         self.set_headers = ()

@@ -103,7 +103,9 @@ class Handler:
             names = {k for k, _ in flow.set_headers}
             headers = [(k, v) for k, v in headers if k.lower() not in names] + list(flow.set_headers)
         sent = time.perf_counter()
-        send = self.upstream.send("POST", client_path(request), flow.query, headers, flow.out, key=flow.affinity_key)
+        send = self.upstream.send(
+            "POST", client_path(request), flow.query, headers, flow.out, key=flow.affinity_key, prefer=flow.home
+        )
         resp = await _unless_client_leaves(request, send)
         if self.upstream.pooled:
             flow.replica = resp.extensions.get(REPLICA)

@@ -1,8 +1,11 @@
 """Section 2c: serve each lineage where its prefix is cached.
 
 The affinity key of a request is its lineage root id (one id for a lineage and
-all its forks): the pool's policy routes on it (proxy.upstream.pool), and this
-addon
+all its forks): the pool's policy routes on it (proxy.upstream.pool), preferring
+the replica the lineage's record says last served it (a fork's record starts with
+its parent's; Record writes the replica that answered).  That record came with
+the lineage lookup, so sharing the route through the store costs no extra round
+trip.  This addon also
 
 - pins the lineage to a slot of ``llama-server --parallel N``
   (``affinity.llama_slots``): ``id_slot`` added to the forwarded body as one
@@ -60,6 +63,7 @@ class Affinity:
             return
         root = flow.outcome.record.root_id
         flow.affinity_key = root
+        flow.home = flow.outcome.record.replica
         flow.set_headers = tuple((h, root) for h in self.headers)
         if self.slots is not None and "id_slot" not in flow.body:
             slot = self.slots.slot(root)

@@ -1,6 +1,8 @@
 """After the response: record the lineage, its links, the reply's link and any
 new blobs (the system part and tools[] as forwarded), off the request's path.
 A request the upstream failed is recorded too, so a retry finds its lineage.
+The record names the pool replica that answered (section 2c: every process
+sharing the store routes the lineage's next request there).
 
 Blobs are stored once by content ref.  Finding a blob's bytes in the forwarded
 body costs a scan of the body (tools[] come after the whole history), so a ref
@@ -60,7 +62,8 @@ class Record:
                 )
             else:
                 blobs = {}
-            await s.guard.call(lambda: s.store.record(flow.tenant, outcome.record, links, blobs, touch))
+            record = outcome.record if flow.replica is None else outcome.record.evolve(replica=flow.replica)
+            await s.guard.call(lambda: s.store.record(flow.tenant, record, links, blobs, touch))
             for ref in blobs:
                 self._remember(flow.tenant, ref)
         except StoreError as exc:

@@ -54,6 +54,7 @@ class Result:
     session: str | None
     status: int | None = None
     role: str | None = None
+    replica: str | None = None  # x-prefixpin-replica: the upstream.pool replica that answered
     prompt: int | None = None
     cached: int | None = None
     wall_s: float = 0.0
@@ -183,13 +184,14 @@ def _error_text(resp: httpx.Response, content: bytes) -> str:
 
 def _attempt(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str], result: Result) -> bool:
     """One try: fills ``result``; True when a failure is worth another try."""
-    result.status = result.role = result.error = None
+    result.status = result.role = result.replica = result.error = None
     result.prompt = result.cached = None
     usage: Usage | None = None
     try:
         with client.stream("POST", url, json=body, headers=headers) as resp:
             result.status = resp.status_code
             result.role = resp.headers.get("x-prefixpin-role")
+            result.replica = resp.headers.get("x-prefixpin-replica")
             ctype = resp.headers.get("content-type", "")
             if resp.status_code >= 400:
                 result.error = _error_text(resp, resp.read())

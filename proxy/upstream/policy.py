@@ -3,7 +3,9 @@
 A :class:`Policy` has a ``name`` (for logs) and one required method,
 :meth:`Policy.choose`: given the request's affinity key (the lineage root id, or
 None for a request that has none) and the replicas as they stand now, the index
-of the one to use.  :func:`make_policy` is the factory from config.
+of the one to use; ``prefer`` is the replica the lineage's record says last
+served it (shared through the store, so every process knows it), or None.
+:func:`make_policy` is the factory from config.
 
     round_robin   the next healthy replica in turn
     lineage       consistent hashing of the key with bounded load (Mirrokni et al.,
@@ -11,7 +13,10 @@ of the one to use.  :func:`make_policy` is the factory from config.
                   key's point and take the first healthy replica whose in-flight
                   count stays within ``max_load`` x the mean.  The ring depends only
                   on the pool, so every process maps a key to the same replica; the
-                  load bound is each process's own view.  A key without a lineage
+                  load bound is each process's own view.  The preferred (recorded)
+                  replica is offered first, before the ring's order: once the load
+                  bound or a failover moved a lineage, every process follows it
+                  there, where its prefix is now cached.  A key without a lineage
                   goes round robin.
 
 Policies hold no clock and do no I/O: health and load come in as :class:`Replica`.
@@ -44,10 +49,11 @@ class Replica:
 class Policy(Protocol):
     name: str
 
-    def choose(self, key: str | None, replicas: Sequence[Replica]) -> int:
+    def choose(self, key: str | None, replicas: Sequence[Replica], prefer: int | None = None) -> int:
         """The index of the replica for this request; ``replicas`` is never empty
         and has at least one healthy replica unless all are down (then any may be
-        chosen: a request that might succeed beats a certain 502)."""
+        chosen: a request that might succeed beats a certain 502).  ``prefer`` is a
+        hint a policy may ignore."""
         ...
 
 
@@ -62,7 +68,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = itertools.count()
 
-    def choose(self, key: str | None, replicas: Sequence[Replica]) -> int:
+    def choose(self, key: str | None, replicas: Sequence[Replica], prefer: int | None = None) -> int:
         up = _candidates(replicas)
         return up[next(self._next) % len(up)].index
 
@@ -95,13 +101,16 @@ class Lineage:
                     break
         return seen
 
-    def choose(self, key: str | None, replicas: Sequence[Replica]) -> int:
+    def choose(self, key: str | None, replicas: Sequence[Replica], prefer: int | None = None) -> int:
         if key is None:
             return self._fallback.choose(key, replicas)
         up = {r.index: r for r in _candidates(replicas)}
         total = sum(r.in_flight for r in up.values()) + 1  # this request included
         cap = math.ceil(self.max_load * total / len(up))
-        order = [i for i in self.order(key) if i in up]
+        ring = self.order(key)
+        if prefer in ring:  # only an index of this pool; a healthy one, below
+            ring = [prefer, *(i for i in ring if i != prefer)]
+        order = [i for i in ring if i in up]
         for i in order:
             if up[i].in_flight + 1 <= cap:
                 return i

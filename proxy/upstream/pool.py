@@ -4,8 +4,9 @@ A :class:`Pool` has :class:`UpstreamClient`'s interface (``send``, ``read``,
 ``aclose``) plus the request's affinity key; with no pool configured it holds
 the one ``upstream.url`` and behaves exactly as that client.
 
-- The :mod:`policy <proxy.upstream.policy>` chooses a replica from its key, each
-  replica's health and this process's in-flight count for it.
+- The :mod:`policy <proxy.upstream.policy>` chooses a replica from its key, the
+  replica the lineage's record names (``prefer``), each replica's health and this
+  process's in-flight count for it.
 - A replica that refuses the connection or times out connecting is marked down
   for ``affinity.retry_after_s`` (its lineages move to their next replica on the
   ring) and the request goes to the next replica, once.  Only then: the error
@@ -95,20 +96,21 @@ class Pool:
         content: bytes,
         *,
         key: str | None = None,
+        prefer: int | None = None,
         timeout: float | None = None,
         sticky: bool = True,
     ) -> httpx.Response:
         """Send to the replica the policy chooses (``sticky=False``: round robin);
         once more to the next one when the first provably never got the request."""
         policy = self.policy if sticky else self.passthrough_policy
-        index = policy.choose(key, self.replicas()) if self.pooled else 0
+        index = policy.choose(key, self.replicas(), prefer) if self.pooled else 0
         try:
             return await self._send_to(index, method, path, query, headers, content, timeout)
         except UpstreamError as exc:
             if not (self.pooled and exc.never_sent):
                 raise
             self.down_until[index] = self.clock() + self.retry_after_s
-            retry = policy.choose(key, self.replicas(skip=index))
+            retry = policy.choose(key, self.replicas(skip=index), prefer)
             if retry == index:
                 raise
             self.metrics.replica_failovers.inc()

@@ -14,6 +14,7 @@ from canonicalize import (
     CHAT,
     ForkPolicy,
     JsonDoc,
+    LineageRecord,
     Settings,
     chain,
 )
@@ -372,3 +373,13 @@ def test_a_lineage_and_its_forks_share_one_root() -> None:
     assert fork.record.root == parent.record.id != fork.record.id
     other = h.send(turn1(session="20260514_090000_abcdef"))
     assert other.record.root == other.record.id != parent.record.root
+
+
+def test_the_served_replica_round_trips_and_old_records_decode() -> None:
+    rec = LineageRecord(id="a", root="a", replica=2)
+    assert LineageRecord.from_bytes(rec.to_bytes()) == rec
+    old = orjson.loads(rec.to_bytes())
+    del old["rp"]  # written before the field existed
+    assert LineageRecord.from_bytes(orjson.dumps(old)).replica is None
+    for junk in (None, -1, "1", True, 1.5):
+        assert LineageRecord.from_bytes(orjson.dumps({**old, "rp": junk})).replica is None

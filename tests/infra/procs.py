@@ -112,8 +112,17 @@ def start_prefixpin(
 
 
 def start_llama(
-    log_dir: Path, *, layers: int = 2, embd: int = 128, ctx: int = 16384, parallel: int = 1, name: str = "llama-server"
+    log_dir: Path,
+    *,
+    layers: int = 2,
+    embd: int = 128,
+    ctx: int = 16384,
+    parallel: int = 1,
+    name: str = "llama-server",
+    threads: int = 2,
 ) -> tuple[Proc, str]:
+    """``threads``: ``-t``; replicas sharing this 2-core machine take 1 each (ggml's
+    worker threads spin while they wait, so 2 x 2 threads on 2 cores crawl)."""
     server = llama.ensure_server()
     model = llama.ensure_model(layers, embd)
     port = free_port()
@@ -130,7 +139,7 @@ def start_llama(
         "--parallel",
         str(parallel),
         "-t",
-        "2",
+        str(threads),
         "--no-ui",
         "--metrics",
         "--cache-ram",

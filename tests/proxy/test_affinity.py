@@ -4,6 +4,7 @@ affinity headers."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ from starlette.testclient import TestClient
 
 from proxy.app import create_app
 from proxy.config import from_mapping
+from proxy.store.memory import MemoryStore
 from tests import hermes
 
 POOL = ["http://r0.test", "http://r1.test", "http://r2.test"]
@@ -131,3 +133,78 @@ def test_passthrough_goes_round_robin() -> None:
     with _client(up) as client:
         got = [client.get("/v1/models").headers["x-prefixpin-replica"] for _ in range(3)]
         assert sorted(got) == ["0", "1", "2"]
+
+
+# -- the replica that served a lineage is recorded with it, and preferred -----------------
+def _settle(client: TestClient) -> None:
+    """Wait until the records of the requests so far are written (they are written
+    after the response, off the request's path)."""
+    app: Any = client.app
+    assert client.portal is not None
+    client.portal.call(app.state.services.drain)
+
+
+def test_a_lineage_moved_by_failover_stays_where_it_moved() -> None:
+    up = Replicas()
+    turns = _turns("m", 3)
+    with _client(up, retry_after_s=0.01) as client:
+        home = client.post("/v1/chat/completions", json=turns[0]).headers["x-prefixpin-replica"]
+        _settle(client)
+        up.refuse.add(f"r{home}.test")
+        moved = client.post("/v1/chat/completions", json=turns[1]).headers["x-prefixpin-replica"]
+        assert moved != home
+        _settle(client)
+        up.refuse.clear()
+        time.sleep(0.05)  # past retry_after_s: the old home is healthy again
+        r = client.post("/v1/chat/completions", json=turns[2])
+        assert r.headers["x-prefixpin-role"] == "continuation"
+        assert r.headers["x-prefixpin-replica"] == moved  # its prefix is cached there now
+
+
+def test_processes_sharing_a_store_follow_a_diverted_lineage() -> None:
+    """Process A's failover moved the lineage; B never saw the refusal and its hash
+    still points at the old home, but B reads the replica in the lineage's record."""
+    up = Replicas()
+    store = MemoryStore(ttl_s=600)
+    cfg = from_mapping({"upstream": {"pool": POOL}, "affinity": {"retry_after_s": 0.01}})
+    auth = {"authorization": "Bearer sk-test"}
+    a = TestClient(create_app(cfg, transport=up, store=store), headers=auth)
+    b = TestClient(create_app(cfg, transport=up, store=store), headers=auth)
+    turns = _turns("shared", 4)
+    with a, b:
+        home = a.post("/v1/chat/completions", json=turns[0]).headers["x-prefixpin-replica"]
+        _settle(a)
+        up.refuse.add(f"r{home}.test")
+        moved = a.post("/v1/chat/completions", json=turns[1]).headers["x-prefixpin-replica"]
+        _settle(a)
+        up.refuse.clear()  # B never saw it refuse; A retries it after retry_after_s
+        time.sleep(0.05)
+        got = []
+        for client, body in ((b, turns[2]), (a, turns[3])):
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.headers["x-prefixpin-role"] == "continuation"
+            got.append(r.headers["x-prefixpin-replica"])
+            _settle(client)
+        assert moved != home and got == [moved, moved]
+
+
+def test_a_fork_goes_to_its_parents_recorded_replica() -> None:
+    up = Replicas()
+    system = hermes.system_prompt()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "List the files."}]
+    with _client(up, retry_after_s=0.01) as client:
+        home = client.post("/v1/chat/completions", json=hermes.request(system, history, hermes.tools_full()))
+        _settle(client)
+        up.refuse.add(f"r{home.headers['x-prefixpin-replica']}.test")
+        history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "And the tests?"}]
+        moved = client.post("/v1/chat/completions", json=hermes.request(system, history, hermes.tools_full()))
+        _settle(client)
+        up.refuse.clear()
+        time.sleep(0.05)
+        review = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Review it."}]
+        fork = client.post(
+            "/v1/chat/completions", json=hermes.request(hermes.system_prompt(), review, hermes.tools_review())
+        )
+        assert fork.headers["x-prefixpin-role"] == "fork"
+        assert fork.headers["x-prefixpin-replica"] == moved.headers["x-prefixpin-replica"]
+        assert moved.headers["x-prefixpin-replica"] != home.headers["x-prefixpin-replica"]

@@ -54,3 +54,21 @@ def test_all_down_still_chooses() -> None:
 def test_factory() -> None:
     assert make_policy(Affinity(), 2).name == "lineage"
     assert make_policy(Affinity(replicas="round_robin"), 2).name == "round_robin"
+
+
+def test_the_recorded_replica_comes_before_the_ring() -> None:
+    p = Lineage(3, 1.25)
+    key = KEYS[0]
+    home, second, third = p.order(key)
+    assert p.choose(key, _up(3), prefer=third) == third
+    # down, or out of this pool (a record from another pool config): the ring decides
+    assert p.choose(key, _up(3, down=frozenset({third})), prefer=third) == home
+    assert p.choose(key, _up(3), prefer=7) == home
+    # over the load bound like any replica: the ring's order after it
+    assert p.choose(key, _up(3, {third: 2}), prefer=third) == home
+    assert p.choose(key, _up(3, {third: 3, home: 3}), prefer=third) == second
+
+
+def test_round_robin_ignores_the_recorded_replica() -> None:
+    rr = RoundRobin()
+    assert [rr.choose("k", _up(2), prefer=1) for _ in range(4)] == [0, 1, 0, 1]
