@@ -6,6 +6,7 @@ docs/bench-*.md, measured side by side on a quiet machine).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -31,3 +32,23 @@ def test_benchmark_smoke_run(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=900)
     print(out.stdout[-4000:])
     assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-2000:]
+
+
+def test_affinity_benchmark_smoke_run() -> None:
+    """Every contender ran; nothing was lost but what was in flight on the killed replica."""
+    argv = [sys.executable, "-m", "tests.bench.bench_affinity", "--smoke", "--json"]
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-2000:]
+    report = json.loads(out.stdout)
+    runs = report["runs"]
+    assert set(runs) == {"a-ideal-direct", "a-prefixpin-slots", "b-round-robin", "b-lineage", "c-lineage-kill"}
+    requests = {r["requests"] for r in runs.values()}
+    assert len(requests) == 1 and requests.pop() > 0  # the same trace for each
+    for name, r in runs.items():
+        assert r["prompt_tokens"] > 0, name
+        if r["part"] != "c":
+            assert r["lost"] == 0, (name, r["errors"])
+    kill = runs["c-lineage-kill"]["kill"]
+    assert kill["replica"] in (0, 1) and kill["requests_after_kill"] > 0
+    assert kill["lost_sent_after_kill"] == 0, runs["c-lineage-kill"]["errors"]
+    assert runs["b-lineage"]["sessions_on_one_replica"] is not None

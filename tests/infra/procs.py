@@ -120,12 +120,14 @@ def start_llama(
     parallel: int = 1,
     name: str = "llama-server",
     threads: int = 2,
+    port: int | None = None,
 ) -> tuple[Proc, str]:
     """``threads``: ``-t``; replicas sharing this 2-core machine take 1 each (ggml's
-    worker threads spin while they wait, so 2 x 2 threads on 2 cores crawl)."""
+    worker threads spin while they wait, so 2 x 2 threads on 2 cores crawl).
+    ``port``: a given one (a replica restarted where it was), else a free one."""
     server = llama.ensure_server()
     model = llama.ensure_model(layers, embd)
-    port = free_port()
+    port = port or free_port()
     argv = [
         str(server),
         "-m",
