@@ -19,7 +19,8 @@ part, the caller must not send it again.
 - **Stale connections.** An idle pooled connection is reused only if its socket
   has nothing to read (``_peer_closed``): llama-server closes after a stream
   while advertising keep-alive, and the FIN may be in the kernel before the
-  event loop has seen it.
+  event loop has seen it.  Nor past the upstream's own ``Keep-Alive: timeout``
+  less a second: a close sent just as the request leaves would cost a 502.
 - **Flow control.** A body the client reads slower than the upstream sends
   pauses reading from the upstream past ``HIGH_WATER`` bytes.
 - **Framing.** Content-Length, chunked, and bodies ended by the connection's
@@ -70,6 +71,7 @@ class _Conn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
+        self.idle_limit = float("inf")  # the upstream's own Keep-Alive timeout, when it names one
         self.reusable = False
         self._reset(head_only=False)
 
@@ -156,6 +158,8 @@ class _Conn(asyncio.Protocol):
                     cl = True
                 elif lk == b"transfer-encoding" and b"chunked" in v.lower():
                     te = True
+                elif lk == b"keep-alive":
+                    self._keep_alive(v)
             self.until_eof = not (te or cl)
         head = self.head
         if head is not None and not head.done():
@@ -164,6 +168,14 @@ class _Conn(asyncio.Protocol):
             self.done = True  # llhttp would wait for a body that never comes
             self.reusable = False
             self._wake()
+
+    def _keep_alive(self, value: bytes) -> None:
+        """``Keep-Alive: timeout=5`` (llama-server): the upstream closes an idle connection
+        after 5 s, so reusing it near then races its close; stop reusing it 1 s earlier."""
+        for part in value.split(b","):
+            name, _, n = part.strip().partition(b"=")
+            if name.lower() == b"timeout" and n.strip().isdigit():
+                self.idle_limit = max(int(n) - 1.0, 0.0)
 
     def on_body(self, body: bytes) -> None:
         if self.head_only:
@@ -293,7 +305,8 @@ class _Pool:
         while self.idle:
             conn = self.idle.pop()
             t = conn.transport
-            if conn.closed or t is None or t.is_closing() or now - conn.idle_since > self.owner.keepalive_s:
+            idle = now - conn.idle_since
+            if conn.closed or t is None or t.is_closing() or idle > self.owner.keepalive_s or idle >= conn.idle_limit:
                 self.owner.forget(conn)
                 continue
             if _peer_closed(t):

@@ -183,3 +183,36 @@ def test_access_log_query_redaction() -> None:
     )
     assert redact_query("/v1/x") == "/v1/x"
     assert redact("https://u:p@[::1]:8443/v1?api_key=k#f") == "https://[::1]:8443/v1"
+
+
+def test_an_idle_connection_is_not_reused_near_the_upstreams_keep_alive_timeout() -> None:
+    """llama-server says ``Keep-Alive: timeout=5`` and closes idle connections then;
+    a request sent on one just as it closes would be a 502.  Past the advertised
+    timeout less a second, a new connection is made."""
+
+    def script(conn: raw.Conn) -> None:
+        while conn.read_request() is not None:
+            conn.send(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nkeep-alive: timeout=1\r\n"
+                b"content-length: 2\r\n\r\n{}"
+            )
+
+    up = raw.RawUpstream(script)
+
+    async def main() -> None:
+        transport = H1Transport(max_connections=4)
+        try:
+            for _ in range(2):
+                r = await transport.handle_async_request(httpx.Request("POST", up.url + "/v1/x", content=b"{}"))
+                assert await r.aread() == b"{}"
+                await r.aclose()
+            (pool,) = transport._pools.values()
+            (conn,) = pool.idle
+            assert conn.idle_limit == 0.0  # timeout=1, less a second: never reused after idling
+        finally:
+            await transport.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        up.close()
