@@ -79,8 +79,7 @@ class Front:
         if scope["type"] == "http" and scope["method"] == "POST":
             exchange = match(scope["path"])
             if exchange is not None:
-                response = await self._state["handler"](Request(scope, receive), exchange)
-                await response(scope, receive, send)
+                await self._state["handler"](scope, receive, send, exchange)
                 return
         await self.starlette(scope, receive, send)
 
@@ -140,7 +139,7 @@ def create_app(
     async def other(request: Request) -> Response:
         handler = state["handler"]
         try:
-            body = await read_body(request, config.limits.max_body_bytes)
+            body = await read_body(request.scope, request.receive, config.limits.max_body_bytes)
             response = await passthrough(request, handler.upstream, body)
         except ClientDisconnect:
             return responses.client_gone()

@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterable
 
-import anyio
 import httpx
 import orjson
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from canonicalize import Exchange, Reply, SSESplitter
 from proxy import responses
@@ -29,46 +29,69 @@ from proxy.addons import Runner
 from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError
 from proxy.flow import Flow
 from proxy.services import Services
-from proxy.upstream import client_path, request_headers, response_headers
+from proxy.upstream import client_path, request_headers
+from proxy.upstream.headers import raw_response_headers
 from proxy.upstream.pool import REPLICA, Pool
+from proxy.watch import ClientGone, ClientWatch
 
 log = logging.getLogger("prefixpin")
-T = TypeVar("T")
+_DROP = (b"content-encoding",)  # bodies are relayed decoded
+_NO_LENGTH = frozenset({204, 304})
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to pass ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to pass ``limit``;
+    ClientDisconnect when the client leaves before it is in."""
+    for k, v in scope["headers"]:
+        if k == b"content-length":
+            if v.isdigit() and int(v) > limit:
+                declared = v.decode("latin-1")
+                raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
+            break
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
+        if not message.get("more_body", False):
+            if not chunks:
+                return chunk  # the usual case: one piece
+            chunks.append(chunk)
+            return b"".join(chunks)
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class Handler:
-    """Serves every exchange route; holds no per-request state."""
+    """Serves every exchange route; holds no per-request state.
+
+    It answers through ASGI's ``send`` itself: a streamed body goes out chunk by
+    chunk from this one task, and a client that leaves cancels the upstream wait
+    or read through :class:`proxy.watch.ClientWatch` (no task group, no second
+    task per response)."""
 
     def __init__(self, s: Services, upstream: Pool, runner: Runner) -> None:
         self.s = s
         self.upstream = upstream
         self.runner = runner
 
-    async def __call__(self, request: Request, exchange: Exchange) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         m = self.s.metrics
         started = time.perf_counter()
         try:
-            raw = await read_body(request, self.s.config.limits.max_body_bytes)
+            raw = await read_body(scope, receive, self.s.config.limits.max_body_bytes)
         except BodyTooLarge as exc:
             m.requests.labels(exchange.name, "rejected", "413").inc()
-            return responses.from_error(exc, exchange)
+            await responses.from_error(exc, exchange)(scope, receive, send)
+            return
         except ClientDisconnect:
-            return responses.client_gone()
-        flow = Flow(exchange, request.headers, request.url.query, raw, started)
+            await responses.client_gone()(scope, receive, send)
+            return
+        flow = Flow(exchange, Headers(scope=scope), scope["query_string"].decode("latin-1"), raw, started)
         await self.runner.request(flow)
         if flow.big:
             await asyncio.to_thread(self.runner.render, flow)
@@ -77,53 +100,65 @@ class Handler:
         if not flow.skip:
             flow.reply = exchange.reply(offered=flow.offered, drop_usage_chunk=flow.drop_usage_chunk)
         m.overhead.observe(time.perf_counter() - started)
+        watch = ClientWatch(scope, receive)
         try:
-            response = await self._send(request, flow)
+            await self._forward(scope, send, flow, watch)
         except ClientGone:
             log.info("client went away before the upstream answered; upstream request cancelled")
             flow.status = 499
             self.runner.done(flow)
-            return responses.client_gone()
+            await responses.client_gone()(scope, receive, send)
         except UpstreamError as exc:
             m.upstream_errors.labels(exc.metric_kind).inc()
             log.warning("upstream error on %s: %s (%s)", exchange.name, exc, exc.detail)
             flow.status = exc.status
             self.runner.done(flow)
-            return _tag(responses.from_error(exc, exchange), flow)
+            await _tagged(responses.from_error(exc, exchange), flow)(scope, receive, send)
         except RequestRejected as exc:  # a path the upstream must not get
             flow.status = exc.status
             self.runner.done(flow)
-            return _tag(responses.from_error(exc, exchange), flow)
-        return _tag(response, flow)
+            await _tagged(responses.from_error(exc, exchange), flow)(scope, receive, send)
+        finally:
+            watch.close()
 
     # -- the upstream -------------------------------------------------------------------
-    async def _send(self, request: Request, flow: Flow) -> Response:
-        headers = request_headers(request.headers.items(), identity=True)
+    async def _forward(self, scope: Scope, send: Send, flow: Flow, watch: ClientWatch) -> None:
+        headers = request_headers(
+            ((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]), identity=True
+        )
         if flow.set_headers:  # affinity.headers: ours replace the client's
             names = {k for k, _ in flow.set_headers}
             headers = [(k, v) for k, v in headers if k.lower() not in names] + list(flow.set_headers)
         sent = time.perf_counter()
-        send = self.upstream.send(
-            "POST", client_path(request), flow.query, headers, flow.out, key=flow.affinity_key, prefer=flow.home
-        )
-        resp = await _unless_client_leaves(request, send)
-        if self.upstream.pooled:
+        upstream = self.upstream
+        with watch:
+            resp = await upstream.send(
+                "POST", client_path(scope), flow.query, headers, flow.out, key=flow.affinity_key, prefer=flow.home
+            )
+        if upstream.pooled:
             flow.replica = resp.extensions.get(REPLICA)
-        out_headers = response_headers(resp.headers, drop=("content-encoding",))
+        out_headers = raw_response_headers(resp.headers, drop=_DROP)
         if resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
-            return StreamingResponse(self._relay(resp, flow, sent), status_code=resp.status_code, headers=out_headers)
+            await self._stream(send, resp, flow, _tag(out_headers, flow), sent, watch)
+            return
         try:
-            content = await _unless_client_leaves(request, self.upstream.read(resp))
+            with watch:
+                content = await upstream.read(resp)
         finally:
             await resp.aclose()
-        self.s.metrics.upstream_ttft.observe(time.perf_counter() - sent)
-        if resp.status_code >= 400:
-            self.s.metrics.upstream_errors.labels(f"http_{resp.status_code // 100}xx").inc()
+        m = self.s.metrics
+        m.upstream_ttft.observe(time.perf_counter() - sent)
+        status = resp.status_code
+        if status >= 400:
+            m.upstream_errors.labels(f"http_{status // 100}xx").inc()
         elif flow.reply is not None:
             content = self._complete(flow, flow.reply, content)
-        flow.status = resp.status_code
+        flow.status = status
         self.runner.done(flow)
-        return Response(content, status_code=resp.status_code, headers=out_headers)
+        if not (status < 200 or status in _NO_LENGTH):
+            out_headers.append((b"content-length", b"%d" % len(content)))
+        await send({"type": "http.response.start", "status": status, "headers": _tag(out_headers, flow)})
+        await send({"type": "http.response.body", "body": content})
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -139,101 +174,91 @@ class Handler:
             self.s.metrics.fail_open.labels("response").inc()
             return content
 
-    async def _relay(self, resp: httpx.Response, flow: Flow, sent: float) -> AsyncIterator[bytes]:
-        m = self.s.metrics
-        reply = flow.reply
-        splitter = SSESplitter()
+    async def _stream(
+        self,
+        send: Send,
+        resp: httpx.Response,
+        flow: Flow,
+        headers: list[tuple[bytes, bytes]],
+        sent: float,
+        watch: ClientWatch,
+    ) -> None:
+        """Relay a streamed body as it arrives, through the exchange's reply machine.
+        A client that leaves ends it (the upstream connection is closed); an upstream
+        that cuts it gets an in-band error event and a clean end."""
         flow.status = resp.status_code
-        first = True
         try:
-            async for chunk in resp.aiter_bytes():
-                if reply is None:
-                    yield chunk
-                    continue
-                try:
-                    out = [b for b in (reply.feed(ev) for ev in splitter.feed(chunk)) if b is not None]
-                except Exception:
-                    # Our state machine failed: pass the rest through untouched, starting
-                    # with what the splitter was holding back.
-                    log.exception("stream processing failed; passing the rest through")
-                    m.fail_open.labels("response").inc()
-                    reply, flow.reply = None, None
-                    yield splitter.take() + chunk
-                    continue
-                if first and reply.first_token:
-                    m.upstream_ttft.observe(time.perf_counter() - sent)
-                    first = False
-                if out:
-                    yield b"".join(out)
-            tail = splitter.take()
-            if tail:
-                yield tail
-        except httpx.HTTPError as exc:
-            # The upstream cut the stream: tell the client in-band and end cleanly.
-            m.upstream_errors.labels("stream_cut").inc()
-            flow.status = 502
-            yield responses.stream_cut(flow.exchange, type(exc).__name__)
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
+            with watch:
+                await self._relay(send, resp, flow, sent)
+            await send({"type": "http.response.body", "body": b""})
+        except ClientGone:
+            pass  # counted with the upstream's status, as the relay saw it
         finally:
-            # A client that went away cancels us; closing the upstream must still happen.
-            with anyio.CancelScope(shield=True):
-                await resp.aclose()
+            await resp.aclose()  # early (the client left): the upstream connection is closed
             if flow.reply is not None and flow.status < 400:
                 flow.message = flow.reply.message()
             self.runner.done(flow)
 
-
-class ClientGone(Exception):
-    """The client disconnected while we waited on the upstream."""
-
-
-WATCH_AFTER_S = 1.0  # a request answered sooner is not worth a disconnect watcher
-
-
-async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first: then cancel it (which
-    closes the upstream request) and raise ClientGone.
-
-    The watcher only starts once the upstream has taken WATCH_AFTER_S: a task per
-    request would cost more than the whole fast path.  Streams need no watcher:
-    Starlette's StreamingResponse already stops on disconnect."""
-    me = asyncio.current_task()
-    gone = False
-    watcher: asyncio.Task[None] | None = None
-
-    async def watch() -> None:
-        nonlocal gone
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        gone = True
-        if me is not None:
-            me.cancel()
-
-    def start() -> None:
-        nonlocal watcher
-        watcher = asyncio.ensure_future(watch())
-
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not gone or me is None:
-            raise
-        me.uncancel()
-        raise ClientGone from None
-    finally:
-        timer.cancel()
-        if watcher is not None:
-            watcher.cancel()
+    async def _relay(self, send: Send, resp: httpx.Response, flow: Flow, sent: float) -> None:
+        m = self.s.metrics
+        reply = flow.reply
+        splitter = SSESplitter()
+        first = True
+        chunks: AsyncIterable[bytes]
+        if isinstance(resp.stream, httpx.AsyncByteStream) and "content-encoding" not in resp.headers:
+            chunks = resp.stream  # as received: no decoder chain to run
+        else:
+            chunks = resp.aiter_bytes()
+        try:
+            async for chunk in chunks:
+                if reply is not None:
+                    try:
+                        out = [b for b in (reply.feed(ev) for ev in splitter.feed(chunk)) if b is not None]
+                    except Exception:
+                        # Our state machine failed: pass the rest through untouched, starting
+                        # with what the splitter was holding back.
+                        log.exception("stream processing failed; passing the rest through")
+                        m.fail_open.labels("response").inc()
+                        reply, flow.reply = None, None
+                        chunk = splitter.take() + chunk
+                    else:
+                        if first and reply.first_token:
+                            m.upstream_ttft.observe(time.perf_counter() - sent)
+                            first = False
+                        if not out:
+                            continue
+                        chunk = b"".join(out)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            tail = splitter.take()
+            if tail:
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
+        except httpx.HTTPError as exc:
+            # The upstream cut the stream: tell the client in-band and end cleanly.
+            m.upstream_errors.labels("stream_cut").inc()
+            flow.status = 502
+            cut = responses.stream_cut(flow.exchange, type(exc).__name__)
+            await send({"type": "http.response.body", "body": cut, "more_body": True})
 
 
-def _tag(response: Response, flow: Flow) -> Response:
-    response.headers["x-prefixpin-role"] = flow.role
+def _tag(headers: list[tuple[bytes, bytes]], flow: Flow) -> list[tuple[bytes, bytes]]:
+    """Our ``x-prefixpin-*`` response headers, each replacing one the upstream sent."""
+    tags = [(b"x-prefixpin-role", flow.role.encode())]
     if flow.outcome is not None:
-        response.headers["x-prefixpin-lineage"] = flow.outcome.record.id
+        tags.append((b"x-prefixpin-lineage", flow.outcome.record.id.encode()))
     if flow.rewrites:
-        response.headers["x-prefixpin-rewrites"] = ",".join(flow.rewrites)
+        tags.append((b"x-prefixpin-rewrites", ",".join(flow.rewrites).encode()))
     if flow.replica is not None:
-        response.headers["x-prefixpin-replica"] = str(flow.replica)
+        tags.append((b"x-prefixpin-replica", b"%d" % flow.replica))
     if flow.slot is not None:
-        response.headers["x-prefixpin-slot"] = str(flow.slot)
+        tags.append((b"x-prefixpin-slot", b"%d" % flow.slot))
+    if any(k.startswith(b"x-prefixpin-") for k, _ in headers):
+        names = {k for k, _ in tags}
+        headers = [(k, v) for k, v in headers if k not in names]
+    headers += tags
+    return headers
+
+
+def _tagged(response: Response, flow: Flow) -> Response:
+    response.raw_headers = _tag(response.raw_headers, flow)
     return response

@@ -11,6 +11,10 @@
   protocol puts ``scope["extensions"]["prefixpin.abort"]`` in each request's
   scope; ``CutStreams`` (an ASGI middleware) calls it when the app raises
   UpstreamStreamCut after the response started.
+- **Disconnect.** ``scope["extensions"]["prefixpin.watch"](callback)`` registers
+  the request's callback, called when the client's connection is lost (at once
+  if it is already): proxy.watch turns it into the cancellation of the request's
+  own waits, with no second task per request listening on ``receive()``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.errors import UpstreamStreamCut
+from proxy.watch import WATCH
 
 log = logging.getLogger("prefixpin")
 ABORT = "prefixpin.abort"
@@ -36,6 +41,8 @@ class DeadlineProtocol(HttpToolsProtocol):
     header_timeout_s: float = 60.0
     _header_timer: asyncio.TimerHandle | None = None
     _begun = False
+    _lost = False
+    _on_lost: Callable[[], None] | None = None  # the current request's (one at a time: uvicorn runs them in turn)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -43,15 +50,23 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._lost = True
         super().connection_lost(exc)
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._begun = True
         scope = self.scope
-        self.scope["extensions"] = {ABORT: lambda: self._abort(scope)}  # type: ignore[dict-item]
+        self.scope["extensions"] = {ABORT: lambda: self._abort(scope), WATCH: self._watch}  # type: ignore[dict-item]
         if self._header_timer is None:
             self._arm()
+
+    def on_response_complete(self) -> None:
+        self._on_lost = None  # that request is answered; a pipelined next one starts only now
+        super().on_response_complete()
 
     def on_headers_complete(self) -> None:
         self._disarm()
@@ -75,6 +90,12 @@ class DeadlineProtocol(HttpToolsProtocol):
             self.transport.write(_408)
         log.info("closing a connection whose request headers took over %.0f s", self.header_timeout_s)
         self.transport.close()
+
+    def _watch(self, on_lost: Callable[[], None]) -> None:
+        if self._lost:
+            on_lost()
+        else:
+            self._on_lost = on_lost
 
     def _abort(self, scope: object) -> None:
         cycle = self.cycle

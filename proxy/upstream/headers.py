@@ -25,6 +25,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 OWN_HEADERS = ("x-prefixpin-",)
+_HOP_BY_HOP_RAW = frozenset(h.encode() for h in HOP_BY_HOP)
 
 
 def _named_in_connection(headers: Iterable[tuple[str, str]]) -> set[str]:
@@ -37,13 +38,13 @@ def request_headers(headers: Iterable[tuple[str, str]], *, identity: bool = Fals
     and ``x-prefixpin-*`` removed."""
     headers = list(headers)
     skip = HOP_BY_HOP | _named_in_connection(headers)
-    out = [
-        (k, v)
-        for k, v in headers
-        if k.lower() not in skip
-        and not k.lower().startswith(OWN_HEADERS)
-        and not (identity and k.lower() == "accept-encoding")
-    ]
+    if identity:
+        skip |= {"accept-encoding"}
+    out = []
+    for k, v in headers:
+        lk = k.lower()
+        if lk not in skip and not lk.startswith(OWN_HEADERS):
+            out.append((k, v))
     if identity:
         out.append(("accept-encoding", "identity"))
     return out
@@ -59,3 +60,21 @@ def response_headers(headers: httpx.Headers, *, drop: Iterable[str] = ()) -> dic
             continue
         out[lk] = f"{out[lk]}, {v}" if lk in out and lk != "set-cookie" else v
     return out
+
+
+def raw_response_headers(headers: httpx.Headers, *, drop: Iterable[bytes] = ()) -> list[tuple[bytes, bytes]]:
+    """:func:`response_headers` as an ASGI header list: lowercase names, the values'
+    bytes as the upstream sent them (no decoding and re-encoding on the way)."""
+    raw = headers.raw
+    skip = _HOP_BY_HOP_RAW.union(drop)
+    for k, v in raw:
+        if k.lower() == b"connection":  # rare: the names it lists are hop-by-hop too
+            skip |= {t.strip().lower() for t in v.split(b",") if t.strip()}
+    out: dict[bytes, bytes] = {}
+    for k, v in raw:
+        lk = k.lower()
+        if lk in skip:
+            continue
+        prev = out.get(lk)
+        out[lk] = prev + b", " + v if prev is not None and lk != b"set-cookie" else v
+    return list(out.items())

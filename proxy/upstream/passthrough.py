@@ -24,7 +24,7 @@ async def passthrough(request: Request, upstream: Pool, body: bytes) -> Response
     (to the next healthy replica in turn when there is a pool)."""
     resp = await upstream.send(
         request.method,
-        client_path(request),
+        client_path(request.scope),
         request.url.query,
         request_headers(request.headers.items()),
         body,

@@ -16,19 +16,20 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from starlette.requests import Request
+from starlette.types import Scope
 
 from proxy.errors import PathRefused
 
 _SEPARATORS = re.compile(r"[/\\]")
 
 
-def client_path(request: Request) -> str:
-    """The path exactly as the client sent it (latin-1, like ASGI's query string)."""
-    raw = request.scope.get("raw_path")
+def client_path(scope: Scope) -> str:
+    """The request's path exactly as the client sent it (latin-1, like ASGI's query string)."""
+    raw = scope.get("raw_path")
     if isinstance(raw, bytes) and raw:
         return raw.decode("latin-1").partition("?")[0]
-    return request.url.path
+    path: str = scope["path"]  # a server without raw_path: as Starlette's request.url.path
+    return path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
 
 
 @functools.lru_cache(maxsize=1024)  # a handful of paths, every request

@@ -1,0 +1,200 @@
+"""A client that leaves: proxy.watch in isolation, then the app served by uvicorn
+with prefixpin's protocol in front of a raw-socket upstream (a real server: an
+in-process ASGI transport cannot disconnect mid-body)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from proxy.app import create_app
+from proxy.config import from_mapping
+from proxy.server import protocol
+from proxy.watch import WATCH, ClientGone, ClientWatch
+from tests.infra import rawupstream as raw
+from tests.infra.procs import free_port
+
+
+async def _never() -> dict[str, Any]:
+    await asyncio.Event().wait()
+    raise AssertionError
+
+
+def test_the_servers_callback_cancels_only_an_armed_wait() -> None:
+    async def main() -> None:
+        told: list[Any] = []
+        watch = ClientWatch({"extensions": {WATCH: told.append}}, _never)
+        assert len(told) == 1  # registered with the server, no task started
+        with watch:
+            await asyncio.sleep(0)  # nothing happened: the region runs through
+        asyncio.get_running_loop().call_later(0.01, told[0])
+        with pytest.raises(ClientGone), watch:
+            await asyncio.sleep(30)
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0  # the cancellation was ours, and consumed
+        await asyncio.sleep(0)
+        with pytest.raises(ClientGone), watch:  # gone: the region does not start
+            raise AssertionError("not reached")
+        watch.close()
+
+    asyncio.run(main())
+
+
+def test_a_client_gone_while_unarmed_cancels_nothing() -> None:
+    async def main() -> None:
+        told: list[Any] = []
+        watch = ClientWatch({"extensions": {WATCH: told.append}}, _never)
+        told[0]()
+        await asyncio.sleep(0.01)  # not cancelled: no region was armed
+        assert watch.gone
+        with pytest.raises(ClientGone), watch:
+            pass
+
+    asyncio.run(main())
+
+
+def test_a_cancellation_that_is_not_the_clients_passes_through() -> None:
+    async def main() -> None:
+        watch = ClientWatch({"extensions": {WATCH: lambda cb: None}}, _never)
+        with watch:
+            await asyncio.sleep(30)
+
+    async def outer() -> None:
+        task = asyncio.ensure_future(main())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(outer())
+
+
+def test_without_the_servers_extension_receive_is_watched() -> None:
+    async def main() -> None:
+        left = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        watch = ClientWatch({}, receive)
+        asyncio.get_running_loop().call_later(0.01, left.set)
+        with pytest.raises(ClientGone), watch:
+            await asyncio.sleep(30)
+        watch.close()
+
+    asyncio.run(main())
+
+
+# -- served -----------------------------------------------------------------------------------------
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: keep-alive\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
+EVENT = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+
+
+class SlowUpstream:
+    """Streams an event every 50 ms for 10 s, or answers JSON after 10 s (``"slow"`` in
+    the body); notes when prefixpin closes the connection while it is still answering."""
+
+    def __init__(self) -> None:
+        self.closed_early = threading.Event()
+        self.up = raw.RawUpstream(self.script)
+
+    def script(self, conn: raw.Conn) -> None:
+        while (req := conn.read_request()) is not None:
+            slow = b'"slow"' in req.body
+            stream = b'"stream":true' in req.body.replace(b" ", b"")
+            if not slow:
+                conn.send(raw.json_response())
+                continue
+            if stream:
+                conn.send(SSE_HEAD)
+            conn.sock.settimeout(0.05)
+            for _ in range(200):
+                try:
+                    if conn.sock.recv(1) == b"":
+                        self.closed_early.set()
+                        return
+                except TimeoutError:
+                    pass
+                if stream:
+                    conn.send(raw.chunk(EVENT))
+            conn.sock.settimeout(None)
+            conn.send(raw.chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n" if stream else raw.json_response())
+
+
+@contextlib.contextmanager
+def served(upstream: str) -> Iterator[str]:
+    """The app under uvicorn with prefixpin's protocol, in a thread; one upstream connection at most."""
+    config = from_mapping({"upstream": {"url": upstream, "max_connections": 1, "timeout_s": 5}})
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            host="127.0.0.1",
+            port=port,
+            loop="asyncio",
+            http=protocol(60),
+            ws="none",
+            lifespan="on",
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
+def test_a_client_that_leaves_releases_the_upstream_connection(stream: bool) -> None:
+    """The upstream's connection is closed as soon as the client leaves, mid-stream or
+    while waiting, and its place is free: with ``max_connections: 1`` the next request
+    gets through (it would wait for the pool until the 5 s timeout otherwise)."""
+    slow = SlowUpstream()
+    try:
+        with served(slow.up.url) as base:
+            body = b'{"model":"m","user":"slow","stream":%s,"messages":[{"role":"user","content":"hi"}]}' % (
+                b"true" if stream else b"false"
+            )
+            port = int(base.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                if stream:
+                    seen = b""
+                    while EVENT not in seen:  # the stream is flowing
+                        seen += s.recv(65536)
+                    assert seen.count(b"x-prefixpin-role") == 1
+                else:
+                    time.sleep(0.2)  # the upstream has the request and is "generating"
+            assert slow.closed_early.wait(5), "the upstream connection must be closed when the client leaves"
+            with httpx.Client(trust_env=False, timeout=30) as http:
+                r = http.post(base + "/v1/chat/completions", json={"model": "m", "messages": []})
+                assert r.status_code == 200
+                metrics = http.get(base + "/metrics").text
+            if not stream:
+                assert 'prefixpin_requests_total{role="root",route="chat_completions",status="499"} 1.0' in metrics
+    finally:
+        slow.up.close()
