@@ -191,7 +191,6 @@ class Handler:
             await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
             with watch:
                 await self._relay(send, resp, flow, sent)
-            await send({"type": "http.response.body", "body": b""})
         except ClientGone:
             pass  # counted with the upstream's status, as the relay saw it
         finally:
@@ -210,8 +209,14 @@ class Handler:
             chunks = resp.stream  # as received: no decoder chain to run
         else:
             chunks = resp.aiter_bytes()
+        # Our transport tells when the bytes just read were the last: they then end the
+        # response in the same write as the terminating chunk (one write less per stream).
+        at_end = getattr(chunks, "at_end", None)
+        ended = False
         try:
-            async for chunk in chunks:
+            async for chunk in chunks:  # read to its end even once ended: that returns the connection
+                if ended:
+                    continue
                 if reply is not None:
                     try:
                         out = [b for b in (reply.feed(ev) for ev in splitter.feed(chunk)) if b is not None]
@@ -226,19 +231,19 @@ class Handler:
                         if first and reply.first_token:
                             m.upstream_ttft.observe(time.perf_counter() - sent)
                             first = False
-                        if not out:
-                            continue
                         chunk = b"".join(out)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            tail = splitter.take()
-            if tail:
-                await send({"type": "http.response.body", "body": tail, "more_body": True})
+                if at_end is not None and at_end():
+                    ended = True
+                    await send({"type": "http.response.body", "body": chunk + splitter.take()})
+                elif chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if not ended:
+                await send({"type": "http.response.body", "body": splitter.take()})
         except httpx.HTTPError as exc:
             # The upstream cut the stream: tell the client in-band and end cleanly.
             m.upstream_errors.labels("stream_cut").inc()
             flow.status = 502
-            cut = responses.stream_cut(flow.exchange, type(exc).__name__)
-            await send({"type": "http.response.body", "body": cut, "more_body": True})
+            await send({"type": "http.response.body", "body": responses.stream_cut(flow.exchange, type(exc).__name__)})
 
 
 def _tag(headers: list[tuple[bytes, bytes]], flow: Flow) -> list[tuple[bytes, bytes]]:

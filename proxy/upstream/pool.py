@@ -45,6 +45,11 @@ class _Tracked(httpx.AsyncByteStream):
         async for chunk in self._inner:
             yield chunk
 
+    def at_end(self) -> bool:
+        """As the inner stream's (proxy.upstream.transport.Body.at_end); False if it cannot tell."""
+        at_end = getattr(self._inner, "at_end", None)
+        return bool(at_end()) if at_end is not None else False
+
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()

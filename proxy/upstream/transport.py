@@ -278,6 +278,12 @@ class Body(httpx.AsyncByteStream):
             yield chunk
         self._release()
 
+    def at_end(self) -> bool:
+        """Has the rest of the body arrived, and been read?  (Then the bytes just
+        read were the last: a relay can end its own response with them.)"""
+        conn = self._conn
+        return conn is None or (conn.done and not conn.chunks)
+
     def _release(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
