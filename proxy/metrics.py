@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import prometheus_client
+from prometheus_client import CollectorRegistry
 
 from canonicalize import EXCHANGES
 
@@ -40,6 +42,42 @@ FORK_ACTIONS = ("repaired", "continued", "missing_parent", "disabled")
 LINEAGE_REWRITES = ("lineage.tools", "fork.system", "fork.tools", "fork.params")
 # prefixpin_cache_verdicts_total{agree}: our break cause against the provider's own diagnostics.
 VERDICTS = ("yes", "no")
+
+
+class _Children:
+    """``labels()`` once per label set: prometheus_client checks the values, converts
+    them and takes a lock on every call; our label values are bounded, so a family
+    keeps the children it handed out and a request's metrics cost a dict lookup."""
+
+    _children: dict[tuple[object, ...], Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._children = {}
+        super().__init__(*args, **kwargs)
+
+    def labels(self, *labelvalues: object, **labelkwargs: object) -> Any:
+        child = self._children.get(labelvalues) if not labelkwargs else None
+        if child is None:
+            child = super().labels(*labelvalues, **labelkwargs)  # type: ignore[misc]
+            if not labelkwargs:
+                self._children[labelvalues] = child
+        return child
+
+    def remove(self, *labelvalues: Any) -> None:
+        self._children.clear()
+        super().remove(*labelvalues)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._children.clear()
+        super().clear()  # type: ignore[misc]
+
+
+class Counter(_Children, prometheus_client.Counter):
+    pass
+
+
+class Histogram(_Children, prometheus_client.Histogram):
+    pass
 
 
 class ModelLabels:
