@@ -29,8 +29,8 @@ from proxy.addons import Runner
 from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError
 from proxy.flow import Flow
 from proxy.services import Services
-from proxy.upstream import client_path, request_headers
-from proxy.upstream.headers import raw_response_headers
+from proxy.upstream import client_path
+from proxy.upstream.headers import has_header, raw_request_headers, raw_response_headers
 from proxy.upstream.pool import REPLICA, Pool
 from proxy.watch import ClientGone, ClientWatch
 
@@ -123,9 +123,7 @@ class Handler:
 
     # -- the upstream -------------------------------------------------------------------
     async def _forward(self, scope: Scope, send: Send, flow: Flow, watch: ClientWatch) -> None:
-        headers = request_headers(
-            ((k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]), identity=True
-        )
+        headers = raw_request_headers(scope["headers"], identity=True)
         if flow.set_headers:  # affinity.headers: ours replace the client's
             names = {k for k, _ in flow.set_headers}
             headers = [(k, v) for k, v in headers if k.lower() not in names] + list(flow.set_headers)
@@ -138,7 +136,8 @@ class Handler:
         if upstream.pooled:
             flow.replica = resp.extensions.get(REPLICA)
         out_headers = raw_response_headers(resp.headers, drop=_DROP)
-        if resp.status_code < 400 and "text/event-stream" in resp.headers.get("content-type", ""):
+        ctype = next((v for k, v in out_headers if k == b"content-type"), b"")
+        if resp.status_code < 400 and b"text/event-stream" in ctype:
             await self._stream(send, resp, flow, _tag(out_headers, flow), sent, watch)
             return
         try:
@@ -205,7 +204,7 @@ class Handler:
         splitter = SSESplitter()
         first = True
         chunks: AsyncIterable[bytes]
-        if isinstance(resp.stream, httpx.AsyncByteStream) and "content-encoding" not in resp.headers:
+        if isinstance(resp.stream, httpx.AsyncByteStream) and not has_header(resp.headers, b"content-encoding"):
             chunks = resp.stream  # as received: no decoder chain to run
         else:
             chunks = resp.aiter_bytes()

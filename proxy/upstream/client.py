@@ -18,6 +18,7 @@ import httpx
 
 from proxy.config import Upstream
 from proxy.errors import PathRefused, from_httpx
+from proxy.upstream.headers import has_header
 from proxy.upstream.target import Base
 from proxy.upstream.transport import Body, H1Transport, split_origin
 
@@ -103,7 +104,7 @@ class UpstreamClient:
     async def read(self, resp: httpx.Response) -> bytes:
         """A (non-streamed) response's whole body; UpstreamError when the upstream fails it."""
         try:
-            if isinstance(resp.stream, Body) and "content-encoding" not in resp.headers:
+            if isinstance(resp.stream, Body) and not has_header(resp.headers, b"content-encoding"):
                 return b"".join([chunk async for chunk in resp.stream])  # nothing to decode
             return await resp.aread()
         except httpx.HTTPError as exc:

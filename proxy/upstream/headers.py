@@ -26,6 +26,7 @@ HOP_BY_HOP = frozenset(
 )
 OWN_HEADERS = ("x-prefixpin-",)
 _HOP_BY_HOP_RAW = frozenset(h.encode() for h in HOP_BY_HOP)
+_OWN_RAW = b"x-prefixpin-"
 
 
 def _named_in_connection(headers: Iterable[tuple[str, str]]) -> set[str]:
@@ -45,6 +46,23 @@ def request_headers(headers: Iterable[tuple[str, str]], *, identity: bool = Fals
         lk = k.lower()
         if lk not in skip and not lk.startswith(OWN_HEADERS):
             out.append((k, v))
+    if identity:
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def raw_request_headers(headers: list[tuple[bytes, bytes]], *, identity: bool = False) -> list[tuple[str, str]]:
+    """:func:`request_headers` from an ASGI header list (names lowercase, as ASGI has
+    them): only the headers that are forwarded get decoded."""
+    skip = _HOP_BY_HOP_RAW
+    if identity:
+        skip |= {b"accept-encoding"}
+    for k, v in headers:
+        if k == b"connection":
+            skip |= {t.strip().lower() for t in v.split(b",") if t.strip()}
+    out = [
+        (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in skip and not k.startswith(_OWN_RAW)
+    ]
     if identity:
         out.append(("accept-encoding", "identity"))
     return out
@@ -78,3 +96,9 @@ def raw_response_headers(headers: httpx.Headers, *, drop: Iterable[bytes] = ()) 
         prev = out.get(lk)
         out[lk] = prev + b", " + v if prev is not None and lk != b"set-cookie" else v
     return list(out.items())
+
+
+def has_header(headers: httpx.Headers, name: bytes) -> bool:
+    """Is ``name`` (lowercase) among ``headers``?  (httpx's ``in`` first works out the
+    encoding of every header, and decodes what it finds: more than a look needs.)"""
+    return any(k.lower() == name for k, _ in headers.raw)
