@@ -12,7 +12,8 @@ in front of it, then drives each with the open-loop Go load generator
 Go binaries, installs nginx-light (as root, if missing) and LiteLLM (from
 requirements-litellm.lock into ~/.cache/prefixpin/litellm-venv) as needed; a
 target it cannot have is reported as "unavailable: <reason>".  ``--compare-ref REF``
-adds the target ``prefixpin@REF``: the code of git revision REF (exported with
+adds the target ``prefixpin@REF`` (and ``prefixpin-bypass@REF`` with
+``prefixpin-bypass``): the code of git revision REF (exported with
 ``git archive`` into the run's temp dir) served the same way, measured in the
 same run, so before/after ratios hold on a noisy machine.  A benchmark,
 not a test: it prints figures and judges the issue's targets, it asserts
@@ -150,10 +151,14 @@ def make_targets(
     pp = targets.prefixpin(up)
     if "prefixpin" in wanted or "prefixpin-bypass" in wanted:
         out.append(pp)
+    old = None
     if ref:
-        out.append(targets.prefixpin(up, name=f"prefixpin@{ref}", source=targets.checkout(ref, work / "ref")))
+        old = targets.prefixpin(up, name=f"prefixpin@{ref}", source=targets.checkout(ref, work / "ref"))
+        out.append(old)
     if "prefixpin-bypass" in wanted:
         out.append(targets.prefixpin_bypass(pp))
+        if old is not None:  # the shell alone, before and after
+            out.append(targets.prefixpin_bypass(old, name=f"prefixpin-bypass@{ref}"))
     if "nginx" in wanted:
         out.append(targets.nginx(up, work))
     if "litellm" in wanted:

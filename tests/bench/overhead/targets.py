@@ -145,9 +145,9 @@ def checkout(ref: str, dest: Path) -> Path:
     return dest
 
 
-def prefixpin_bypass(pp: Target) -> Target:
+def prefixpin_bypass(pp: Target, *, name: str = "prefixpin-bypass") -> Target:
     """The same prefixpin process with ``x-prefixpin-bypass: 1``: its HTTP shell alone, no canonicalization."""
-    return Target("prefixpin-bypass", headers={"x-prefixpin-bypass": "1"}, alias_of=pp)
+    return Target(name, headers={"x-prefixpin-bypass": "1"}, alias_of=pp)
 
 
 # -- nginx -----------------------------------------------------------------------------------
