@@ -60,7 +60,19 @@ def worker_count(config: Config) -> int:
         return config.listen.workers
     if config.affinity.llama_slots:
         return 1  # one process owns the slot table
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_AUTO))
+    return max(1, min(cpus(), MAX_AUTO))
+
+
+def cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may use: its affinity, within a container's CPU quota."""
+    n = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cgroup.read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return n
 
 
 def share(config: Config, workers: int) -> Config:

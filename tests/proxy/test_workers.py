@@ -5,8 +5,10 @@ runs the real thing (``prefixpin serve --workers 2`` against llama-server)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from proxy.errors import StoreError
 from proxy.link import Link, LinkClosed
 from proxy.store.memory import MemoryStore
 from proxy.store.shared import SharedStore, serve
-from proxy.workers import _listen_socket, claim, exposition, merge, share, worker_count
+from proxy.workers import _listen_socket, claim, cpus, exposition, merge, share, worker_count
 
 
 def run(fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -160,6 +162,18 @@ def test_listen_workers_config() -> None:
     assert worker_count(load(env={}, overrides={"affinity.llama_slots": 4})) == 1
     assert worker_count(load(env={}, overrides={"listen.workers": 5})) == 5
     assert 1 <= worker_count(load(env={})) <= 8
+
+
+def test_auto_counts_the_cpus_a_container_may_use(tmp_path: Path) -> None:
+    quota = tmp_path / "cpu.max"
+    mine = len(os.sched_getaffinity(0))
+    quota.write_text("max 100000\n")
+    assert cpus(quota) == mine
+    quota.write_text("50000 100000\n")  # half a CPU: still one worker
+    assert cpus(quota) == 1
+    quota.write_text(f"{100000 * mine + 1} 100000\n")  # a quota above the affinity
+    assert cpus(quota) == mine
+    assert cpus(tmp_path / "absent") == mine
 
 
 def test_process_wide_limits_are_split_among_workers() -> None:
