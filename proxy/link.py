@@ -64,6 +64,7 @@ class Link(asyncio.Protocol):
         self.closed = False
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
+        self._batch: list[bytes] | None = None
         self._next = 0
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -116,6 +117,8 @@ class Link(asyncio.Protocol):
         buf = self._buf
         buf += data
         pos = 0
+        batch: list[bytes] = []
+        self._batch = batch  # answers to the frames of one read go out in one write
         try:
             while len(buf) - pos >= 4:
                 (size,) = _HEAD.unpack_from(buf, pos)
@@ -132,6 +135,9 @@ class Link(asyncio.Protocol):
             return
         finally:
             del buf[:pos]
+            self._batch = None
+            if batch and not self.closed and self.transport is not None:
+                self.transport.write(b"".join(batch))
 
     def _frame(self, kind: int, call_id: int, name: str, value: Any) -> None:
         if kind == _CALL:
@@ -166,8 +172,13 @@ class Link(asyncio.Protocol):
             self._reply(_VALUE, call_id, name, value)
 
     def _reply(self, kind: int, call_id: int, name: str, value: Any) -> None:
-        if call_id and not self.closed and self.transport is not None:
-            self.transport.write(encode(kind, call_id, name, value))
+        if not call_id or self.closed or self.transport is None:
+            return
+        frame = encode(kind, call_id, name, value)
+        if self._batch is not None:
+            self._batch.append(frame)
+        else:
+            self.transport.write(frame)
 
     def close(self) -> None:
         if self.closed:
