@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -34,13 +35,16 @@ from proxy.admission import Admission
 from proxy.config import Config, Limits
 from proxy.errors import Overloaded, PrefixpinError, StoreError, UpstreamError, UpstreamStreamCut
 from proxy.handler import Handler, read_body
+from proxy.link import LinkClosed
 from proxy.metrics import Metrics
 from proxy.server import CutStreams
 from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
+from proxy.store.shared import SharedStore
 from proxy.upstream import passthrough
 from proxy.upstream.pool import Pool
+from proxy.workers import Fleet
 
 log = logging.getLogger("prefixpin")
 
@@ -89,8 +93,10 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     store: Store | None = None,
+    fleet: Fleet | None = None,
 ) -> Front:
-    """Build the app.  ``transport`` and ``store`` replace the real ones in unit tests."""
+    """Build the app.  ``transport`` and ``store`` replace the real ones in unit tests;
+    ``fleet`` is a worker's link to its serve process (proxy.workers)."""
     canon = Canonicalizer(config.settings())
     metrics = Metrics(config.metrics.models, config.metrics.max_models, rules=canon.rule_names)
     state: dict[str, Handler] = {}
@@ -102,15 +108,21 @@ def create_app(
         s = Services(config=config, canon=canon, store=the_store, guard=StoreGuard(), metrics=metrics)
         state["handler"] = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
         app.state.services = s
+        if fleet is not None:
+            link = await fleet.start(metrics.registry)
+            if isinstance(the_store, SharedStore):
+                the_store.link = link
         try:
             yield
         finally:
             await s.drain(timeout=5)  # let pending records land
             await upstream.aclose()
             await the_store.close()
+            if fleet is not None:
+                await fleet.close()
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "pid": os.getpid()})
 
     async def readyz(request: Request) -> Response:
         handler = state["handler"]
@@ -134,7 +146,16 @@ def create_app(
     async def metrics_endpoint(request: Request) -> Response:
         if not config.metrics.enabled:
             return responses.error(None, 404, "metrics are disabled", "not_found", "metrics_disabled")
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        if fleet is None:
+            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        try:
+            data = await fleet.exposition()  # every worker's, summed
+        except (LinkClosed, RuntimeError) as exc:
+            # One worker's counters alone would look like a reset to Prometheus: a
+            # failed scrape (a gap) is the honest answer.
+            log.warning("/metrics: the serve process did not answer (%s)", exc)
+            return responses.error(None, 503, "metrics are unavailable; retry", "unavailable", "metrics_unavailable")
+        return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     async def other(request: Request) -> Response:
         handler = state["handler"]

@@ -40,6 +40,7 @@ def _hide_password(url: str) -> str:
 class Listen:
     host: str = "127.0.0.1"
     port: int = 8787
+    workers: int = 0  # processes sharing the port and the store; 0 is "auto" (one per CPU, at most 8)
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,8 @@ class Config:
         out["upstream"]["url"] = redact(self.upstream.url)
         out["upstream"]["pool"] = [redact(u) for u in self.upstream.pool]
         out["provider_cache"]["prices"] = {m: _to_plain(p) for m, p in self.provider_cache.prices}
+        if not self.listen.workers:
+            out["listen"]["workers"] = "auto"
         return out
 
 
@@ -369,6 +372,8 @@ def _section(name: str, cls: Any, data: Any) -> Any:
         default = getattr(defaults, k)
         if key == "canonicalize.rules":
             values[k] = _rules(v)
+        elif key == "listen.workers":
+            values[k] = _workers(v)
         elif key == "provider_cache.prices":
             values[k] = _prices(v)
         elif isinstance(default, tuple):
@@ -376,6 +381,17 @@ def _section(name: str, cls: Any, data: Any) -> Any:
         else:
             values[k] = _check_scalar(key, v, default)
     return replace(defaults, **values)
+
+
+def _workers(value: Any) -> int:
+    """``auto`` (0) or a count; the command line gives strings."""
+    if value == "auto":
+        return 0
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 256:
+        raise ConfigError(f"listen.workers: must be auto or a number of processes, 1-256 (got {value!r})")
+    return value
 
 
 def from_mapping(data: Any) -> Config:
@@ -448,6 +464,11 @@ def _validate_affinity(config: Config) -> None:
         raise ConfigError(f"affinity.max_load: must be at least 1 (got {a.max_load})")
     if a.llama_slots < 0:
         raise ConfigError(f"affinity.llama_slots: must be 0 (off) or more (got {a.llama_slots})")
+    if a.llama_slots and config.listen.workers > 1:
+        raise ConfigError(
+            f"listen.workers: must be 1 (or auto) with affinity.llama_slots: one process assigns the slots "
+            f"(got {config.listen.workers})"
+        )
     for i, name in enumerate(a.headers):
         if not _TOKEN.fullmatch(name):
             raise ConfigError(f"affinity.headers[{i}]: not a header name (got {name!r})")

@@ -6,12 +6,18 @@ import argparse
 import gc
 import json
 import logging
+import socket
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import yaml
 
 from proxy.config import Config, ConfigError, load
+
+if TYPE_CHECKING:
+    from proxy.store import Store
+    from proxy.workers import Fleet
 
 
 def _load_or_exit(path: str | None, overrides: dict[str, object] | None = None) -> Config:
@@ -23,38 +29,66 @@ def _load_or_exit(path: str | None, overrides: dict[str, object] | None = None) 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from proxy.workers import serve, worker_count
+
+    config = _load_or_exit(
+        args.config,
+        {
+            "upstream.url": args.upstream,
+            "listen.host": args.host,
+            "listen.port": args.port,
+            "listen.workers": args.workers,
+        },
+    )
+    _setup_logging(config)
+    if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
+        from proxy.upstream.litellm import _import_litellm
+
+        _import_litellm()
+    workers = worker_count(config)
+    if workers > 1:
+        return serve(config, workers)
+    return run_uvicorn(config)
+
+
+def _setup_logging(config: Config) -> None:
+    logging.basicConfig(level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+
+
+def run_uvicorn(
+    config: Config,
+    *,
+    sockets: list[socket.socket] | None = None,
+    fleet: Fleet | None = None,
+    store: Store | None = None,
+    banner: bool = True,
+) -> int:
+    """Serve the app in this process (the only one, or a worker given its socket)."""
     import uvicorn
 
     from proxy.app import create_app
     from proxy.redact import AccessLogRedactor, redact
     from proxy.server import protocol
 
-    config = _load_or_exit(
-        args.config,
-        {"upstream.url": args.upstream, "listen.host": args.host, "listen.port": args.port},
-    )
-    logging.basicConfig(level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-    if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
-        from proxy.upstream.litellm import _import_litellm
-
-        _import_litellm()
-    app = create_app(config)
+    if fleet is not None:
+        _setup_logging(config)
+    app = create_app(config, store=store, fleet=fleet)
     # Each request allocates tens of thousands of short-lived, acyclic JSON objects
     # that reference counting frees; the default cyclic-GC threshold (700) made the
     # collector run several times per request, scanning every long-lived object
     # (32 connections, instant upstream: 655 -> 828 req/s from 50k to 200k).
     gc.freeze()
     gc.set_threshold(200_000, 50, 100)
-    log = logging.getLogger("prefixpin")
-    log.info(
-        "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
-        config.listen.host,
-        config.listen.port,
-        redact(config.upstream.url),
-        config.store.backend,
-        ",".join(config.canonicalize.packs),
-    )
+    if banner:
+        logging.getLogger("prefixpin").info(
+            "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
+            config.listen.host,
+            config.listen.port,
+            redact(config.upstream.url),
+            config.store.backend,
+            ",".join(config.canonicalize.packs),
+        )
     try:
         import uvloop  # noqa: F401
 
@@ -78,9 +112,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             date_header=False,
         )
     )
+    if fleet is not None:
+        fleet.on_lost = lambda: setattr(server, "should_exit", True)
     # uvicorn.Config has configured its loggers by now: access lines lose query secrets.
     logging.getLogger("uvicorn.access").addFilter(AccessLogRedactor(config.tenancy.credential_params))
-    server.run()
+    server.run(sockets=sockets)
     return 0 if server.started else 3
 
 
@@ -128,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream", help="upstream base URL, e.g. http://127.0.0.1:8080")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8787)")
+    serve.add_argument(
+        "--workers", help="worker processes sharing the port and the store (default: auto, one per CPU, at most 8)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check-config", help="validate a config and print the effective one")

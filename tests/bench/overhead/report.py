@@ -199,6 +199,34 @@ def verdict(runs: list[Run], rates: list[float], conns: int) -> list[tuple[str, 
             parts.append(f"saturation {sn['achieved_rps']:,.0f} vs {sp['achieved_rps']:,.0f} req/s ({ratio:.1f}x)")
             met = met and ratio <= 5
         out.append(("prefixpin within 5x of nginx (added p50 and saturation)", "; ".join(parts), met))
+    return out + issue15(runs, conns)
+
+
+def issue15(runs: list[Run], conns: int) -> list[tuple[str, str, bool | None]]:
+    """Issue #15 (overhead): added p50 at one connection <= 1.0 ms over direct (closed
+    loop, non-streamed), and saturation >= 0.25x nginx's, same run."""
+    idx = _index(runs)
+    out: list[tuple[str, str, bool | None]] = []
+    one = added(runs, "prefixpin", "closed-plain-1", "p50")
+    out.append(
+        (
+            "#15: prefixpin adds <= 1.0 ms p50 at one connection",
+            "not measured (--conns without 1)" if one is None else f"{one:+.2f} ms",
+            None if one is None else one <= 1.0 and _ok(idx.get(("prefixpin", "closed-plain-1"))),
+        )
+    )
+    sp, sn = idx.get(("prefixpin", f"closed-plain-{conns}")), idx.get(("nginx", f"closed-plain-{conns}"))
+    if sp and sn and sn.get("achieved_rps") and conns > 1:
+        ratio = sp["achieved_rps"] / sn["achieved_rps"]
+        out.append(
+            (
+                "#15: prefixpin saturates at >= 0.25x nginx's req/s",
+                f"{sp['achieved_rps']:,.0f} vs {sn['achieved_rps']:,.0f} req/s at {conns} connections ({ratio:.2f}x)",
+                ratio >= 0.25 and _ok(sp),
+            )
+        )
+    else:
+        out.append(("#15: prefixpin saturates at >= 0.25x nginx's req/s", "not measured", None))
     return out
 
 
