@@ -42,8 +42,9 @@ from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
 from proxy.store.shared import SharedStore
-from proxy.upstream import passthrough
+from proxy.upstream.passthrough import passthrough, relay
 from proxy.upstream.pool import Pool
+from proxy.watch import ClientGone, ClientWatch
 from proxy.workers import Fleet
 
 log = logging.getLogger("prefixpin")
@@ -86,6 +87,17 @@ class Front:
                 await self._state["handler"](scope, receive, send, exchange)
                 return
         await self.starlette(scope, receive, send)
+
+
+class _Endpoint:
+    """A plain ASGI endpoint for Starlette's router: an object, not a function, so the
+    router hands it the call as it is (no Request, no Response object)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -157,23 +169,31 @@ def create_app(
             return responses.error(None, 503, "metrics are unavailable; retry", "unavailable", "metrics_unavailable")
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
-    async def other(request: Request) -> Response:
-        handler = state["handler"]
+    async def other(scope: Scope, receive: Receive, send: Send) -> None:
+        upstream = state["handler"].upstream
+        watch = ClientWatch(scope, receive)
         try:
-            body = await read_body(request.scope, request.receive, config.limits.max_body_bytes)
-            response = await passthrough(request, handler.upstream, body)
-        except ClientDisconnect:
-            return responses.client_gone()
-        except Overloaded:
-            raise  # answered and counted by Admission
-        except PrefixpinError as exc:
-            if isinstance(exc, UpstreamError):
-                metrics.upstream_errors.labels(exc.metric_kind).inc()
-                log.warning("upstream error on passthrough: %s (%s)", exc, exc.detail)
-            metrics.requests.labels("passthrough", "bypass", str(exc.status)).inc()
-            return responses.from_error(exc)
-        metrics.requests.labels("passthrough", "bypass", str(response.status_code)).inc()
-        return response
+            try:
+                body = await read_body(scope, receive, config.limits.max_body_bytes)
+                with watch:
+                    resp = await passthrough(scope, upstream, body)
+            except (ClientDisconnect, ClientGone):
+                await responses.client_gone()(scope, receive, send)
+                return
+            except Overloaded:
+                raise  # answered and counted by Admission
+            except PrefixpinError as exc:
+                if isinstance(exc, UpstreamError):
+                    metrics.upstream_errors.labels(exc.metric_kind).inc()
+                    log.warning("upstream error on passthrough: %s (%s)", exc, exc.detail)
+                metrics.requests.labels("passthrough", "bypass", str(exc.status)).inc()
+                await responses.from_error(exc)(scope, receive, send)
+                return
+            metrics.requests.labels("passthrough", "bypass", str(resp.status_code)).inc()
+            with contextlib.suppress(ClientGone):  # the client left: the upstream response is closed
+                await relay(send, resp, upstream, watch)
+        finally:
+            watch.close()
 
     def rejected(path: str) -> None:
         exchange = match(path)
@@ -189,7 +209,7 @@ def create_app(
             Route("/healthz", healthz, methods=["GET", "HEAD"]),
             Route("/readyz", readyz, methods=["GET", "HEAD"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
-            Route("/{path:path}", other, methods=all_methods),
+            Route("/{path:path}", _Endpoint(other), methods=all_methods),
         ],
         lifespan=lifespan,
     )
