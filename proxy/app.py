@@ -180,8 +180,10 @@ def create_app(
             except (ClientDisconnect, ClientGone):
                 await responses.client_gone()(scope, receive, send)
                 return
-            except Overloaded:
-                raise  # answered and counted by Admission
+            except Overloaded as exc:  # counted by Admission; answered here, as Starlette's error
+                # middleware (around this route) would answer a 500 before Admission could
+                await responses.from_error(exc)(scope, receive, send)
+                return
             except PrefixpinError as exc:
                 if isinstance(exc, UpstreamError):
                     metrics.upstream_errors.labels(exc.metric_kind).inc()

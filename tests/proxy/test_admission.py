@@ -1,0 +1,40 @@
+"""Admission past ``limits.max_concurrency``, served by uvicorn with prefixpin's protocol:
+every route refused the same way, a 503 with Retry-After in the OpenAI shape."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from tests.proxy.test_watch import SlowUpstream, served
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"], ids=["exchange", "passthrough"])
+def test_a_request_past_the_limit_is_503_on_every_route(path: str) -> None:
+    slow = SlowUpstream()
+    try:
+        with served(slow.up.url, limits={"max_concurrency": 1}) as base:
+            held = threading.Event()
+
+            def hold() -> None:  # takes the one slot: the upstream answers it after 10 s
+                held.set()
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(base + path, content=b'{"user": "slow"}', timeout=1.5)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            held.wait()
+            refused = False
+            for _ in range(50):  # until the held request is in flight
+                r = httpx.post(base + path, json={"model": "m", "messages": []}, timeout=5)
+                if r.status_code == 503:
+                    refused = True
+                    break
+            holder.join()
+            assert refused, r.status_code
+            assert r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "overloaded"
+    finally:
+        slow.up.close()
