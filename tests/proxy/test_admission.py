@@ -4,6 +4,7 @@ every route refused the same way, a 503 with Retry-After in the OpenAI shape."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -16,24 +17,19 @@ def test_a_request_past_the_limit_is_503_on_every_route(path: str) -> None:
     slow = SlowUpstream()
     try:
         with served(slow.up.url, limits={"max_concurrency": 1}) as base:
-            held = threading.Event()
 
             def hold() -> None:  # takes the one slot: the upstream answers it after 10 s
-                held.set()
                 with pytest.raises(httpx.ReadTimeout):
                     httpx.post(base + path, content=b'{"user": "slow"}', timeout=1.5)
 
             holder = threading.Thread(target=hold)
             holder.start()
-            held.wait()
-            refused = False
-            for _ in range(50):  # until the held request is in flight
-                r = httpx.post(base + path, json={"model": "m", "messages": []}, timeout=5)
-                if r.status_code == 503:
-                    refused = True
-                    break
+            deadline = time.monotonic() + 5
+            while not slow.up.requests and time.monotonic() < deadline:  # until it is in flight
+                time.sleep(0.01)
+            r = httpx.post(base + path, json={"model": "m", "messages": []}, timeout=5)
             holder.join()
-            assert refused, r.status_code
+            assert r.status_code == 503, r.text
             assert r.headers["retry-after"] == "1"
             assert r.json()["error"]["code"] == "overloaded"
     finally:

@@ -189,7 +189,9 @@ def test_a_client_that_leaves_releases_the_upstream_connection(stream: bool, pat
                         seen += s.recv(65536)
                     assert seen.count(b"content-type: text/event-stream") == 1
                 else:
-                    time.sleep(0.2)  # the upstream has the request and is "generating"
+                    deadline = time.monotonic() + 5
+                    while not slow.up.requests and time.monotonic() < deadline:
+                        time.sleep(0.01)  # until the upstream has the request and is "generating"
             assert slow.closed_early.wait(5), "the upstream connection must be closed when the client leaves"
             with httpx.Client(trust_env=False, timeout=30) as http:
                 r = http.post(base + path, json={"model": "m", "messages": []})
