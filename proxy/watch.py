@@ -65,7 +65,7 @@ class ClientWatch:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.armed = False
-        if self._cancelled and isinstance(exc, asyncio.CancelledError):
+        if self._cancelled:  # ours (the client left), whatever the wait made of the cancellation
             self._cancelled = False
             if self._task is not None:
                 self._task.uncancel()

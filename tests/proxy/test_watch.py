@@ -62,6 +62,26 @@ def test_a_client_gone_while_unarmed_cancels_nothing() -> None:
     asyncio.run(main())
 
 
+def test_a_wait_that_turns_the_cancellation_into_another_error_is_still_client_gone() -> None:
+    async def wait() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise OSError("a library's own idea of being interrupted") from None
+
+    async def main() -> None:
+        told: list[Any] = []
+        watch = ClientWatch({"extensions": {WATCH: told.append}}, _never)
+        asyncio.get_running_loop().call_later(0.01, told[0])
+        with pytest.raises(ClientGone), watch:
+            await wait()
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        await asyncio.sleep(0.01)  # and nothing is pending for the task
+
+    asyncio.run(main())
+
+
 def test_a_cancellation_that_is_not_the_clients_passes_through() -> None:
     async def main() -> None:
         watch = ClientWatch({"extensions": {WATCH: lambda cb: None}}, _never)
