@@ -25,6 +25,7 @@ import xxhash
 
 from canonicalize import chain, notes, pins
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString, SetValue
+from canonicalize.histories import Histories
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, Role, Signals, classify
 from canonicalize.packs import PACKS, Pack
@@ -121,6 +122,7 @@ class Canonicalizer:
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
         self._tools_cache: OrderedDict[bytes, str] = OrderedDict()
+        self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
         self.rule_names = tuple(r.name for r in rules)
         self.identity_params = tuple(dict.fromkeys(q for p in packs for q in p.identity_params))
         self.identity_headers = tuple(dict.fromkeys(h for p in packs for h in p.identity_headers))
@@ -238,7 +240,7 @@ class Canonicalizer:
             for slot in tool_slots:
                 originals.setdefault(slot.path, (slot, slot.get()))
         history: list[Any] = exchange.history(body)
-        links, sizes = chain.links(exchange, history, prev=tip or chain.ROOT)
+        links, sizes = self.histories.links(exchange, history, prev=tip or chain.ROOT)
         offset = 0
         if tip is not None:
             links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
