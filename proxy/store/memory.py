@@ -100,9 +100,8 @@ class MemoryStore:
             if size <= 0:
                 return  # nothing grew: every bound still holds
         else:
-            share = self._shares.get(key[0])
-            if share is None:
-                share = self._shares[key[0]] = _Share()
+            found = self._shares.get(key[0])
+            share = found if found is not None else self._shares.setdefault(key[0], _Share())
             data[key] = (expires, value)
             share.keys[key] = None
             self._bytes += size
