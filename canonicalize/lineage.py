@@ -14,7 +14,7 @@ returns a :class:`Decision`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import orjson
@@ -144,7 +144,13 @@ class LineageRecord:
         return self.root or self.id
 
     def evolve(self, **changes: Any) -> LineageRecord:
-        return replace(self, **changes)
+        """A copy with ``changes`` (``dataclasses.replace``, without its per-field checks)."""
+        values = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        values.update(changes)
+        return LineageRecord(**values)
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(LineageRecord))
 
 
 def _replica(value: Any) -> int | None:

@@ -335,6 +335,7 @@ class Canonicalizer:
             role, parent, fork_action = "root", None, "missing_parent"
         own_tools = prep.tools.names if prep.tools else ()
         tools_meaning = prep.tools.meaning if prep.tools else ""
+        changes: dict[str, Any] = {}  # to the record, applied once at the end
 
         if role == "root" or parent is None:
             record = LineageRecord(
@@ -386,7 +387,8 @@ class Canonicalizer:
             added = notes.new_notes(
                 prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth
             )
-            record = parent.evolve(
+            record = parent  # evolved once, below, with everything that changes
+            changes.update(
                 identity=sig.identity or parent.identity,
                 skeleton=sig.skeleton,
                 head=sig.head,
@@ -394,13 +396,13 @@ class Canonicalizer:
                 own_tools=own_tools,
                 notes=parent.notes + tuple(added),
             )
-            self._apply_notes(prep, record.notes, rewrites)
+            self._apply_notes(prep, changes["notes"], rewrites)
             if self._recorded_tools(prep, parent) and parent.tools_ref in blobs:
                 structural.append(SetValue(exchange.tools_path(body), blobs[parent.tools_ref]))
                 _set_tools(exchange, body, orjson.loads(blobs[parent.tools_ref]))
                 rewrites.append(TOOLS_RULE)
             elif prep.tools is not None and tools_meaning != parent.tools_meaning:
-                record = record.evolve(tools_meaning=tools_meaning, tool_order=own_tools)
+                changes.update(tools_meaning=tools_meaning, tool_order=own_tools)
             parent_fp = parent.fingerprint
 
         ops: list[Op] = [
@@ -425,9 +427,10 @@ class Canonicalizer:
         fingerprint = self.fingerprint(
             body, exchange, tools_ref=tools_ref, tools_len=size, n_messages=len(prep.links), system_slots=system_slots
         )
-        last: dict[str, Any] = {"params": self._params(prep)} if role != "fork" else {}
+        if role != "fork":
+            changes["params"] = self._params(prep)
         record = record.evolve(
-            system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1, **last
+            **changes, system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
         )
 
         start = _branch(prep, lookup) if fork_action == "repaired" else max(lookup.depth - 1, 0)

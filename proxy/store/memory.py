@@ -123,7 +123,7 @@ class MemoryStore:
         if tenant not in self._shares:  # nothing recorded (or all of it gone)
             return Lookup()
         now = self.clock()
-        get = self._get
+        get, data = self._get, self._data
         depth = 0
         seen: set[str] = set()
         candidates: list[LineageRecord] = []
@@ -131,7 +131,10 @@ class MemoryStore:
         for i in range(len(links) - 1, newest(links, self.bounds) - 1, -1):
             if depth and (depth - 1 - i > SCAN_UP or len(candidates) >= CANDIDATES):
                 break
-            ids = get((tenant, "l", links[i]), now)
+            key = (tenant, "l", links[i])
+            if key not in data:  # most links of a new request are not recorded yet
+                continue
+            ids = get(key, now)
             if ids is None:
                 continue
             depth = depth or i + 1
