@@ -208,6 +208,21 @@ class Signals:
     last_user_text: str
     declared_parent: str | None
 
+    def at_depth(self, depth: int) -> Signals:
+        """These signals for a request whose first ``depth`` links are recorded."""
+        return Signals(
+            depth,
+            self.first_assistant,
+            self.last_assistant,
+            self.identity,
+            self.skeleton,
+            self.head,
+            self.tools,
+            self.last_user_index,
+            self.last_user_text,
+            self.declared_parent,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

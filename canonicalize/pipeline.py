@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -122,7 +122,7 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
-        self._tools_cache: OrderedDict[tuple[str, bytes], tuple[str, tuple[str, ...]]] = OrderedDict()
+        self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, str, tuple[str, ...]]] = OrderedDict()
         self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
         self.rule_names = tuple(r.name for r in rules)
         self.identity_params = tuple(dict.fromkeys(q for p in packs for q in p.identity_params))
@@ -178,17 +178,21 @@ class Canonicalizer:
             form = orjson.dumps(tool_list)
         except TypeError:
             return None
-        key = (exchange.name, form)  # tool names are found where the wire API puts them
+        ref = chain.digest(form)
+        # Keyed by the digest (cheap to hash), verified against the bytes (a digest
+        # collision is a miss, never another list's meaning); tool names are found
+        # where the wire API puts them.
+        key = (exchange.name, ref)
         hit = self._tools_cache.get(key)
-        if hit is None:
+        if hit is None or hit[0] != form:
             canon = sorted(orjson.dumps(t, option=orjson.OPT_SORT_KEYS) for t in tool_list)
-            hit = chain.digest(b"\x1e".join(canon)), _names(exchange, tool_list)
+            hit = form, chain.digest(b"\x1e".join(canon)), _names(exchange, tool_list)
             self._tools_cache[key] = hit
             if len(self._tools_cache) > SLOT_CACHE:
                 self._tools_cache.popitem(last=False)
         else:
             self._tools_cache.move_to_end(key)
-        return ToolsId(chain.digest(form), hit[0], hit[1], len(form))
+        return ToolsId(ref, hit[1], hit[2], len(form))
 
     def prepare(
         self,
@@ -287,7 +291,7 @@ class Canonicalizer:
 
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
-        prep.signals = replace(prep.signals, depth=lookup.depth)
+        prep.signals = prep.signals.at_depth(lookup.depth)
         if prep.continues is not None:  # named by previous_response_id: no guessing
             for rec in lookup.candidates:
                 if rec.id == prep.continues:

@@ -124,6 +124,7 @@ class MemoryStore:
             return Lookup()
         now = self.clock()
         get, data = self._get, self._data
+        used, tenant_used = data.move_to_end, self._shares[tenant].keys.move_to_end
         depth = 0
         seen: set[str] = set()
         candidates: list[LineageRecord] = []
@@ -132,11 +133,17 @@ class MemoryStore:
             if depth and (depth - 1 - i > SCAN_UP or len(candidates) >= CANDIDATES):
                 break
             key = (tenant, "l", links[i])
-            if key not in data:  # most links of a new request are not recorded yet
+            item = data.get(key)  # self._get, inlined: the loop visits up to SCAN_UP recorded links
+            if item is None:
                 continue
-            ids = get(key, now)
-            if ids is None:
+            if item[0] <= now:
+                self._drop(key)
+                if tenant not in self._shares:  # that was the tenant's last entry
+                    break
                 continue
+            used(key)
+            tenant_used(key)
+            ids = item[1]
             depth = depth or i + 1
             for lineage_id in ids:
                 if lineage_id in seen:
