@@ -17,6 +17,12 @@ The span is the pattern's named group ``v`` when it has one (else its ``date``
 group for a date rule), else the whole match, so a rule can anchor on context
 it does not change (``^MEMORY \\(your personal notes\\)(?P<v> \\[49% — …\\])$``).
 
+A pattern ``re`` cannot scan fast (one that starts with a class, such as ``\\d``,
+is tried at every position of a 10-50 KB system prompt) may name an ``anchor``: a
+pattern that starts with a literal (which ``re`` jumps to) and that every match
+has ``anchor_at`` characters after its start, with no two of its occurrences
+overlapping.  The rule's pattern is then tried only there; the spans are the same.
+
 Rules never touch anything their pattern does not match: no whitespace or number
 normalisation happens anywhere in prefixpin.
 """
@@ -24,7 +30,7 @@ normalisation happens anywhere in prefixpin.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,6 +55,8 @@ class Rule:
     scope: Scope = "system"
     identity: bool = False
     replacement: str = "<masked>"
+    anchor: re.Pattern[str] | None = None
+    anchor_at: int = 0
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -57,6 +65,8 @@ class Rule:
             raise RuleError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
         if self.identity and self.action != "pin":
             raise RuleError("identity: true is only meaningful on a pin rule")
+        if self.anchor is not None and (self.anchor.fullmatch("") is not None or self.anchor_at < 0):
+            raise RuleError("an anchor must not match the empty string, and sits at a non-negative offset")
 
     @property
     def static(self) -> bool:
@@ -81,7 +91,28 @@ class Rule:
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Start/end of every (non-empty) span this rule matches in ``text``."""
         grp = self._group
-        return [(s, e) for s, e in (m.span(grp) for m in self.pattern.finditer(text)) if 0 <= s < e]
+        return [(s, e) for s, e in (m.span(grp) for m in self._finditer(text)) if 0 <= s < e]
+
+    def _finditer(self, text: str) -> Iterable[re.Match[str]]:
+        """``pattern.finditer(text)``, trying the pattern only where the anchor says a match may start."""
+        if self.anchor is None:
+            return self.pattern.finditer(text)
+        at = self.anchor_at
+        found: list[re.Match[str]] = []
+        end = 0
+        match = self.pattern.match
+        for a in self.anchor.finditer(text, at):
+            start = a.start() - at
+            if start < end:
+                continue
+            m = match(text, start)
+            if m is None:
+                continue
+            if m.end() == start:  # an empty match: finditer's rules for those are not worth copying
+                return self.pattern.finditer(text)
+            found.append(m)
+            end = m.end()
+        return found
 
     def _sub(self, text: str, new: Callable[[re.Match[str]], str]) -> str:
         grp = self._group
@@ -107,6 +138,8 @@ def compile_rule(
     identity: bool = False,
     replacement: str = "<masked>",
     flags: int = re.MULTILINE,
+    anchor: str | None = None,
+    anchor_at: int = 0,
 ) -> Rule:
     """Build a rule from plain values (config or pack data); raises RuleError."""
     if not name or not isinstance(name, str):
@@ -127,4 +160,6 @@ def compile_rule(
         scope=scope,  # type: ignore[arg-type]
         identity=identity,
         replacement=replacement,
+        anchor=re.compile(anchor) if anchor is not None else None,
+        anchor_at=anchor_at,
     )
