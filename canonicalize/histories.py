@@ -141,8 +141,15 @@ class Histories:
 
 
 def _longest(candidates: Sequence[_Entry], text: bytes) -> tuple[_Entry | None, int]:
-    """The remembered history sharing the most whole messages with ``text``, and how many."""
+    """The remembered history sharing the most whole messages with ``text``, and how many.
+    A history that ``text`` extends (the previous turn's, usually) is found without
+    copying anything; only when there is none are the others searched message by message."""
     best: _Entry | None = None
+    for entry in candidates:
+        if _same(entry.text, len(entry.text), text) and (best is None or len(entry.ends) > len(best.ends)):
+            best = entry
+    if best is not None:
+        return best, len(best.ends)
     best_k = 0
     for entry in candidates:
         k = _shared(entry, text)
@@ -152,16 +159,21 @@ def _longest(candidates: Sequence[_Entry], text: bytes) -> tuple[_Entry | None, 
 
 
 def _shared(entry: _Entry, text: bytes) -> int:
-    """How many of ``entry``'s messages begin ``text``, byte for byte.  A message counts
-    only when ``text`` has a message boundary after it too ("," or "]"): ``1`` is not
-    ``12``."""
-    ends = entry.ends
-    if _same(entry.text, len(entry.text), text):
-        return len(ends)
-    lo, hi = 0, len(ends) - 1  # the last message is known not to match: search the rest
-    while lo < hi:
+    """How many of ``entry``'s messages begin ``text``, byte for byte (``text`` does not
+    extend all of them).  A message counts only when ``text`` has a message boundary
+    after it too ("," or "]"): ``1`` is not ``12``.  Galloping from the first message,
+    then halving: another session sharing the first message parts early, and each
+    probe copies the prefix it compares."""
+    ends, known = entry.ends, entry.text
+    n = len(ends) - 1  # the last message is known not to match
+    lo, step = 0, 1
+    while lo + step <= n and _same(known, ends[lo + step - 1], text):
+        lo += step
+        step *= 2
+    hi = min(lo + step - 1, n)
+    while lo < hi:  # lo messages match, hi + 1 do not (or are past the end)
         mid = (lo + hi + 1) // 2
-        if _same(entry.text, ends[mid - 1], text):
+        if _same(known, ends[mid - 1], text):
             lo = mid
         else:
             hi = mid - 1

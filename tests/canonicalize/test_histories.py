@@ -161,3 +161,25 @@ def test_entries_hold_the_serialized_history() -> None:
     history = conversation(9)
     memo.links(CHAT, history)
     assert memo.size >= len(orjson.dumps(history))
+
+
+def test_random_histories_sharing_starts() -> None:
+    """Prefixes, extensions, edits and other sessions in any order: always chain.links."""
+    import random
+
+    rnd = random.Random(15)
+    memo = Histories(per_key=4)
+    sessions = [conversation(40, tag=f" s{i}") for i in range(6)]
+    seen: list[list[Any]] = []
+    for _ in range(400):
+        base = rnd.choice(sessions + seen) if seen else rnd.choice(sessions)
+        history = copy.deepcopy(base[: rnd.randint(1, len(base))])
+        action = rnd.random()
+        if action < 0.3:
+            history += [{"role": "user", "content": f"new {rnd.randint(0, 3)}"}] * rnd.randint(1, 3)
+        elif action < 0.5 and len(history) > 1:
+            history[rnd.randrange(1, len(history))] = {"role": "user", "content": f"edited {rnd.randint(0, 3)}"}
+        elif action < 0.6:
+            history.append(rnd.choice([1, 1.0, True, "1", None, [1], {"a": 1}]))
+        check(memo, history)
+        seen = [*seen[-20:], history]
