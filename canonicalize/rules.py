@@ -22,6 +22,10 @@ is tried at every position of a 10-50 KB system prompt) may name an ``anchor``: 
 pattern that starts with a literal (which ``re`` jumps to) and that every match
 has ``anchor_at`` characters after its start, with no two of its occurrences
 overlapping.  The rule's pattern is then tried only there; the spans are the same.
+A pattern led by a common literal (`` [``) may instead name ``seek``: literals, each
+with the offset from it to where a match would start; no match starts before the
+first of those places (found with ``str.find``, which skips far), so the scan
+starts there.
 
 Rules never touch anything their pattern does not match: no whitespace or number
 normalisation happens anywhere in prefixpin.
@@ -57,6 +61,7 @@ class Rule:
     replacement: str = "<masked>"
     anchor: re.Pattern[str] | None = None
     anchor_at: int = 0
+    seek: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -67,6 +72,8 @@ class Rule:
             raise RuleError("identity: true is only meaningful on a pin rule")
         if self.anchor is not None and (self.anchor.fullmatch("") is not None or self.anchor_at < 0):
             raise RuleError("an anchor must not match the empty string, and sits at a non-negative offset")
+        if not all(literal for literal, _ in self.seek):
+            raise RuleError("seek literals must not be empty")
 
     @property
     def static(self) -> bool:
@@ -94,14 +101,21 @@ class Rule:
         return [(s, e) for s, e in (m.span(grp) for m in self._finditer(text)) if 0 <= s < e]
 
     def _finditer(self, text: str) -> Iterable[re.Match[str]]:
-        """``pattern.finditer(text)``, trying the pattern only where the anchor says a match may start."""
+        """``pattern.finditer(text)``, trying the pattern only where the anchor says a match
+        may start, and from the first place ``seek`` allows."""
+        pos = 0
+        if self.seek:
+            places = [i + offset for literal, offset in self.seek if (i := text.find(literal)) >= 0]
+            if not places:
+                return ()
+            pos = max(min(places), 0)
         if self.anchor is None:
-            return self.pattern.finditer(text)
+            return self.pattern.finditer(text, pos)
         at = self.anchor_at
         found: list[re.Match[str]] = []
-        end = 0
+        end = pos
         match = self.pattern.match
-        for a in self.anchor.finditer(text, at):
+        for a in self.anchor.finditer(text, pos + at):
             start = a.start() - at
             if start < end:
                 continue
@@ -109,7 +123,7 @@ class Rule:
             if m is None:
                 continue
             if m.end() == start:  # an empty match: finditer's rules for those are not worth copying
-                return self.pattern.finditer(text)
+                return self.pattern.finditer(text, pos)
             found.append(m)
             end = m.end()
         return found
@@ -126,7 +140,17 @@ class Rule:
                 return whole
             return whole[: s - base] + new(m) + whole[e - base :]
 
-        return self.pattern.sub(repl, text)
+        if self.anchor is None and not self.seek:
+            return self.pattern.sub(repl, text)
+        out: list[str] = []  # pattern.sub, on the matches _finditer found
+        last = 0
+        for m in self._finditer(text):
+            out += (text[last : m.start()], repl(m))
+            last = m.end()
+        if not out:
+            return text
+        out.append(text[last:])
+        return "".join(out)
 
 
 def compile_rule(
@@ -140,6 +164,7 @@ def compile_rule(
     flags: int = re.MULTILINE,
     anchor: str | None = None,
     anchor_at: int = 0,
+    seek: tuple[tuple[str, int], ...] = (),
 ) -> Rule:
     """Build a rule from plain values (config or pack data); raises RuleError."""
     if not name or not isinstance(name, str):
@@ -162,4 +187,5 @@ def compile_rule(
         replacement=replacement,
         anchor=re.compile(anchor) if anchor is not None else None,
         anchor_at=anchor_at,
+        seek=seek,
     )

@@ -19,7 +19,10 @@ from canonicalize.rules import compile_rule
 
 # Every pattern starts with a literal and checks the line start in a lookbehind
 # after it: `re` then jumps from one occurrence of the literal to the next instead
-# of trying every position of a 10-50 KB system prompt (~6x faster).
+# of trying every position of a 10-50 KB system prompt (~6x faster).  ``seek`` goes
+# further for the lines near the prompt's end: the scan starts at the first
+# occurrence of the whole line prefix, which str.find finds far faster than `re`
+# steps through every "C" or "S" (~2x faster again).
 _MEMORY = r"MEMORY \(your personal notes\) \["
 _PROFILE = r"USER PROFILE \(who the user is\) \["
 
@@ -35,12 +38,14 @@ PACK = Pack(
             "hermes.conversation_started",
             r"Conversation started: (?<=^Conversation started: )(?P<v>[^\n]+)$",
             "pin",
+            seek=(("Conversation started: ", 0),),
         ),
         compile_rule(
             "hermes.session_id",
             r"Session ID: (?<=^Session ID: )(?P<v>\d{8}_\d{6}_[0-9a-f]{6,8})$",
             "pin",
             identity=True,
+            seek=(("Session ID: ", 0),),
         ),
     ),
     markers=(

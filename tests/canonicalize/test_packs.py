@@ -259,11 +259,54 @@ def test_iso_datetime_anchors_find_what_the_pattern_finds() -> None:
     assert all(ISO.spans(t) for t in seeds[:3])
 
 
+MEMORY_SEEK = (("MEMORY (your personal notes) [", 28), ("USER PROFILE (who the user is) [", 30))
+
+
+@pytest.mark.parametrize(
+    ("name", "seek"),
+    [("hermes.memory_usage", MEMORY_SEEK), ("hermes.conversation_started", None), ("hermes.session_id", None)],
+)
+def test_seek_finds_and_rewrites_what_the_pattern_does(name: str, seek: Any) -> None:
+    """Starting the scan at the first ``seek`` place gives ``finditer``'s spans and
+    ``pattern.sub``'s text (a static rule), whatever comes before, between and after."""
+    import random
+
+    r = rule("hermes", name)
+    r = dataclasses.replace(r, seek=seek) if seek else r
+    assert r.seek
+    plain = dataclasses.replace(r, seek=())
+    rnd = random.Random(15)
+    pieces = [
+        "MEMORY (your personal notes) [49% — 1,085/2,200 chars]",
+        "USER PROFILE (who the user is) [7% — 90/1,375 chars]",
+        "MEMORY (your personal notes)",
+        " [12% — 1/2 chars]",
+        "Conversation started: Thursday, May 14, 2026 02:30 PM",
+        "Conversation started: ",
+        "Session ID: 20260513_204511_d02a5d",
+        "Session ID: 2026",
+        "x Session ID: 20260513_204511_d02a5d",
+        "\n",
+        "\n",
+        "text",
+        "═" * 3,
+    ]
+    found = 0
+    for _ in range(2000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 12)))
+        assert r.spans(text) == plain.spans(text), text
+        assert r.apply(text) == plain.apply(text), text
+        found += bool(plain.spans(text))
+    assert found > 30
+
+
 def test_a_rule_anchor_is_never_empty_and_sits_at_an_offset() -> None:
     with pytest.raises(RuleError):
         compile_rule("x", r"\d+", "pin", anchor="1?")
     with pytest.raises(RuleError):
         compile_rule("x", r"\d+", "pin", anchor="1", anchor_at=-1)
+    with pytest.raises(RuleError):
+        compile_rule("x", r"\d+", "pin", seek=(("", 0),))
 
 
 def test_generic_pipeline_pins_a_changed_datetime_back() -> None:
