@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from canonicalize.wire.base import Exchange
 
 MAX_ENTRIES = 4096
-MAX_BYTES = 64 * 2**20
+MAX_BYTES = 32 * 2**20  # ~300 conversations of 100 KB
 PER_KEY = 8  # histories remembered per first message (sessions that start alike)
 MIN_MESSAGES = 4  # shorter histories are hashed whole: cheaper than the lookup
 _COMMA, _CLOSE = 0x2C, 0x5D  # what follows a message in a serialized list: "," or "]"
