@@ -17,15 +17,17 @@ The span is the pattern's named group ``v`` when it has one (else its ``date``
 group for a date rule), else the whole match, so a rule can anchor on context
 it does not change (``^MEMORY \\(your personal notes\\)(?P<v> \\[49% — …\\])$``).
 
-A pattern ``re`` cannot scan fast (one that starts with a class, such as ``\\d``,
-is tried at every position of a 10-50 KB system prompt) may name an ``anchor``: a
-pattern that starts with a literal (which ``re`` jumps to) and that every match
-has ``anchor_at`` characters after its start, with no two of its occurrences
-overlapping.  The rule's pattern is then tried only there; the spans are the same.
-A pattern led by a common literal (`` [``) may instead name ``seek``: literals, each
-with the offset from it to where a match would start; no match starts before the
-first of those places (found with ``str.find``, which skips far), so the scan
-starts there.
+A pattern ``re`` cannot scan fast is better tried only where a match can start:
+
+- ``anchor``: a pattern led by a literal (which ``re`` jumps to) that every match
+  has ``anchor_at`` characters after its start, no two of its occurrences
+  overlapping (``\\d`` first is otherwise tried at every position of a 10-50 KB
+  system prompt);
+- ``seek``: literals, each with the offset from it to the start of a match; every
+  match has one of them there (a long line prefix, which ``str.find`` skips to far
+  faster than ``re`` steps through every ``" ["`` or ``"C"``).
+
+The rule's pattern is then tried at those places only, in order; the spans are the same.
 
 Rules never touch anything their pattern does not match: no whitespace or number
 normalisation happens anywhere in prefixpin.
@@ -74,6 +76,8 @@ class Rule:
             raise RuleError("an anchor must not match the empty string, and sits at a non-negative offset")
         if not all(literal for literal, _ in self.seek):
             raise RuleError("seek literals must not be empty")
+        if self.seek and self.anchor is not None:
+            raise RuleError("a rule has an anchor or seek literals, not both")
 
     @property
     def static(self) -> bool:
@@ -101,32 +105,38 @@ class Rule:
         return [(s, e) for s, e in (m.span(grp) for m in self._finditer(text)) if 0 <= s < e]
 
     def _finditer(self, text: str) -> Iterable[re.Match[str]]:
-        """``pattern.finditer(text)``, trying the pattern only where the anchor says a match
-        may start, and from the first place ``seek`` allows."""
-        pos = 0
-        if self.seek:
-            places = [i + offset for literal, offset in self.seek if (i := text.find(literal)) >= 0]
-            if not places:
-                return ()
-            pos = max(min(places), 0)
-        if self.anchor is None:
-            return self.pattern.finditer(text, pos)
-        at = self.anchor_at
+        """``pattern.finditer(text)``, the pattern tried only where ``anchor`` or ``seek`` say
+        a match may start."""
+        if self.anchor is None and not self.seek:
+            return self.pattern.finditer(text)
         found: list[re.Match[str]] = []
-        end = pos
+        end = 0
         match = self.pattern.match
-        for a in self.anchor.finditer(text, pos + at):
-            start = a.start() - at
+        for start in self._starts(text):
             if start < end:
                 continue
             m = match(text, start)
             if m is None:
                 continue
             if m.end() == start:  # an empty match: finditer's rules for those are not worth copying
-                return self.pattern.finditer(text, pos)
+                return self.pattern.finditer(text)
             found.append(m)
             end = m.end()
         return found
+
+    def _starts(self, text: str) -> list[int]:
+        """Where a match may start, in order."""
+        if self.anchor is not None:
+            at = self.anchor_at
+            return [a.start() - at for a in self.anchor.finditer(text, at)]
+        starts: set[int] = set()
+        for literal, offset in self.seek:
+            i = text.find(literal)
+            while i >= 0:
+                if i + offset >= 0:
+                    starts.add(i + offset)
+                i = text.find(literal, i + 1)
+        return sorted(starts)
 
     def _sub(self, text: str, new: Callable[[re.Match[str]], str]) -> str:
         grp = self._group
