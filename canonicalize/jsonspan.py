@@ -487,8 +487,8 @@ class Edits:
         edits = self._edits + self._member_edits()
         kept = [e for e in edits if not any(f.seq > e.seq and _inside(e, f) for f in edits)]
         kept.sort(key=lambda e: (e.start, e.end, e.seq))
-        raw = self.doc.raw
-        out: list[bytes] = []
+        raw = memoryview(self.doc.raw)  # slices of a view: the unchanged bytes are copied once, by join
+        out: list[bytes | memoryview] = []
         pos = 0
         for e in kept:
             # Sorted by (start, end): any overlap or containment left shows as a start before the last end.

@@ -14,7 +14,7 @@ returns a :class:`Decision`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import orjson
@@ -144,7 +144,13 @@ class LineageRecord:
         return self.root or self.id
 
     def evolve(self, **changes: Any) -> LineageRecord:
-        return replace(self, **changes)
+        """A copy with ``changes`` (``dataclasses.replace``, without its per-field checks)."""
+        values = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        values.update(changes)
+        return LineageRecord(**values)
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(LineageRecord))
 
 
 def _replica(value: Any) -> int | None:
@@ -201,6 +207,21 @@ class Signals:
     last_user_index: int | None
     last_user_text: str
     declared_parent: str | None
+
+    def at_depth(self, depth: int) -> Signals:
+        """These signals for a request whose first ``depth`` links are recorded."""
+        return Signals(
+            depth,
+            self.first_assistant,
+            self.last_assistant,
+            self.identity,
+            self.skeleton,
+            self.head,
+            self.tools,
+            self.last_user_index,
+            self.last_user_text,
+            self.declared_parent,
+        )
 
 
 @dataclass(frozen=True, slots=True)

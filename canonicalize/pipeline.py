@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -25,6 +25,7 @@ import xxhash
 
 from canonicalize import chain, notes, pins
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString, SetValue
+from canonicalize.histories import Histories
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, Role, Signals, classify
 from canonicalize.packs import PACKS, Pack
@@ -89,6 +90,7 @@ class Prepared:
     originals: dict[Path, tuple[Slot, str]]  # every string a rule may change, as sent
     offset: int = 0  # chain links before the body's own history (1: a previous response's tip)
     continues: str | None = None  # the lineage a previous response belongs to (it continues it)
+    tool_list: list[Any] | None = None  # the parsed tools[] ``tools`` identifies (finalize reuses its ref)
 
 
 @dataclass(slots=True)
@@ -120,7 +122,8 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
-        self._tools_cache: OrderedDict[bytes, str] = OrderedDict()
+        self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, str, tuple[str, ...]]] = OrderedDict()
+        self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
         self.rule_names = tuple(r.name for r in rules)
         self.identity_params = tuple(dict.fromkeys(q for p in packs for q in p.identity_params))
         self.identity_headers = tuple(dict.fromkeys(h for p in packs for h in p.identity_headers))
@@ -175,16 +178,21 @@ class Canonicalizer:
             form = orjson.dumps(tool_list)
         except TypeError:
             return None
-        meaning = self._tools_cache.get(form)
-        if meaning is None:
+        ref = chain.digest(form)
+        # Keyed by the digest (cheap to hash), verified against the bytes (a digest
+        # collision is a miss, never another list's meaning); tool names are found
+        # where the wire API puts them.
+        key = (exchange.name, ref)
+        hit = self._tools_cache.get(key)
+        if hit is None or hit[0] != form:
             canon = sorted(orjson.dumps(t, option=orjson.OPT_SORT_KEYS) for t in tool_list)
-            meaning = chain.digest(b"\x1e".join(canon))
-            self._tools_cache[form] = meaning
+            hit = form, chain.digest(b"\x1e".join(canon)), _names(exchange, tool_list)
+            self._tools_cache[key] = hit
             if len(self._tools_cache) > SLOT_CACHE:
                 self._tools_cache.popitem(last=False)
         else:
-            self._tools_cache.move_to_end(form)
-        return ToolsId(chain.digest(form), meaning, _names(exchange, tool_list), len(form))
+            self._tools_cache.move_to_end(key)
+        return ToolsId(ref, hit[1], hit[2], len(form))
 
     def prepare(
         self,
@@ -238,7 +246,7 @@ class Canonicalizer:
             for slot in tool_slots:
                 originals.setdefault(slot.path, (slot, slot.get()))
         history: list[Any] = exchange.history(body)
-        links, sizes = chain.links(exchange, history, prev=tip or chain.ROOT)
+        links, sizes = self.histories.links(exchange, history, prev=tip or chain.ROOT)
         offset = 0
         if tip is not None:
             links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
@@ -278,11 +286,12 @@ class Canonicalizer:
             originals,
             offset,
             previous[0] if previous is not None else None,
+            tool_list if tools is not None else None,
         )
 
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
-        prep.signals = replace(prep.signals, depth=lookup.depth)
+        prep.signals = prep.signals.at_depth(lookup.depth)
         if prep.continues is not None:  # named by previous_response_id: no guessing
             for rec in lookup.candidates:
                 if rec.id == prep.continues:
@@ -330,6 +339,7 @@ class Canonicalizer:
             role, parent, fork_action = "root", None, "missing_parent"
         own_tools = prep.tools.names if prep.tools else ()
         tools_meaning = prep.tools.meaning if prep.tools else ""
+        changes: dict[str, Any] = {}  # to the record, applied once at the end
 
         if role == "root" or parent is None:
             record = LineageRecord(
@@ -381,7 +391,8 @@ class Canonicalizer:
             added = notes.new_notes(
                 prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth
             )
-            record = parent.evolve(
+            record = parent  # evolved once, below, with everything that changes
+            changes.update(
                 identity=sig.identity or parent.identity,
                 skeleton=sig.skeleton,
                 head=sig.head,
@@ -389,36 +400,41 @@ class Canonicalizer:
                 own_tools=own_tools,
                 notes=parent.notes + tuple(added),
             )
-            self._apply_notes(prep, record.notes, rewrites)
+            self._apply_notes(prep, changes["notes"], rewrites)
             if self._recorded_tools(prep, parent) and parent.tools_ref in blobs:
                 structural.append(SetValue(exchange.tools_path(body), blobs[parent.tools_ref]))
                 _set_tools(exchange, body, orjson.loads(blobs[parent.tools_ref]))
                 rewrites.append(TOOLS_RULE)
             elif prep.tools is not None and tools_meaning != parent.tools_meaning:
-                record = record.evolve(tools_meaning=tools_meaning, tool_order=own_tools)
+                changes.update(tools_meaning=tools_meaning, tool_order=own_tools)
             parent_fp = parent.fingerprint
 
         ops: list[Op] = [
             SetString(path, slot.get()) for path, (slot, text) in prep.originals.items() if slot.get() != text
         ]
         ops += structural
-        if role != "fork":
-            record = record.evolve(params=self._params(prep))
 
         # What the lineage forwarded: refs by the parse, bytes stored after sending.
         new_blobs: list[str] = []
         touch: list[str] = []
         system_ref = chain.digest(orjson.dumps(exchange.system_value(body)))
-        tools_ref = _tools_ref(exchange, body)
+        tools_ref = self._forwarded_tools_ref(prep)
         for name, ref, had in (("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)):
             if ref == had:
                 touch.append(ref)
             else:
                 new_blobs.append(name)
         size = prep.tools.size if prep.tools else 0
-        fingerprint = self.fingerprint(body, exchange, tools_ref=tools_ref, tools_len=size, n_messages=len(prep.links))
+        # A repaired fork forwards its parent's system messages; otherwise they are the
+        # request's own, found once by prepare (their texts as edited since).
+        system_slots = exchange.system_slots(body) if repairs_fork else prep.system_slots
+        fingerprint = self.fingerprint(
+            body, exchange, tools_ref=tools_ref, tools_len=size, n_messages=len(prep.links), system_slots=system_slots
+        )
+        if role != "fork":
+            changes["params"] = self._params(prep)
         record = record.evolve(
-            system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
+            **changes, system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
         )
 
         start = _branch(prep, lookup) if fork_action == "repaired" else max(lookup.depth - 1, 0)
@@ -437,6 +453,15 @@ class Canonicalizer:
         )
 
     # -- helpers ------------------------------------------------------------
+    def _forwarded_tools_ref(self, prep: Prepared) -> str:
+        """The ref of the tools[] forwarded: the one prepare computed, unless the tools
+        were replaced since (a fork's parent's, the lineage's recorded bytes) or a pin
+        rule may have edited a description in place."""
+        tools = prep.tools
+        if tools is not None and not self.pin_tools and prep.exchange.tools(prep.body) is prep.tool_list:
+            return tools.form
+        return _tools_ref(prep.exchange, prep.body)
+
     def _identity(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> tuple[str, ...]:
         """The session named by the packs' identity params / headers (first one found)."""
         for p in self.identity_params:
@@ -512,11 +537,21 @@ class Canonicalizer:
         return ops
 
     def fingerprint(
-        self, body: dict[str, Any], exchange: Exchange, *, tools_ref: str, tools_len: int, n_messages: int
+        self,
+        body: dict[str, Any],
+        exchange: Exchange,
+        *,
+        tools_ref: str,
+        tools_len: int,
+        n_messages: int,
+        system_slots: Sequence[Slot] | None = None,
     ) -> Fingerprint:
-        """What prefix prediction compares, for ``body`` as it is (forwarded or as received)."""
-        text = "\x1e".join(s.get() for s in exchange.system_slots(body)).encode("utf-8", "surrogatepass")
-        blocks = tuple(xxhash.xxh64_hexdigest(text[i : i + BLOCK_BYTES]) for i in range(0, len(text), BLOCK_BYTES))
+        """What prefix prediction compares, for ``body`` as it is (forwarded or as received);
+        ``system_slots`` are its system slots when the caller has them."""
+        slots = exchange.system_slots(body) if system_slots is None else system_slots
+        text = "\x1e".join([s.get() for s in slots]).encode("utf-8", "surrogatepass")
+        h = xxhash.xxh64_hexdigest
+        blocks = tuple([h(text[i : i + BLOCK_BYTES]) for i in range(0, len(text), BLOCK_BYTES)])
         params = {p: body[p] for p in self.fork.inherit_params if p in body}
         try:
             params_hash = _hash(orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()) if params else ""

@@ -17,6 +17,18 @@ The span is the pattern's named group ``v`` when it has one (else its ``date``
 group for a date rule), else the whole match, so a rule can anchor on context
 it does not change (``^MEMORY \\(your personal notes\\)(?P<v> \\[49% — …\\])$``).
 
+A pattern ``re`` cannot scan fast is better tried only where a match can start:
+
+- ``anchor``: a pattern led by a literal (which ``re`` jumps to) that every match
+  has ``anchor_at`` characters after its start, no two of its occurrences
+  overlapping (``\\d`` first is otherwise tried at every position of a 10-50 KB
+  system prompt);
+- ``seek``: literals, each with the offset from it to the start of a match; every
+  match has one of them there (a long line prefix, which ``str.find`` skips to far
+  faster than ``re`` steps through every ``" ["`` or ``"C"``).
+
+The rule's pattern is then tried at those places only, in order; the spans are the same.
+
 Rules never touch anything their pattern does not match: no whitespace or number
 normalisation happens anywhere in prefixpin.
 """
@@ -24,7 +36,7 @@ normalisation happens anywhere in prefixpin.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,6 +61,9 @@ class Rule:
     scope: Scope = "system"
     identity: bool = False
     replacement: str = "<masked>"
+    anchor: re.Pattern[str] | None = None
+    anchor_at: int = 0
+    seek: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -57,6 +72,12 @@ class Rule:
             raise RuleError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
         if self.identity and self.action != "pin":
             raise RuleError("identity: true is only meaningful on a pin rule")
+        if self.anchor is not None and (self.anchor.fullmatch("") is not None or self.anchor_at < 0):
+            raise RuleError("an anchor must not match the empty string, and sits at a non-negative offset")
+        if not all(literal for literal, _ in self.seek):
+            raise RuleError("seek literals must not be empty")
+        if self.seek and self.anchor is not None:
+            raise RuleError("a rule has an anchor or seek literals, not both")
 
     @property
     def static(self) -> bool:
@@ -81,7 +102,41 @@ class Rule:
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Start/end of every (non-empty) span this rule matches in ``text``."""
         grp = self._group
-        return [(s, e) for s, e in (m.span(grp) for m in self.pattern.finditer(text)) if 0 <= s < e]
+        return [(s, e) for s, e in (m.span(grp) for m in self._finditer(text)) if 0 <= s < e]
+
+    def _finditer(self, text: str) -> Iterable[re.Match[str]]:
+        """``pattern.finditer(text)``, the pattern tried only where ``anchor`` or ``seek`` say
+        a match may start."""
+        if self.anchor is None and not self.seek:
+            return self.pattern.finditer(text)
+        found: list[re.Match[str]] = []
+        end = 0
+        match = self.pattern.match
+        for start in self._starts(text):
+            if start < end:
+                continue
+            m = match(text, start)
+            if m is None:
+                continue
+            if m.end() == start:  # an empty match: finditer's rules for those are not worth copying
+                return self.pattern.finditer(text)
+            found.append(m)
+            end = m.end()
+        return found
+
+    def _starts(self, text: str) -> list[int]:
+        """Where a match may start, in order."""
+        if self.anchor is not None:
+            at = self.anchor_at
+            return [a.start() - at for a in self.anchor.finditer(text, at)]
+        starts: set[int] = set()
+        for literal, offset in self.seek:
+            i = text.find(literal)
+            while i >= 0:
+                if i + offset >= 0:
+                    starts.add(i + offset)
+                i = text.find(literal, i + 1)
+        return sorted(starts)
 
     def _sub(self, text: str, new: Callable[[re.Match[str]], str]) -> str:
         grp = self._group
@@ -95,7 +150,17 @@ class Rule:
                 return whole
             return whole[: s - base] + new(m) + whole[e - base :]
 
-        return self.pattern.sub(repl, text)
+        if self.anchor is None and not self.seek:
+            return self.pattern.sub(repl, text)
+        out: list[str] = []  # pattern.sub, on the matches _finditer found
+        last = 0
+        for m in self._finditer(text):
+            out += (text[last : m.start()], repl(m))
+            last = m.end()
+        if not out:
+            return text
+        out.append(text[last:])
+        return "".join(out)
 
 
 def compile_rule(
@@ -107,6 +172,9 @@ def compile_rule(
     identity: bool = False,
     replacement: str = "<masked>",
     flags: int = re.MULTILINE,
+    anchor: str | None = None,
+    anchor_at: int = 0,
+    seek: tuple[tuple[str, int], ...] = (),
 ) -> Rule:
     """Build a rule from plain values (config or pack data); raises RuleError."""
     if not name or not isinstance(name, str):
@@ -127,4 +195,7 @@ def compile_rule(
         scope=scope,  # type: ignore[arg-type]
         identity=identity,
         replacement=replacement,
+        anchor=re.compile(anchor) if anchor is not None else None,
+        anchor_at=anchor_at,
+        seek=seek,
     )

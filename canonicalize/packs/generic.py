@@ -23,6 +23,10 @@ PACK = Pack(
             r"\d(?<![\d-]\d)\d{3}-[01]\d-[0-3]\d[T ][0-2]\d:[0-5]\d(?::[0-5]\d(?:\.\d{1,9})?)?"
             r"(?:Z|[+-][0-2]\d:?[0-5]\d)?(?![\d:])",
             "pin",
+            # Every match has "-0" or "-1" (the month's first digit) 4 characters in:
+            # the pattern is tried there only (a \d first is tried at every position).
+            anchor="-[01]",
+            anchor_at=4,
         ),
     ),
 )

@@ -176,7 +176,13 @@ class RoleMessages:
         return type(role) is str and role in self.system_roles
 
     def history(self, body: dict[str, Any]) -> list[Any]:
-        return [m for m in self.messages(body) if not self.is_system(m)]
+        roles = self.system_roles  # is_system, inlined: this runs over every message of every request
+        out = []
+        for m in self.messages(body):
+            if isinstance(m, dict) and type(role := m.get("role")) is str and role in roles:
+                continue
+            out.append(m)
+        return out
 
     def message_slots(self, body: dict[str, Any]) -> list[Slot]:
         out: list[Slot] = []

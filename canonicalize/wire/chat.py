@@ -58,8 +58,9 @@ class ChatExchange(RoleMessages):
     # -- system -----------------------------------------------------------------------
     def system_slots(self, body: dict[str, Any]) -> list[Slot]:
         out: list[Slot] = []
+        roles = self.system_roles  # is_system, inlined: this runs over every message of every request
         for i, msg in enumerate(self.messages(body)):
-            if self.is_system(msg) and "content" in msg:
+            if isinstance(msg, dict) and "content" in msg and type(r := msg.get("role")) is str and r in roles:
                 text_slots(msg, "content", ("messages", i, "content"), out)
         return out
 

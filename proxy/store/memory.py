@@ -61,17 +61,18 @@ class MemoryStore:
     def __len__(self) -> int:
         return len(self._data)
 
-    def _get(self, key: Key) -> Any:
+    def _get(self, key: Key, now: float | None = None) -> Any:
+        """The live value at ``key`` (now most recently used), or None; ``now``: the
+        clock, when the caller has read it for several keys."""
         item = self._data.get(key)
         if item is None:
             return None
-        expires, value = item
-        if expires <= self.clock():
+        if item[0] <= (self.clock() if now is None else now):
             self._drop(key)
             return None
         self._data.move_to_end(key)
         self._shares[key[0]].keys.move_to_end(key)
-        return value
+        return item[1]
 
     def _drop(self, key: Key) -> None:
         _, value = self._data.pop(key)
@@ -83,31 +84,47 @@ class MemoryStore:
         if not share.keys:
             del self._shares[key[0]]
 
-    def _set(self, key: Key, value: Any) -> None:
-        if key in self._data:
-            self._drop(key)
-        share = self._shares.get(key[0])
-        if share is None:
-            share = self._shares[key[0]] = _Share()
-        self._data[key] = (self.clock() + self.ttl_s, value)
-        share.keys[key] = None
-        if isinstance(value, bytes):
-            self._bytes += len(value)
-            share.bytes += len(value)
+    def _set(self, key: Key, value: Any, now: float | None = None) -> None:
+        data = self._data
+        expires = (self.clock() if now is None else now) + self.ttl_s
+        old = data.get(key)
+        size = len(value) if isinstance(value, bytes) else 0
+        if old is not None:  # replaced in place, then most recently used: as if dropped and set again
+            share = self._shares[key[0]]
+            data[key] = (expires, value)
+            data.move_to_end(key)
+            share.keys.move_to_end(key)
+            size -= len(old[1]) if isinstance(old[1], bytes) else 0
+            self._bytes += size
+            share.bytes += size
+            if size <= 0:
+                return  # nothing grew: every bound still holds
+        else:
+            found = self._shares.get(key[0])
+            share = found if found is not None else self._shares.setdefault(key[0], _Share())
+            data[key] = (expires, value)
+            share.keys[key] = None
+            self._bytes += size
+            share.bytes += size
         b = self.bounds
         while len(share.keys) > b.tenant_max_entries or (share.bytes > b.tenant_max_bytes and len(share.keys) > 1):
             self._drop(next(iter(share.keys)))
         while len(self._data) > self.max_entries or (self._bytes > self.max_bytes and len(self._data) > 1):
             self._drop(next(iter(self._data)))
 
-    def _touch(self, key: Key) -> None:
-        value = self._get(key)
+    def _touch(self, key: Key, now: float) -> None:
+        value = self._get(key, now)
         if value is not None:
-            self._set(key, value)
+            self._set(key, value, now)
 
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
         if tenant == ISOLATED:
             return Lookup()
+        if tenant not in self._shares:  # nothing recorded (or all of it gone)
+            return Lookup()
+        now = self.clock()
+        get, data = self._get, self._data
+        used, tenant_used = data.move_to_end, self._shares[tenant].keys.move_to_end
         depth = 0
         seen: set[str] = set()
         candidates: list[LineageRecord] = []
@@ -115,39 +132,51 @@ class MemoryStore:
         for i in range(len(links) - 1, newest(links, self.bounds) - 1, -1):
             if depth and (depth - 1 - i > SCAN_UP or len(candidates) >= CANDIDATES):
                 break
-            ids = self._get((tenant, "l", links[i]))
-            if ids is None:
+            key = (tenant, "l", links[i])
+            item = data.get(key)  # self._get, inlined: the loop visits up to SCAN_UP recorded links
+            if item is None:
                 continue
+            if item[0] <= now:
+                self._drop(key)
+                if tenant not in self._shares:  # that was the tenant's last entry
+                    break
+                continue
+            used(key)
+            tenant_used(key)
+            ids = item[1]
             depth = depth or i + 1
             for lineage_id in ids:
                 if lineage_id in seen:
                     continue
                 seen.add(lineage_id)
-                rec = self._get((tenant, "g", lineage_id))
+                rec = get((tenant, "g", lineage_id), now)
                 if rec is not None and len(candidates) < CANDIDATES:
                     candidates.append(rec)
                     depths.append(i + 1)
-        found = self._get((tenant, "g", declared)) if declared else None
+        found = get((tenant, "g", declared), now) if declared else None
         return Lookup(depth, tuple(candidates), found, tuple(depths))
 
     async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
-        return [self._get((tenant, "b", ref)) for ref in refs]
+        now = self.clock()
+        return [self._get((tenant, "b", ref), now) for ref in refs]
 
     async def record(
         self, tenant: str, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str]
     ) -> None:
         if tenant == ISOLATED:
             return
+        now = self.clock()
         for link in links[newest(links, self.bounds) :]:
-            owners = self._get((tenant, "l", link)) or []
+            key = (tenant, "l", link)
+            owners = self._get(key, now) or []
             if not owners or owners[0] != record.id:
                 owners = [record.id, *(o for o in owners if o != record.id)][:LINKS_PER_KEY]
-            self._set((tenant, "l", link), owners)
-        self._set((tenant, "g", record.id), record)
+            self._set(key, owners, now)
+        self._set((tenant, "g", record.id), record, now)
         for ref, raw in blobs.items():
-            self._set((tenant, "b", ref), raw)
+            self._set((tenant, "b", ref), raw, now)
         for ref in touch:
-            self._touch((tenant, "b", ref))
+            self._touch((tenant, "b", ref), now)
 
     async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
         if tenant == ISOLATED or len(response_id) > MAX_RESPONSE_ID:

@@ -383,3 +383,22 @@ def test_the_served_replica_round_trips_and_old_records_decode() -> None:
     assert LineageRecord.from_bytes(orjson.dumps(old)).replica is None
     for junk in (None, -1, "1", True, 1.5):
         assert LineageRecord.from_bytes(orjson.dumps({**old, "rp": junk})).replica is None
+
+
+def test_signals_at_depth_keeps_every_other_field() -> None:
+    from dataclasses import fields, replace
+
+    from canonicalize.lineage import Signals
+
+    values = {f.name: (f"v-{f.name}",) for f in fields(Signals)}
+    sig = Signals(**values)  # type: ignore[arg-type]
+    assert sig.at_depth(7) == replace(sig, depth=7)
+
+
+def test_record_evolve_is_dataclasses_replace() -> None:
+    from dataclasses import replace
+
+    rec = LineageRecord(id="a", pins={"k": "v"}, notes=((1, "x"),), requests=3, replica=1)
+    assert rec.evolve(requests=4, skeleton="s") == replace(rec, requests=4, skeleton="s")
+    with pytest.raises(TypeError):
+        rec.evolve(no_such_field=1)

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import orjson
 import pytest
 
-from canonicalize import CHAT, PACKS, Canonicalizer, JsonDoc, Prepared, Rule, Settings
+from canonicalize import CHAT, PACKS, Canonicalizer, JsonDoc, Prepared, Rule, RuleError, Settings, compile_rule
 from canonicalize.packs import Pack
 from tests.flows import Harness, Sent
 
@@ -236,6 +237,73 @@ def test_iso_datetime_matches_datetimes(value: str) -> None:
 )
 def test_iso_datetime_ignores_dates_versions_and_times(text: str) -> None:
     assert spans(ISO, text) == []
+
+
+def test_iso_datetime_anchors_find_what_the_pattern_finds() -> None:
+    """The anchored scan (the pattern tried where "-0"/"-1" says a match may start)
+    gives exactly ``finditer``'s spans, overlaps and Unicode digits included."""
+    import random
+
+    plain = dataclasses.replace(ISO, anchor=None, anchor_at=0)
+    rnd = random.Random(15)
+    alphabet = "0123456789--:: TZ+.\n\u0663x"
+    seeds = [
+        "2026-05-14T14:30:00Z 2026-05-14 14:30",
+        "12026-05-14 14:30 2026-05-14T14:30:00-0500-01-01 10:00",
+        "\u0662\u0660\u0662\u0666-05-14 14:30",  # Arabic-Indic digits are \\d too
+        "2026-01-012026-01-01 10:00:00.5+01:00:00",
+    ]
+    texts = seeds + ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 80))) for _ in range(3000)]
+    for t in texts:
+        assert ISO.spans(t) == plain.spans(t), t
+    assert all(ISO.spans(t) for t in seeds[:3])
+
+
+@pytest.mark.parametrize("name", ["hermes.memory_usage", "hermes.conversation_started", "hermes.session_id"])
+def test_seek_finds_and_rewrites_what_the_pattern_does(name: str) -> None:
+    """Trying the pattern only at the ``seek`` places gives ``finditer``'s spans and
+    ``pattern.sub``'s text (a static rule), whatever comes before, between and after."""
+    import random
+
+    r = rule("hermes", name)
+    assert r.seek
+    plain = dataclasses.replace(r, seek=())
+    rnd = random.Random(15)
+    pieces = [
+        "MEMORY (your personal notes) [49% — 1,085/2,200 chars]",
+        "USER PROFILE (who the user is) [7% — 90/1,375 chars]",
+        "MEMORY (your personal notes)",
+        " [12% — 1/2 chars]",
+        "MEMORY (your personal notes) [",
+        "USER PROFILE (who the user is) [1% — 1/2 chars]\nMEMORY (your personal notes) [1% — 1/2 chars]",
+        "Conversation started: Thursday, May 14, 2026 02:30 PM",
+        "Conversation started: ",
+        "Session ID: 20260513_204511_d02a5d",
+        "Session ID: 2026",
+        "x Session ID: 20260513_204511_d02a5d",
+        "\n",
+        "\n",
+        "text",
+        "═" * 3,
+    ]
+    found = 0
+    for _ in range(2000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 12)))
+        assert r.spans(text) == plain.spans(text), text
+        assert r.apply(text) == plain.apply(text), text
+        found += bool(plain.spans(text))
+    assert found > 30
+
+
+def test_a_rule_anchor_is_never_empty_and_sits_at_an_offset() -> None:
+    with pytest.raises(RuleError):
+        compile_rule("x", r"\d+", "pin", anchor="1?")
+    with pytest.raises(RuleError):
+        compile_rule("x", r"\d+", "pin", anchor="1", anchor_at=-1)
+    with pytest.raises(RuleError):
+        compile_rule("x", r"\d+", "pin", seek=(("", 0),))
+    with pytest.raises(RuleError):
+        compile_rule("x", r"\d+", "pin", anchor="1", seek=(("1", 0),))
 
 
 def test_generic_pipeline_pins_a_changed_datetime_back() -> None:

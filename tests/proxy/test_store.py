@@ -174,6 +174,25 @@ def test_memory_bound_in_bytes() -> None:
     run(go())
 
 
+def test_memory_replacing_a_value_keeps_its_accounting_and_use_order() -> None:
+    s = MemoryStore(max_entries=4, max_bytes=10_000)
+
+    async def go() -> None:
+        await s.record("t", LineageRecord(id="a"), [], {"b1": bytes(1000), "b2": bytes(1000)}, [])
+        await s.record("t", LineageRecord(id="a"), [], {"b1": bytes(3000)}, [])  # in place, and grown
+        assert s._bytes == 4000 and s._shares["t"].bytes == 4000
+        await s.record("t", LineageRecord(id="a"), [], {"b1": bytes(500)}, [])  # shrunk
+        assert s._bytes == 1500 and s._shares["t"].bytes == 1500
+        await s.record("t", LineageRecord(id="a"), [], {}, ["b2"])  # b2 is now the most recently used
+        await s.record("t", LineageRecord(id="n1"), [], {}, [])
+        await s.record("t", LineageRecord(id="n2"), [], {}, [])  # five entries: the oldest goes
+        assert await s.blobs("t", ["b1", "b2"]) == [None, bytes(1000)]
+        assert s._bytes == 1000 and len(s) == 4
+        assert list(s._data) == list(s._shares["t"].keys)  # one use order, store-wide and per tenant
+
+    run(go())
+
+
 def test_redis_keys_expire_and_are_namespaced(redis_url: str) -> None:
     async def go() -> None:
         s = RedisStore(redis_url, ttl_s=30, timeout_s=2)
