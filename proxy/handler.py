@@ -153,11 +153,16 @@ class Handler:
         elif flow.reply is not None:
             content = self._complete(flow, flow.reply, content)
         flow.status = status
-        self.runner.done(flow)
         if not (status < 200 or status in _NO_LENGTH):
             out_headers.append((b"content-length", b"%d" % len(content)))
-        await send({"type": "http.response.start", "status": status, "headers": _tag(out_headers, flow)})
-        await send({"type": "http.response.body", "body": content})
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": _tag(out_headers, flow)})
+            await send({"type": "http.response.body", "body": content})
+        finally:
+            # Right after the last byte, with no await between: a store that records
+            # without waiting (memory, the serve process's) has the lineage before the
+            # client can send its next turn, on whichever worker that lands.
+            self.runner.done(flow)
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -193,10 +198,10 @@ class Handler:
         except ClientGone:
             pass  # counted with the upstream's status, as the relay saw it
         finally:
-            await resp.aclose()  # early (the client left): the upstream connection is closed
             if flow.reply is not None and flow.status < 400:
                 flow.message = flow.reply.message()
-            self.runner.done(flow)
+            self.runner.done(flow)  # before any await, as for a whole body
+            await resp.aclose()  # early (the client left): the upstream connection is closed
 
     async def _relay(self, send: Send, resp: httpx.Response, flow: Flow, sent: float) -> None:
         m = self.s.metrics

@@ -13,10 +13,11 @@ serve`` runs one worker per CPU by default (``listen.workers: auto``; at most 8)
   process over a socketpair (:class:`proxy.link.Link`): the store's calls
   (:mod:`proxy.store.shared`), ``/metrics`` (every worker's counters, summed), and
   its own readiness.  A worker whose serve process is gone stops.
-- Per-process limits are split: each worker admits ``limits.max_concurrency / N``
-  requests and opens ``upstream.max_connections / N`` connections (rounded up).
-  llama-server slots (``affinity.llama_slots``) are assigned by one process, so
-  ``auto`` is one worker then.
+- Process-wide limits are split: each worker opens ``upstream.max_connections / N``
+  upstream connections and admits ``limits.max_concurrency / N`` requests (rounded
+  up; the kernel's spread of connections makes that limit approximate).
+  ``auto`` is one worker where one process must see everything: llama-server
+  slots (``affinity.llama_slots``) and an exact ``limits.max_concurrency``.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def worker_count(config: Config) -> int:
     """``listen.workers``, with ``auto`` (0) resolved for this machine."""
     if config.listen.workers:
         return config.listen.workers
-    if config.affinity.llama_slots:
-        return 1  # one process owns the slot table
+    if config.affinity.llama_slots or config.limits.max_concurrency:
+        return 1  # one process owns the slot table / counts every request in flight exactly
     return max(1, min(cpus(), MAX_AUTO))
 
 

@@ -1,5 +1,6 @@
 """After the response: record the lineage, its links, the reply's link and any
-new blobs (the system part and tools[] as forwarded), off the request's path.
+new blobs (the system part and tools[] as forwarded), off the request's path
+(right after its last byte where the store's writes never wait, else in a task).
 A request the upstream failed is recorded too, so a retry finds its lineage.
 The record names the pool replica that answered (section 2c: every process
 sharing the store routes the lineage's next request there).
@@ -19,6 +20,7 @@ from collections import OrderedDict
 from canonicalize import JsonDoc, Outcome, chain
 from proxy.errors import StoreError
 from proxy.flow import Flow
+from proxy.link import run_sync
 from proxy.services import Services
 from proxy.store import ISOLATED
 
@@ -36,7 +38,12 @@ class Record:
     def done(self, flow: Flow) -> None:
         if flow.outcome is None or flow.prep is None or flow.failed or flow.tenant == ISOLATED:
             return
-        self.s.spawn(self._record(flow))
+        if getattr(self.s.store, "immediate", False) and not flow.big:
+            # A store whose writes never wait (memory; the serve process's, sent over
+            # the link) records now, before the client can send its next turn.
+            run_sync(self._record(flow))
+        else:
+            self.s.spawn(self._record(flow))
 
     async def _record(self, flow: Flow) -> None:
         outcome, prep, s = flow.outcome, flow.prep, self.s

@@ -40,6 +40,8 @@ class MemoryStore:
     ``bounds.tenant_max_entries`` and ``bounds.tenant_max_bytes`` per tenant (least
     recently used go first) and by ``ttl_s``."""
 
+    immediate = True  # record() and record_response() never wait (proxy.addons.record)
+
     def __init__(
         self,
         *,

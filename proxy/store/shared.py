@@ -32,6 +32,8 @@ def serve(store: Store, name: str, args: tuple[Any, ...]) -> Any:
 class SharedStore:
     """The Store protocol over a link to the serve process."""
 
+    immediate = True  # record() and record_response() never wait (proxy.addons.record)
+
     def __init__(self, link: Link | None = None, *, timeout_s: float = 0.25) -> None:
         self.link = link  # set by the worker once its event loop runs
         self.timeout_s = timeout_s

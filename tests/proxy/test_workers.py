@@ -160,6 +160,8 @@ def test_listen_workers_config() -> None:
     with pytest.raises(ConfigError, match=r"listen\.workers: must be 1"):
         load(env={}, overrides={"listen.workers": 2, "affinity.llama_slots": 4})
     assert worker_count(load(env={}, overrides={"affinity.llama_slots": 4})) == 1
+    assert worker_count(load(env={}, overrides={"limits.max_concurrency": 8})) == 1  # exact, in one process
+    assert worker_count(load(env={}, overrides={"limits.max_concurrency": 8, "listen.workers": 2})) == 2
     assert worker_count(load(env={}, overrides={"listen.workers": 5})) == 5
     assert 1 <= worker_count(load(env={})) <= 8
 
