@@ -166,6 +166,8 @@ def _shared(entry: _Entry, text: bytes) -> int:
     probe copies the prefix it compares."""
     ends, known = entry.ends, entry.text
     n = len(ends) - 1  # the last message is known not to match
+    if n and _same(known, ends[n - 1], text):
+        return n  # all but the last: the same turn sent again with another last message (a retry, an edit)
     lo, step = 0, 1
     while lo + step <= n and _same(known, ends[lo + step - 1], text):
         lo += step

@@ -54,6 +54,24 @@ def test_only_the_new_messages_are_hashed(monkeypatch: pytest.MonkeyPatch) -> No
     assert hashed == history[18:]
 
 
+def test_a_turn_sent_again_with_another_last_message_hashes_only_that_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    memo = Histories()
+    history = conversation(20)
+    for i in range(3):  # a few retries (each remembered), then one more
+        check(memo, [*history, {"role": "user", "content": f"attempt {i}"}])
+    hashed: list[Any] = []
+    real = CHAT.canonical_message
+
+    class Counting(type(CHAT)):  # type: ignore[misc]
+        def canonical_message(self, msg: Any) -> bytes:
+            hashed.append(msg)
+            return real(msg)
+
+    again = [*history, {"role": "user", "content": "attempt 3"}]
+    assert memo.links(Counting(), again, chain.ROOT) == chain.links(CHAT, again)
+    assert hashed == again[-1:]
+
+
 @pytest.mark.parametrize(
     "change",
     [
