@@ -44,7 +44,8 @@ from tests.infra.procs import Proc
 
 Run = dict[str, Any]
 
-TARGETS = ("direct", "prefixpin", "prefixpin-bypass", "nginx", "litellm")
+TARGETS = ("direct", "prefixpin", "prefixpin-1worker", "prefixpin-bypass", "nginx", "litellm")
+DEFAULT = tuple(t for t in TARGETS if t != "prefixpin-1worker")  # that one on request
 STRICT = ("direct", "prefixpin", "prefixpin-bypass", "nginx")  # --smoke fails on any error of these
 
 
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each run")
     ap.add_argument("--timeout", type=float, default=5.0, help="per-request timeout (an error past it)")
-    ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset of " + ",".join(TARGETS))
+    ap.add_argument("--targets", default=",".join(DEFAULT), help="comma-separated subset of " + ",".join(TARGETS))
     ap.add_argument(
         "--idle-wait",
         type=float,
@@ -155,6 +156,10 @@ def make_targets(
     if ref:
         old = targets.prefixpin(up, name=f"prefixpin@{ref}", source=targets.checkout(ref, work / "ref"))
         out.append(old)
+    if "prefixpin-1worker" in wanted:  # the default config but one process (listen.workers: 1)
+        one = work / "one-worker.yaml"
+        one.write_text("listen: {workers: 1}\n")
+        out.append(targets.prefixpin(up, name="prefixpin-1worker", config=one))
     if "prefixpin-bypass" in wanted:
         out.append(targets.prefixpin_bypass(pp))
         if old is not None:  # the shell alone, before and after

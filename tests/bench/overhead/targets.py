@@ -5,6 +5,7 @@ Every target is a set of real child processes on loopback (``tests.infra.procs``
     direct            load generator -> upstream
     prefixpin         ``prefixpin serve --upstream <upstream>`` (default config)
     prefixpin@REF     the same, running the code of git revision REF (``--compare-ref``)
+    prefixpin-1worker the default config but ``listen.workers: 1`` (one process; on request)
     prefixpin-bypass  the same process, every request sent with ``x-prefixpin-bypass: 1``
                       (no parse, no canonicalization, no store): the cost of its HTTP shell
     nginx             proxy_pass, upstream keepalive, proxy_buffering off (nginx.conf.tmpl)
@@ -125,11 +126,16 @@ def direct(upstream: Proc, base: str) -> Target:
 
 
 # -- prefixpin -------------------------------------------------------------------------------
-def prefixpin(upstream: str, *, name: str = "prefixpin", source: Path | None = None) -> Target:
-    """``prefixpin serve``; ``source``: a checkout of another revision, whose code runs instead."""
+def prefixpin(
+    upstream: str, *, name: str = "prefixpin", source: Path | None = None, config: Path | None = None
+) -> Target:
+    """``prefixpin serve``; ``source``: a checkout of another revision, whose code runs instead;
+    ``config``: a config file (default: none, the default config)."""
 
     def launch(log_dir: Path) -> tuple[list[Proc], str]:
-        proc, base = start_prefixpin(log_dir, upstream=upstream, name=name.replace("@", "-"), source=source)
+        proc, base = start_prefixpin(
+            log_dir, upstream=upstream, name=name.replace("@", "-"), source=source, config=config
+        )
         return [proc], base
 
     return Target(name, launch)
