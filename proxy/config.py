@@ -40,7 +40,7 @@ def _hide_password(url: str) -> str:
 class Listen:
     host: str = "127.0.0.1"
     port: int = 8787
-    workers: int = 0  # processes sharing the port and the store; 0 is "auto" (one per CPU, at most 8)
+    workers: int = 1  # processes sharing the port and the store; 0 is "auto" (one per CPU, at most 8)
 
 
 @dataclass(frozen=True)

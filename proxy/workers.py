@@ -1,7 +1,9 @@
 """Several worker processes on one port (``listen.workers``), state shared.
 
 One Python process serves ~1 core; the request path is CPU-bound, so ``prefixpin
-serve`` runs one worker per CPU by default (``listen.workers: auto``; at most 8).
+serve`` can run several workers (``listen.workers: N``; ``auto``: one per CPU, at
+most 8).  The default is one process: a worker's lookups cross to the serve
+process, which costs latency at low load (docs/benchmarks.md section 2).
 
 - **The serve process** binds nothing it accepts on: it checks the address, starts
   the workers, holds the embedded store (``store.backend: memory``), restarts a

@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8787)")
     serve.add_argument(
-        "--workers", help="worker processes sharing the port and the store (default: auto, one per CPU, at most 8)"
+        "--workers", help="worker processes sharing the port and the store: N or auto (one per CPU); default 1"
     )
     serve.set_defaults(func=cmd_serve)
 

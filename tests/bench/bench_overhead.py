@@ -44,8 +44,8 @@ from tests.infra.procs import Proc
 
 Run = dict[str, Any]
 
-TARGETS = ("direct", "prefixpin", "prefixpin-1worker", "prefixpin-bypass", "nginx", "litellm")
-DEFAULT = tuple(t for t in TARGETS if t != "prefixpin-1worker")  # that one on request
+TARGETS = ("direct", "prefixpin", "prefixpin-auto", "prefixpin-bypass", "nginx", "litellm")
+DEFAULT = tuple(t for t in TARGETS if t != "prefixpin-auto")  # that one on request
 STRICT = ("direct", "prefixpin", "prefixpin-bypass", "nginx")  # --smoke fails on any error of these
 
 
@@ -156,10 +156,10 @@ def make_targets(
     if ref:
         old = targets.prefixpin(up, name=f"prefixpin@{ref}", source=targets.checkout(ref, work / "ref"))
         out.append(old)
-    if "prefixpin-1worker" in wanted:  # the default config but one process (listen.workers: 1)
+    if "prefixpin-auto" in wanted:  # the default config but one process (listen.workers: 1)
         one = work / "one-worker.yaml"
         one.write_text("listen: {workers: 1}\n")
-        out.append(targets.prefixpin(up, name="prefixpin-1worker", config=one))
+        out.append(targets.prefixpin(up, name="prefixpin-auto", config=one))
     if "prefixpin-bypass" in wanted:
         out.append(targets.prefixpin_bypass(pp))
         if old is not None:  # the shell alone, before and after

@@ -150,8 +150,8 @@ def test_metrics_of_all_workers_are_summed() -> None:
 
 
 def test_listen_workers_config() -> None:
-    assert load(env={}).listen.workers == 0
-    assert load(env={}).public_dict()["listen"]["workers"] == "auto"
+    assert load(env={}).listen.workers == 1
+    assert load(env={}, overrides={"listen.workers": "auto"}).public_dict()["listen"]["workers"] == "auto"
     assert load(env={}, overrides={"listen.workers": "3"}).listen.workers == 3
     assert load(env={}, overrides={"listen.workers": "auto"}).listen.workers == 0
     for bad in ("many", -1, 1.5, True, 1000):
@@ -159,11 +159,13 @@ def test_listen_workers_config() -> None:
             load(env={}, overrides={"listen.workers": bad})
     with pytest.raises(ConfigError, match=r"listen\.workers: must be 1"):
         load(env={}, overrides={"listen.workers": 2, "affinity.llama_slots": 4})
-    assert worker_count(load(env={}, overrides={"affinity.llama_slots": 4})) == 1
-    assert worker_count(load(env={}, overrides={"limits.max_concurrency": 8})) == 1  # exact, in one process
+    auto = {"listen.workers": "auto"}
+    assert worker_count(load(env={}, overrides={**auto, "affinity.llama_slots": 4})) == 1
+    assert worker_count(load(env={}, overrides={**auto, "limits.max_concurrency": 8})) == 1  # exact, in one process
     assert worker_count(load(env={}, overrides={"limits.max_concurrency": 8, "listen.workers": 2})) == 2
     assert worker_count(load(env={}, overrides={"listen.workers": 5})) == 5
-    assert 1 <= worker_count(load(env={})) <= 8
+    assert worker_count(load(env={})) == 1
+    assert 1 <= worker_count(load(env={}, overrides=auto)) <= 8
 
 
 def test_auto_counts_the_cpus_a_container_may_use(tmp_path: Path) -> None:

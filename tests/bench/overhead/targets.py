@@ -5,7 +5,7 @@ Every target is a set of real child processes on loopback (``tests.infra.procs``
     direct            load generator -> upstream
     prefixpin         ``prefixpin serve --upstream <upstream>`` (default config)
     prefixpin@REF     the same, running the code of git revision REF (``--compare-ref``)
-    prefixpin-1worker the default config but ``listen.workers: 1`` (one process; on request)
+    prefixpin-auto    the default config but ``listen.workers: auto`` (a worker per CPU; on request)
     prefixpin-bypass  the same process, every request sent with ``x-prefixpin-bypass: 1``
                       (no parse, no canonicalization, no store): the cost of its HTTP shell
     nginx             proxy_pass, upstream keepalive, proxy_buffering off (nginx.conf.tmpl)
