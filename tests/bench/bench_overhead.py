@@ -156,10 +156,10 @@ def make_targets(
     if ref:
         old = targets.prefixpin(up, name=f"prefixpin@{ref}", source=targets.checkout(ref, work / "ref"))
         out.append(old)
-    if "prefixpin-auto" in wanted:  # the default config but one process (listen.workers: 1)
-        one = work / "one-worker.yaml"
-        one.write_text("listen: {workers: 1}\n")
-        out.append(targets.prefixpin(up, name="prefixpin-auto", config=one))
+    if "prefixpin-auto" in wanted:  # the default config but a worker per CPU (listen.workers: auto)
+        auto = work / "auto-workers.yaml"
+        auto.write_text("listen: {workers: auto}\n")
+        out.append(targets.prefixpin(up, name="prefixpin-auto", config=auto))
     if "prefixpin-bypass" in wanted:
         out.append(targets.prefixpin_bypass(pp))
         if old is not None:  # the shell alone, before and after
