@@ -30,6 +30,19 @@ def check(memo: Histories, history: list[Any], prev: bytes = chain.ROOT, exchang
     assert memo.links(exchange, history, prev) == chain.links(exchange, history, prev)
 
 
+def hashing() -> tuple[Any, list[Any]]:
+    """CHAT, but noting each message it hashes."""
+    hashed: list[Any] = []
+    real = CHAT.canonical_message
+
+    class Counting(type(CHAT)):  # type: ignore[misc]
+        def canonical_message(self, msg: Any) -> bytes:
+            hashed.append(msg)
+            return real(msg)
+
+    return Counting(), hashed
+
+
 def test_a_growing_conversation_reuses_its_links_and_keeps_one_entry() -> None:
     memo = Histories()
     history = conversation(30)
@@ -38,37 +51,23 @@ def test_a_growing_conversation_reuses_its_links_and_keeps_one_entry() -> None:
     assert len(memo) == 1  # each turn replaced the one it extends
 
 
-def test_only_the_new_messages_are_hashed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_new_messages_are_hashed() -> None:
     memo = Histories()
     history = conversation(20)
     check(memo, history[:18])
-    hashed: list[Any] = []
-    real = CHAT.canonical_message
-
-    class Counting(type(CHAT)):  # type: ignore[misc]
-        def canonical_message(self, msg: Any) -> bytes:
-            hashed.append(msg)
-            return real(msg)
-
-    assert memo.links(Counting(), history, chain.ROOT) == chain.links(CHAT, history)
+    counting, hashed = hashing()
+    assert memo.links(counting, history, chain.ROOT) == chain.links(CHAT, history)
     assert hashed == history[18:]
 
 
-def test_a_turn_sent_again_with_another_last_message_hashes_only_that_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_turn_sent_again_with_another_last_message_hashes_only_that_one() -> None:
     memo = Histories()
     history = conversation(20)
     for i in range(3):  # a few retries (each remembered), then one more
         check(memo, [*history, {"role": "user", "content": f"attempt {i}"}])
-    hashed: list[Any] = []
-    real = CHAT.canonical_message
-
-    class Counting(type(CHAT)):  # type: ignore[misc]
-        def canonical_message(self, msg: Any) -> bytes:
-            hashed.append(msg)
-            return real(msg)
-
+    counting, hashed = hashing()
     again = [*history, {"role": "user", "content": "attempt 3"}]
-    assert memo.links(Counting(), again, chain.ROOT) == chain.links(CHAT, again)
+    assert memo.links(counting, again, chain.ROOT) == chain.links(CHAT, again)
     assert hashed == again[-1:]
 
 
