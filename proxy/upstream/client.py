@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -73,16 +74,12 @@ class UpstreamClient:
         target = self._base.target(path, query)
         if self._basic is not None and not any(k.lower() == "authorization" for k, _ in headers):
             headers = [*headers, ("authorization", self._basic)]
-        if self._h1 is not None:
+        h1 = self._h1
+        if h1 is not None:
             if _BAD_TARGET.search(target):
                 raise PathRefused("the request path is not a valid URL path")
-            try:
-                try:
-                    return await self._h1.send(method, self._origin, target, headers, content, limits)
-                except httpx.ConnectError:  # nothing was sent
-                    return await self._h1.send(method, self._origin, target, headers, content, limits)
-            except httpx.HTTPError as exc:
-                raise from_httpx(exc, self.base) from exc
+            origin = self._origin
+            return await self._twice(lambda: h1.send(method, origin, target, headers, content, limits))
         try:
             request = httpx.Request(
                 method,
@@ -93,11 +90,16 @@ class UpstreamClient:
             )
         except (httpx.InvalidURL, UnicodeEncodeError):
             raise PathRefused("the request path is not a valid URL path") from None
+        return await self._twice(lambda: self.transport.handle_async_request(request))
+
+    async def _twice(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        """``send()``, once more when it could not connect (nothing was sent); an
+        httpx failure becomes UpstreamError."""
         try:
             try:
-                return await self.transport.handle_async_request(request)
+                return await send()
             except httpx.ConnectError:  # nothing was sent
-                return await self.transport.handle_async_request(request)
+                return await send()
         except httpx.HTTPError as exc:
             raise from_httpx(exc, self.base) from exc
 
