@@ -50,7 +50,9 @@ class _Entry(NamedTuple):
         return len(self.text) + _LINK_COST * len(self.links)
 
 
-Key = tuple[str, bytes, bytes]  # the wire API (its canonical form), the link the chain starts from, the first message
+# The wire API (its canonical form), the scope (the proxy's tenant: one tenant's
+# requests never find, nor time, another's), the link the chain starts from, the first message.
+Key = tuple[str, str, bytes, bytes]
 
 
 class Histories:
@@ -75,10 +77,10 @@ class Histories:
         return self._bytes
 
     def links(
-        self, exchange: Exchange, history: Sequence[Any], prev: bytes = chain.ROOT
+        self, exchange: Exchange, history: Sequence[Any], prev: bytes = chain.ROOT, *, scope: str = ""
     ) -> tuple[list[bytes], list[int]]:
         """What ``chain.links(exchange, history, prev)`` returns, hashing only the
-        messages past the longest remembered prefix."""
+        messages past the longest prefix remembered in ``scope``."""
         if len(history) < MIN_MESSAGES:
             return chain.links(exchange, history, prev)
         try:
@@ -86,7 +88,7 @@ class Histories:
             first = orjson.dumps(history[0])
         except TypeError:  # e.g. an integer beyond 64 bits: hashed as it is, not remembered
             return chain.links(exchange, history, prev)
-        key = (exchange.name, prev, first)
+        key = (exchange.name, scope, prev, first)
         with self._lock:
             bucket = self._buckets.get(key)
             candidates = tuple(bucket) if bucket else ()
@@ -112,7 +114,7 @@ class Histories:
         return links, sizes
 
     def _remember(self, key: Key, entry: _Entry, subsumed: _Entry | None) -> None:
-        cost = entry.cost + len(key[1]) + len(key[2])
+        cost = entry.cost + _key_cost(key)
         if cost > self.max_bytes // 8:
             return
         with self._lock:
@@ -137,7 +139,7 @@ class Histories:
 
     def _forget(self, key: Key, entry: _Entry) -> None:
         self._entries -= 1
-        self._bytes -= entry.cost + len(key[1]) + len(key[2])
+        self._bytes -= entry.cost + _key_cost(key)
 
 
 def _longest(candidates: Sequence[_Entry], text: bytes) -> tuple[_Entry | None, int]:
@@ -187,3 +189,7 @@ def _same(known: bytes, end: int, text: bytes) -> bool:
     if len(text) <= end or text[end] not in (_COMMA, _CLOSE):
         return False
     return text.startswith(known if end == len(known) else known[:end])
+
+
+def _key_cost(key: Key) -> int:
+    return len(key[1]) + len(key[2]) + len(key[3])

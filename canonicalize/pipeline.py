@@ -203,8 +203,10 @@ class Canonicalizer:
         declared_parent: str | None = None,
         headers: Mapping[str, str] | None = None,
         previous: tuple[str, bytes] | None = None,
+        scope: str = "",
     ) -> Prepared:
         """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``);
+        ``scope`` (the tenant) is the only part of the history memo this request uses;
         ``headers`` (the request's) name the session for packs that say so.  ``previous``
         is the lineage and tip link a previous response ended at (Responses
         ``previous_response_id``): the chain is that link, then the body's own history
@@ -246,7 +248,7 @@ class Canonicalizer:
             for slot in tool_slots:
                 originals.setdefault(slot.path, (slot, slot.get()))
         history: list[Any] = exchange.history(body)
-        links, sizes = self.histories.links(exchange, history, prev=tip or chain.ROOT)
+        links, sizes = self.histories.links(exchange, history, prev=tip or chain.ROOT, scope=scope)
         offset = 0
         if tip is not None:
             links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1

@@ -108,7 +108,13 @@ class Canonicalize:
         assert flow.doc is not None and flow.body is not None
         parent = flow.headers.get("x-prefixpin-parent") or None
         return self.s.canon.prepare(
-            flow.doc, flow.body, flow.exchange, declared_parent=parent, headers=flow.headers, previous=previous
+            flow.doc,
+            flow.body,
+            flow.exchange,
+            declared_parent=parent,
+            headers=flow.headers,
+            previous=previous,
+            scope=flow.tenant,
         )
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:

@@ -119,6 +119,18 @@ def test_sessions_sharing_a_start_and_forks_get_their_own_links() -> None:
         check(memo, history)
 
 
+def test_a_scope_never_finds_another_scopes_histories() -> None:
+    memo = Histories()
+    history = conversation(20)
+    assert memo.links(CHAT, history[:18], scope="tenant-a") == chain.links(CHAT, history[:18])
+    counting, hashed = hashing()
+    assert memo.links(counting, history, scope="tenant-b") == chain.links(CHAT, history)
+    assert hashed == history  # all hashed again: nothing of tenant-a's was used
+    counting, hashed = hashing()
+    memo.links(counting, history, scope="tenant-a")
+    assert hashed == history[18:]
+
+
 def test_the_chain_start_is_part_of_the_key() -> None:
     memo = Histories()
     history = conversation(10)
