@@ -35,7 +35,6 @@ import contextlib
 import json
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -49,7 +48,7 @@ import yaml
 from proxy.cli.replay import ATTEMPTS, Result, Totals, send
 from proxy.cli.trace import TraceLine, read_trace
 from tests.bench.bench_cache import LLAMA_METRICS, _git_state, _labelled, _metric_sums, _pct
-from tests.bench.traces import TraceSpec, write_pair
+from tests.bench.traces import TraceSpec, work_dirs, write_pair
 from tests.infra import router
 from tests.infra.procs import Proc, start_llama, start_prefixpin
 
@@ -426,9 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", type=Path, help="where traces and logs go (default: a new temp dir)")
     args = ap.parse_args(argv)
     spec = SMOKE if args.smoke else TraceSpec(args.sessions, args.turns, FULL.fork_every, FULL.seed)
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="prefixpin-bench-affinity-"))
-    log_dir = work / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    work, log_dir = work_dirs(args.work_dir, "prefixpin-bench-affinity-")
     paths = dict(zip(("prefix", "ideal"), write_pair(work, spec), strict=True))
     traces = {name: read_trace(path, sys.stderr, "bench_affinity")[0] for name, path in paths.items()}
     pace = Pace(time_scale=args.time_scale)

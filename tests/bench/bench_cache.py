@@ -29,7 +29,6 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from tests.bench.traces import SMOKE, TraceSpec, write_pair
+from tests.bench.traces import SMOKE, TraceSpec, work_dirs, write_pair
 from tests.infra.procs import REPO, Proc, prefixpin_argv, start_llama, start_prefixpin
 
 _PORT = re.compile(r"127\.0\.0\.1:\d+")
@@ -326,9 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", type=Path, help="where traces and logs go (default: a new temp dir)")
     args = ap.parse_args(argv)
     spec = SMOKE if args.smoke else TraceSpec(args.sessions, args.turns, args.fork_every, args.seed)
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="prefixpin-bench-"))
-    log_dir = work / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    work, log_dir = work_dirs(args.work_dir, "prefixpin-bench-")
     traces = dict(zip(("prefix", "ideal"), write_pair(work, spec), strict=True))
     results: dict[str, dict[str, Any]] = {}
     for run in RUNS:

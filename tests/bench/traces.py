@@ -36,6 +36,7 @@ import argparse
 import copy
 import json
 import random
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -377,6 +378,14 @@ def write_jsonl(path: Path, lines: Iterable[Json]) -> Path:
         for line in lines:
             fh.write(json.dumps(line, ensure_ascii=False) + "\n")
     return path
+
+
+def work_dirs(given: Path | None, prefix: str) -> tuple[Path, Path]:
+    """A benchmark's work dir (``given``, else a new temp dir) and its ``logs`` dir."""
+    work = given or Path(tempfile.mkdtemp(prefix=prefix))
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return work, logs
 
 
 def write_pair(out_dir: Path, spec: TraceSpec = TraceSpec()) -> tuple[Path, Path]:
