@@ -20,6 +20,9 @@
   ``scope["extensions"]["prefixpin.cork"](True)`` holds the request's writes,
   ``(False)`` sends what was held in one write; a handler that has the whole body
   corks around its two ``send`` calls.
+- **Body in.** ``scope["extensions"]["prefixpin.body_in"]()`` tells whether the
+  request's whole body has arrived: reading it then needs no deadline (the usual
+  case, which saves arming one per request).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from proxy.watch import WATCH
 log = logging.getLogger("prefixpin")
 ABORT = "prefixpin.abort"
 CORK = "prefixpin.cork"
+BODY_IN = "prefixpin.body_in"
 _408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -66,7 +70,12 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._begun = True
         scope = self.scope
-        hooks: dict[str, Any] = {ABORT: lambda: self._abort(scope), WATCH: self._watch, CORK: self._cork}
+        hooks: dict[str, Any] = {
+            ABORT: lambda: self._abort(scope),
+            WATCH: self._watch,
+            CORK: self._cork,
+            BODY_IN: self._body_in,
+        }
         self.scope["extensions"] = hooks
         if self._header_timer is None:
             self._arm()
@@ -103,6 +112,11 @@ class DeadlineProtocol(HttpToolsProtocol):
             on_lost()
         else:
             self._on_lost = on_lost
+
+    def _body_in(self) -> bool:
+        """Has the current request's whole body arrived (so ``receive()`` will not wait)?"""
+        cycle = self.cycle
+        return cycle is not None and not cycle.more_body
 
     def _cork(self, hold: bool) -> None:
         cycle = self.cycle

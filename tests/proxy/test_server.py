@@ -113,3 +113,9 @@ def test_a_corked_response_served_for_real_keeps_the_connection_alive() -> None:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_body_in_says_whether_the_current_requests_body_has_arrived() -> None:
+    assert not DeadlineProtocol._body_in(SimpleNamespace(cycle=None))
+    assert not DeadlineProtocol._body_in(SimpleNamespace(cycle=SimpleNamespace(more_body=True)))
+    assert DeadlineProtocol._body_in(SimpleNamespace(cycle=SimpleNamespace(more_body=False)))
