@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from canonicalize import match
 from proxy import responses
 from proxy.errors import Overloaded, RequestTimeout
+from proxy.server import BODY_IN
 
 OWN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -47,19 +48,23 @@ class Admission:
             return
         admitted = False
         body_done = False
+        body_in = scope["extensions"].get(BODY_IN) if "extensions" in scope else None
 
         async def receive_body() -> Message:
             nonlocal admitted, body_done
             if body_done:
                 return await receive()
-            try:
-                async with asyncio.timeout(self.body_timeout_s):
-                    message = await receive()
-            except TimeoutError:
-                raise RequestTimeout(
-                    f"prefixpin waited {self.body_timeout_s:g} s for the rest of the request body "
-                    "(limits.body_timeout_s)"
-                ) from None
+            if body_in is not None and body_in():
+                message = await receive()  # all there: receive() does not wait
+            else:
+                try:
+                    async with asyncio.timeout(self.body_timeout_s):
+                        message = await receive()
+                except TimeoutError:
+                    raise RequestTimeout(
+                        f"prefixpin waited {self.body_timeout_s:g} s for the rest of the request body "
+                        "(limits.body_timeout_s)"
+                    ) from None
             if message["type"] == "http.request" and message.get("more_body", False):
                 return message
             body_done = True

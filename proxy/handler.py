@@ -28,6 +28,7 @@ from proxy import responses
 from proxy.addons import Runner
 from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError
 from proxy.flow import Flow
+from proxy.server import CORK
 from proxy.services import Services
 from proxy.upstream import client_path
 from proxy.upstream.headers import has_header, raw_request_headers, raw_response_headers
@@ -155,10 +156,15 @@ class Handler:
         flow.status = status
         if not (status < 200 or status in _NO_LENGTH):
             out_headers.append((b"content-length", b"%d" % len(content)))
+        cork = scope["extensions"].get(CORK) if "extensions" in scope else None
         try:
+            if cork is not None:
+                cork(True)  # the head and the body in one write
             await send({"type": "http.response.start", "status": status, "headers": _tag(out_headers, flow)})
             await send({"type": "http.response.body", "body": content})
         finally:
+            if cork is not None:
+                cork(False)
             # Right after the last byte, with no await between: a store that records
             # without waiting (memory, the serve process's) has the lineage before the
             # client can send its next turn, on whichever worker that lands.

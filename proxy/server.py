@@ -15,6 +15,14 @@
   the request's callback, called when the client's connection is lost (at once
   if it is already): proxy.watch turns it into the cancellation of the request's
   own waits, with no second task per request listening on ``receive()``.
+- **One write per whole response.** uvicorn writes a response's head as soon as
+  it is sent, then its body: two sends, two wake-ups of the client.
+  ``scope["extensions"]["prefixpin.cork"](True)`` holds the request's writes,
+  ``(False)`` sends what was held in one write; a handler that has the whole body
+  corks around its two ``send`` calls.
+- **Body in.** ``scope["extensions"]["prefixpin.body_in"]()`` tells whether the
+  request's whole body has arrived: reading it then needs no deadline (the usual
+  case, which saves arming one per request).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from proxy.watch import WATCH
 
 log = logging.getLogger("prefixpin")
 ABORT = "prefixpin.abort"
+CORK = "prefixpin.cork"
+BODY_IN = "prefixpin.body_in"
 _408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -60,7 +70,13 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._begun = True
         scope = self.scope
-        self.scope["extensions"] = {ABORT: lambda: self._abort(scope), WATCH: self._watch}  # type: ignore[dict-item]
+        hooks: dict[str, Any] = {
+            ABORT: lambda: self._abort(scope),
+            WATCH: self._watch,
+            CORK: self._cork,
+            BODY_IN: self._body_in,
+        }
+        self.scope["extensions"] = hooks
         if self._header_timer is None:
             self._arm()
 
@@ -97,6 +113,23 @@ class DeadlineProtocol(HttpToolsProtocol):
         else:
             self._on_lost = on_lost
 
+    def _body_in(self) -> bool:
+        """Has the current request's whole body arrived (so ``receive()`` will not wait)?"""
+        cycle = self.cycle
+        return cycle is not None and not cycle.more_body
+
+    def _cork(self, hold: bool) -> None:
+        cycle = self.cycle
+        if cycle is None:
+            return
+        held = cycle.transport
+        if hold:
+            if not isinstance(held, _Held):
+                cycle.transport = _Held(held)  # type: ignore[assignment]
+        elif isinstance(held, _Held):
+            cycle.transport = held.transport
+            held.flush()
+
     def _abort(self, scope: object) -> None:
         cycle = self.cycle
         if cycle is not None and cycle.scope is scope:
@@ -105,6 +138,31 @@ class DeadlineProtocol(HttpToolsProtocol):
             cycle.disconnected = True
         if not self.transport.is_closing():
             self.transport.abort()
+
+
+class _Held:
+    """A transport whose writes wait for :meth:`flush` (or a close), then go in one."""
+
+    __slots__ = ("parts", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def flush(self) -> None:
+        parts, self.parts = self.parts, []
+        if parts and not self.transport.is_closing():
+            self.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 def protocol(header_timeout_s: float) -> type[DeadlineProtocol]:

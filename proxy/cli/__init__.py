@@ -110,6 +110,9 @@ def run_uvicorn(
             # pair from uvicorn would make each appear twice.
             server_header=False,
             date_header=False,
+            # X-Forwarded-For / -Proto are the client's to write: nothing here trusts
+            # them (and the access log shows the real peer).
+            proxy_headers=False,
         )
     )
     if fleet is not None:
