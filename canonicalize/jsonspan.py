@@ -92,6 +92,13 @@ def _skip(pattern: re.Pattern[bytes], raw: bytes, pos: int) -> int:
     return pos if m is None else m.end()
 
 
+def _plain(key: str) -> bytes | None:
+    """``key`` as UTF-8 when JSON writes it without escapes (so raw key bytes without a backslash
+    equal it exactly when they decode to it); None for a key with a quote, backslash or control character."""
+    name = key.encode()
+    return name if orjson.dumps(key) == b'"%s"' % name else None
+
+
 def _malformed(pos: int) -> ValueError:
     return ValueError(f"malformed JSON at byte {pos}")
 
@@ -180,10 +187,10 @@ class JsonDoc:
         key = path[0]
         assert isinstance(key, str)
         i = self._root[0]
-        if raw[i] != 0x7B or not key.isascii() or raw.find(orjson.dumps(key), i, i + _NEAR) < 0:
+        name = _plain(key)
+        if raw[i] != 0x7B or not key.isascii() or name is None or raw.find(b'"%s"' % name, i, i + _NEAR) < 0:
             return None
         start = end = reach = -1
-        name = key.encode()
         m = _FIRST_KEY.match(raw, i + 1)
         while m is not None:
             ks, ke = m.span(1)
@@ -196,10 +203,11 @@ class JsonDoc:
             return None
         for step in path[1:]:
             if isinstance(step, str):
-                if raw[start] != 0x7B:
+                name = _plain(step)
+                if raw[start] != 0x7B or name is None:
                     return None
                 # Scanned to its end: its last member with this key.
-                name, found, i = step.encode(), -1, start + 1
+                found, i = -1, start + 1
                 m = _FIRST_KEY.match(raw, i)
                 while m is not None:
                     ks, ke = m.span(1)

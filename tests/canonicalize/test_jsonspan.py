@@ -558,3 +558,13 @@ def test_the_root_span_without_surrounding_whitespace(raw: bytes, root: tuple[in
 def test_an_empty_document_is_malformed(raw: bytes) -> None:
     with pytest.raises(ValueError, match="malformed"):
         JsonDoc(raw)
+
+
+def test_keys_that_need_escapes_are_compared_decoded() -> None:
+    backslash, backspace = "a\\b", "a\b"  # JSON writes them "a\\b" and "a\b": the second's raw text is the first
+    raw = b'{"o":{"a\\b":1,"a\\\\b":2},"a\\b":[3],"a\\\\b":[4]}'
+    assert orjson.loads(raw) == {"o": {backspace: 1, backslash: 2}, backspace: [3], backslash: [4]}
+    for key, value in ((backspace, 1), (backslash, 2)):
+        assert orjson.loads(at(raw, ("o", key)) or b"") == value
+        assert orjson.loads(at(raw, (key, 0)) or b"") == value + 2
+    assert JsonDoc(raw)._quick_span(("o", backslash)) is None
