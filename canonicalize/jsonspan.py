@@ -29,6 +29,7 @@ Errors (``KeyError`` so callers fail open)::
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple
 
@@ -61,6 +62,7 @@ _FILL = re.compile(rb"(?:" + _RUN + rb"|" + _STR + rb"|" + _nested(_NEST - 1) + 
 _FIRST_KEY = re.compile(rb"[ \t\n\r]*+(" + _STR + rb")[ \t\n\r]*+:[ \t\n\r]*+", re.S)
 _NEXT_KEY = re.compile(rb"[ \t\n\r]*+,[ \t\n\r]*+(" + _STR + rb")[ \t\n\r]*+:[ \t\n\r]*+", re.S)
 _NEXT_ITEM = re.compile(rb"[ \t\n\r]*+,[ \t\n\r]*+")
+_OBJECT_END = re.compile(rb"[ \t\n\r]*+}")
 _ASCII_ESCAPE = re.compile(rb"\\u00([0-7][0-9a-fA-F])")
 _WS_BYTES = (b" ", b"\t", b"\n", b"\r")
 _NEAR = 2048  # bytes searched forward first for a key that is probably close ahead
@@ -92,6 +94,7 @@ def _skip(pattern: re.Pattern[bytes], raw: bytes, pos: int) -> int:
     return pos if m is None else m.end()
 
 
+@functools.lru_cache(maxsize=256)
 def _plain(key: str) -> bytes | None:
     """``key`` as UTF-8 when JSON writes it without escapes (so raw key bytes without a backslash
     equal it exactly when they decode to it); None for a key with a quote, backslash or control character."""
@@ -216,10 +219,10 @@ class JsonDoc:
                     if text == name or (b"\\" in text and orjson.loads(raw[ks:ke]) == step):
                         found, end = m.end(), i
                     m = _NEXT_KEY.match(raw, i)
-                i = _skip(_WS, raw, i)
-                if found < 0 or i >= len(raw) or raw[i] != 0x7D:
+                m = _OBJECT_END.match(raw, i)
+                if found < 0 or m is None:
                     return None
-                start, reach = found, i + 1
+                start, reach = found, m.end()
             else:
                 if raw[start] != 0x5B or step < 0:
                     return None
