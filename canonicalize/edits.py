@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from canonicalize.jsonspan import Edits, JsonDoc, Path
+from canonicalize.jsonspan import Edits, JsonDoc, Path, PathError
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +75,20 @@ def render(doc: JsonDoc, ops: Sequence[Op]) -> bytes:
     fails open and forwards the body unchanged."""
     if not ops:
         return doc.raw
+    added = [op for op in ops if isinstance(op, AddMember)]
+    rest = [op for op in ops if not isinstance(op, AddMember)] if added else ops
+    if len(rest) == 1 and isinstance(rest[0], SetString | SetValue):
+        out = _replace_one(doc, rest[0])  # most requests: one string a rule changed (and stream_options)
+    else:
+        out = _edit(doc, rest)
+    return _append(out, added) if added else out
+
+
+def _edit(doc: JsonDoc, ops: Sequence[Op]) -> bytes:
+    """Any mix of edits, through one :class:`Edits` round (AddMember: appended by the caller)."""
     edits = Edits(doc)
-    added: list[AddMember] = []
     for op in ops:
-        if isinstance(op, AddMember):
-            added.append(op)
-        elif isinstance(op, SetString):
+        if isinstance(op, SetString):
             edits.replace(op.path, orjson.dumps(op.text))
         elif isinstance(op, SetValue):
             edits.replace(op.path, op.raw)
@@ -88,21 +96,36 @@ def render(doc: JsonDoc, ops: Sequence[Op]) -> bytes:
             edits.set_member(op.obj, op.key, op.raw)
         elif isinstance(op, DeleteMember):
             edits.delete_member(op.obj, op.key)
-        else:
+        elif isinstance(op, SetItems):
             edits.replace_items(op.array, op.start, op.stop, list(op.items))
-    out = edits.apply() if edits else doc.raw
-    return _append(out, added) if added else out
+    return edits.apply() if edits else doc.raw
+
+
+def _replace_one(doc: JsonDoc, op: SetString | SetValue) -> bytes:
+    """The one edit of most requests (a rule's string), spliced without an :class:`Edits` round."""
+    span = doc.span(op.path)
+    if span is None:
+        raise PathError(op.path)
+    data = orjson.dumps(op.text) if isinstance(op, SetString) else op.raw
+    raw = memoryview(doc.raw)  # slices of a view: the unchanged bytes are copied once, by join
+    return b"".join((raw[: span[0]], data, raw[span[1] :]))
 
 
 def _append(raw: bytes, members: Sequence[AddMember]) -> bytes:
     """``members`` added before the closing brace of the top-level object."""
     end = len(raw.rstrip())
-    if end == 0 or raw[end - 1 : end] != b"}":
+    if end == 0 or raw[end - 1] != 0x7D:
         raise ValueError("the body is not a JSON object")
-    before = raw[: end - 1].rstrip()
-    sep = b"" if before.endswith(b"{") else b","
+    i = end - 2
+    while i >= 0 and raw[i] in _SPACE:  # what bytes.rstrip() strips, without copying the body for it
+        i -= 1
+    sep = b"" if i >= 0 and raw[i] == 0x7B else b","
     added = b",".join(orjson.dumps(m.key) + b":" + m.raw for m in members)
-    return raw[: end - 1] + sep + added + raw[end - 1 :]
+    view = memoryview(raw)
+    return b"".join((view[: end - 1], sep, added, view[end - 1 :]))
+
+
+_SPACE = b" \t\n\r\x0b\x0c"
 
 
 __all__ = ["AddMember", "DeleteMember", "Op", "SetItems", "SetMember", "SetString", "SetValue", "render"]

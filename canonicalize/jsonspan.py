@@ -29,6 +29,7 @@ Errors (``KeyError`` so callers fail open)::
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple
 
@@ -58,8 +59,13 @@ _STRING = re.compile(_STR, re.S)
 _SCALAR = re.compile(rb"[^ \t\n\r,\]}]++")
 _CONTAINER = re.compile(_nested(_NEST), re.S)
 _FILL = re.compile(rb"(?:" + _RUN + rb"|" + _STR + rb"|" + _nested(_NEST - 1) + rb")*+", re.S)
-_KEY = re.compile(rb"(" + _STR + rb")[ \t\n\r]*+:[ \t\n\r]*+", re.S)
+_FIRST_KEY = re.compile(rb"[ \t\n\r]*+(" + _STR + rb")[ \t\n\r]*+:[ \t\n\r]*+", re.S)
+_NEXT_KEY = re.compile(rb"[ \t\n\r]*+,[ \t\n\r]*+(" + _STR + rb")[ \t\n\r]*+:[ \t\n\r]*+", re.S)
+_NEXT_ITEM = re.compile(rb"[ \t\n\r]*+,[ \t\n\r]*+")
+_OBJECT_END = re.compile(rb"[ \t\n\r]*+}")
 _ASCII_ESCAPE = re.compile(rb"\\u00([0-7][0-9a-fA-F])")
+_WS_BYTES = (b" ", b"\t", b"\n", b"\r")
+_NEAR = 2048  # bytes searched forward first for a key that is probably close ahead
 _OPEN = (0x7B, 0x5B)  # { [
 _CLOSE = {0x7B: 0x7D, 0x5B: 0x5D}
 _COMMA, _QUOTE = 0x2C, 0x22
@@ -86,6 +92,14 @@ def _skip(pattern: re.Pattern[bytes], raw: bytes, pos: int) -> int:
     """End of ``pattern`` (one that also matches the empty string) at ``pos``."""
     m = pattern.match(raw, pos)
     return pos if m is None else m.end()
+
+
+@functools.lru_cache(maxsize=256)
+def _plain(key: str) -> bytes | None:
+    """``key`` as UTF-8 when JSON writes it without escapes (so raw key bytes without a backslash
+    equal it exactly when they decode to it); None for a key with a quote, backslash or control character."""
+    name = key.encode()
+    return name if orjson.dumps(key) == b'"%s"' % name else None
 
 
 def _malformed(pos: int) -> ValueError:
@@ -116,19 +130,26 @@ class JsonDoc:
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
-        start = _skip(_WS, raw, 0)
-        end = len(raw)
-        while end > start and raw[end - 1] in b" \t\n\r":
-            end -= 1
-        if start == end:
+        start = _skip(_WS, raw, 0) if raw[:1] in _WS_BYTES else 0
+        end = len(raw.rstrip(b" \t\n\r")) if raw[-1:] in _WS_BYTES else len(raw)
+        if end <= start:
             raise _malformed(0)
         self._root = (start, end)
         self._nodes: dict[int, _Node] = {}
         self._escapes: list[tuple[int, str]] | None = None
+        self._escape_scan: tuple[int, int] | None = None  # (from, last "\u00" at or after it, or -1)
+        self._quick: dict[Path, tuple[int, int]] = {}  # spans found by _quick_span
 
     # -- public lookups -------------------------------------------------------------
     def span(self, path: Path) -> tuple[int, int] | None:
         """``[start, end)`` of the value at ``path``, or None when it does not exist."""
+        if path and isinstance(path[0], str):
+            quick = self._quick.get(path) or self._quick_span(path)
+            if quick is not None:
+                return quick
+        return self._exact_span(path)
+
+    def _exact_span(self, path: Path) -> tuple[int, int] | None:
         found = self._locate(path)
         if found is None:
             return None
@@ -153,12 +174,130 @@ class JsonDoc:
         self._finish(node)
         return list(zip(node.vs, node.ve, strict=True))
 
+    # -- the quick path -----------------------------------------------------------------
+    def _quick_span(self, path: Path) -> tuple[int, int] | None:
+        """The span at ``path`` through the *first* top-level member named ``path[0]``, or None.
+
+        The common lookup (``messages[0].content`` on a fresh document) in a few regex
+        calls and no :class:`_Node`: the first top-level member with that key, in a
+        nested object its last member with a key (the object scanned to its end), the
+        n-th item of an array.  Only then is that top-level member proven the last
+        with its key, by searching the bytes after the deepest point the walk reached
+        (past the system message, not from the start of ``messages``).  None whenever
+        a step is not that simple or the proof fails: the caller takes the exact path.
+        """
+        raw = self.raw
+        key = path[0]
+        assert isinstance(key, str)
+        i = self._root[0]
+        name = _plain(key)
+        if raw[i] != 0x7B or not key.isascii() or name is None or raw.find(b'"%s"' % name, i, i + _NEAR) < 0:
+            return None
+        start = end = reach = -1
+        m = _FIRST_KEY.match(raw, i + 1)
+        while m is not None:
+            ks, ke = m.span(1)
+            text = raw[ks + 1 : ke - 1]
+            if text == name or (b"\\" in text and orjson.loads(raw[ks:ke]) == key):
+                start = m.end()
+                break
+            m = _NEXT_KEY.match(raw, self._value_end(m.end()))
+        if start < 0:
+            return None
+        for step in path[1:]:
+            if isinstance(step, str):
+                name = _plain(step)
+                if raw[start] != 0x7B or name is None:
+                    return None
+                # Scanned to its end: its last member with this key.
+                found, i = -1, start + 1
+                m = _FIRST_KEY.match(raw, i)
+                while m is not None:
+                    ks, ke = m.span(1)
+                    text = raw[ks + 1 : ke - 1]
+                    i = self._value_end(m.end())
+                    if text == name or (b"\\" in text and orjson.loads(raw[ks:ke]) == step):
+                        found, end = m.end(), i
+                    m = _NEXT_KEY.match(raw, i)
+                m = _OBJECT_END.match(raw, i)
+                if found < 0 or m is None:
+                    return None
+                start, reach = found, m.end()
+            else:
+                if raw[start] != 0x5B or step < 0:
+                    return None
+                i = _skip(_WS, raw, start + 1)
+                if i >= len(raw) or raw[i] == 0x5D:
+                    return None
+                for _ in range(step):
+                    m = _NEXT_ITEM.match(raw, self._value_end(i))
+                    if m is None:
+                        return None
+                    i = m.end()
+                start, end = i, -1
+        if end < 0:
+            end = self._value_end(start)
+        if not self._absent_after(key, max(end, reach)):
+            return None
+        self._quick[path] = (start, end)
+        return start, end
+
     # -- locating ---------------------------------------------------------------------
     def _locate(self, path: Path) -> tuple[_Node | None, int] | None:
         """The container holding the value at ``path`` and its index there (None, 0 for the root)."""
-        start = self._root[0]
-        parent: _Node | None = None
-        j = 0
+        if path and isinstance(path[0], str):
+            root = self._node(self._root[0])
+            if root is not None and root.is_obj and not root.done and path[0] not in root.sure:
+                sure, found = self._locate_unproven(root, path)
+                if sure:
+                    return found
+        return self._walk(path)
+
+    def _locate_unproven(self, root: _Node, path: Path) -> tuple[bool, tuple[_Node | None, int] | None]:
+        """``path`` under the top-level member scanned so far, its last occurrence proven afterwards.
+
+        Proving first (:meth:`_member`) searches the body from the member's value on;
+        proving after the descent searches only from the end of what the descent
+        scanned (for ``messages[0].content``: past the system prompt).  Nothing is
+        assumed: when the proof fails, or the path is absent under this occurrence,
+        the answer is ``(False, None)`` and the caller takes the exact path.
+        """
+        key = path[0]
+        assert isinstance(key, str)
+        j = self._scan_for(root, key)
+        if j is None:
+            return True, None  # proven absent
+        found = self._walk(path[1:], root.vs[j], root, j)
+        if found is None:
+            return False, None
+        node, k = found
+        assert node is not None
+        reach = self._end_of(node, k)
+        if node is not root and node.end > reach:  # a nested object is scanned to its end
+            reach = node.end
+        if not self._absent_after(key, reach):
+            return False, None
+        root.sure.add(key)
+        return True, found
+
+    def _scan_for(self, node: _Node, key: str) -> int | None:
+        """The last member with ``key`` scanned so far, stepping on to the next one if none is; None: proven absent."""
+        j = node.last.get(key)
+        if j is not None:
+            return j
+        if self._absent_after(key, self._resume(node), near=True):
+            return None
+        while self._step(node):
+            if node.keys[-1] == key:
+                return len(node.vs) - 1
+        return None
+
+    def _walk(
+        self, path: Path, start: int = -1, parent: _Node | None = None, j: int = 0
+    ) -> tuple[_Node | None, int] | None:
+        """``path`` from the value at ``start`` (the root by default), each top-level key proven last first."""
+        if start < 0:
+            start = self._root[0]
         for step in path:
             node = self._node(start)
             if node is None:
@@ -195,7 +334,7 @@ class JsonDoc:
             # end is cheaper than searching the whole remainder for a duplicate.
             self._finish_members(node)
             return node.last.get(key)
-        if j is None and self._absent_after(key, self._resume(node)):
+        if j is None and self._absent_after(key, self._resume(node), near=True):
             return None
         if j is not None and self._absent_after(key, node.vs[j]):
             node.sure.add(key)
@@ -240,39 +379,53 @@ class JsonDoc:
         """Scan one more member/item of ``node``; False once the closing bracket is reached."""
         if node.done:
             return False
-        raw = self.raw
-        if node.pos < 0:
-            node.pos = self._end_of(node, len(node.vs) - 1)
-        i = _skip(_WS, raw, node.pos)
-        c = raw[i] if i < len(raw) else -1
-        if c == _CLOSE[raw[node.start]]:
-            node.done, node.end = True, i + 1
-            return False
-        if node.vs:
-            if c != _COMMA:
-                raise _malformed(i)
-            i = _skip(_WS, raw, i + 1)
+        raw, vs = self.raw, node.vs
+        pos = node.pos
+        if pos < 0:
+            pos = self._end_of(node, len(vs) - 1)
         if node.is_obj:
-            m = _KEY.match(raw, i)
+            # One regex call per member: separator, key and colon.
+            m = (_NEXT_KEY if vs else _FIRST_KEY).match(raw, pos)
             if m is None:
-                raise _malformed(i)
+                return self._close(node, pos)
             ks, ke = m.span(1)
             text = raw[ks + 1 : ke - 1]
             # Decoding through a JSON parser only when needed: escapes are rare in keys.
             key: str = orjson.loads(raw[ks:ke]) if b"\\" in text else text.decode()
-            node.last[key] = len(node.vs)
+            node.last[key] = len(vs)
             node.keys.append(key)
             node.ks.append(ks)
             i = m.end()
-        node.vs.append(i)
+        elif vs:
+            m = _NEXT_ITEM.match(raw, pos)
+            if m is None:
+                return self._close(node, pos)
+            i = m.end()
+        else:
+            i = _skip(_WS, raw, pos)
+            if i < len(raw) and raw[i] == 0x5D:
+                return self._close(node, i)
+        vs.append(i)
         node.ve.append(-1)
         node.pos = -1
         return True
+
+    def _close(self, node: _Node, pos: int) -> bool:
+        """At ``node``'s closing bracket (after whitespace): mark it done; anything else is malformed."""
+        raw = self.raw
+        i = _skip(_WS, raw, pos)
+        if i < len(raw) and raw[i] == _CLOSE[raw[node.start]]:
+            node.done, node.end = True, i + 1
+            return False
+        raise _malformed(i)
 
     def _value_end(self, start: int) -> int:
         raw = self.raw
         c = raw[start] if start < len(raw) else -1
         if c == _QUOTE:
+            i = raw.find(b'"', start + 1)
+            if i > 0 and raw[i - 1] != 0x5C:  # the common case: the next quote is not escaped
+                return i + 1
             return self._string_end(start)
         elif c in _OPEN:
             node = self._nodes.get(start)
@@ -321,25 +474,59 @@ class JsonDoc:
             i = _skip(_FILL, raw, i + 1)
         raise _malformed(i)
 
-    def _absent_after(self, key: str, pos: int) -> bool:
+    def _absent_after(self, key: str, pos: int, *, near: bool = False) -> bool:
         """True when no spelling of ``"key"`` occurs at or after ``pos``, so no later member has this key.
 
         Conservative: False means "maybe", and the caller scans.  The canonical spelling
-        is found with one bytes.find; any other spelling of an ASCII key must contain a
-        ``\\u00XX`` escape of one of its characters (or ``\\/``), which are listed once per
-        document.  Non-ASCII keys always answer "maybe".
+        is searched for once; any other spelling of an ASCII key must contain a
+        ``\\u00XX`` escape of one of its characters (or ``\\/``), which are looked for
+        only when a ``\\u00`` occurs after ``pos`` at all.  Non-ASCII keys always answer
+        "maybe".  ``near``: the key is likely close ahead (a lookup, not a proof), so the
+        next ``_NEAR`` bytes are searched first.
         """
         if not key.isascii():
             return False
         raw = self.raw
-        if raw.find(orjson.dumps(key), pos) >= 0 or ("/" in key and raw.find(b"\\/", pos) >= 0):
+        needle = orjson.dumps(key)
+        if near and raw.find(needle, pos, pos + _NEAR) >= 0:
             return False
+        if self._occurs(needle, pos) or ("/" in key and raw.rfind(b"\\/", pos) >= 0):
+            return False
+        return not self._escaped_after(key, pos)
+
+    def _occurs(self, needle: bytes, pos: int) -> bool:
+        """Whether ``needle`` (a quoted key) occurs at or after ``pos``.
+
+        bytes.rfind, not find: on a haystack this long find switches to the two-way
+        algorithm, several times slower here.  Without its leading quote (a byte that
+        is everywhere in JSON) the needle is skipped over faster; each hit is then
+        checked for the quote.
+        """
+        raw = self.raw
+        if len(needle) < 6:
+            return raw.rfind(needle, pos) >= 0
+        probe, end = needle[1:], len(raw)
+        while True:
+            i = raw.rfind(probe, pos + 1, end)
+            if i < 0:
+                return False
+            if raw[i - 1] == _QUOTE:
+                return True
+            end = i + len(probe) - 1  # hits starting before i
+
+    def _escaped_after(self, key: str, pos: int) -> bool:
+        """Whether a ``\\u00XX`` escape of one of ``key``'s characters may occur at or after ``pos``."""
+        raw = self.raw
+        scan = self._escape_scan
+        if scan is None or pos < scan[0]:
+            scan = self._escape_scan = (pos, raw.rfind(b"\\u00", pos))
+        if scan[1] < pos:
+            return False  # the last "\u00" from scan[0] on lies before pos
         if self._escapes is None:
-            # bytes.find is several times faster than a regex scan, and most bodies have no \u00XX at all.
             first = raw.find(b"\\u00")
             hits = _ASCII_ESCAPE.finditer(raw, first) if first >= 0 else ()
             self._escapes = [(m.start(), chr(int(m.group(1), 16))) for m in hits]
-        return not any(p >= pos and ch in key for p, ch in self._escapes)
+        return any(p >= pos and ch in key for p, ch in self._escapes)
 
 
 class _Edit(NamedTuple):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import orjson
@@ -400,3 +401,170 @@ def _assert_outside_untouched(raw: bytes, out: bytes, regions: list[tuple[int, i
         assert found >= pos if cut else found == 0, (gap, out)
         pos, cut = found + len(gap), b
     assert out.endswith(raw[cut:]) and len(out) - len(raw[cut:]) >= pos
+
+
+# -- the fast paths against the exact one -------------------------------------------------------
+# The exact path proves each top-level key the last of its name before descending
+# (JsonDoc._walk); span() first tries _quick_span (the first top-level member, proven
+# afterwards from the deepest point reached), then _locate_unproven (the same with the
+# cached _Nodes).  Documents like a chat body: duplicate and escaped top-level keys,
+# whitespace, escapes in strings, and long strings that put later members beyond _NEAR.
+
+
+def _exact(raw: bytes, path: Path) -> tuple[int, int] | None:
+    doc = JsonDoc(raw)
+    found = doc._walk(path)
+    if found is None:
+        return None
+    node, j = found
+    return doc._root if node is None else (node.vs[j], doc._end_of(node, j))
+
+
+_TEXT = 'ab "messages" \\ \n/é\x01'
+
+
+def _plain_or_escaped(rng: random.Random, text: str) -> str:
+    """Mostly as an encoder writes it; sometimes with random escapes (``\\u0061`` for ``a``, ...)."""
+    return _string(rng, text) if rng.randrange(5) == 0 else orjson.dumps(text).decode()
+
+
+def _long_string(rng: random.Random) -> str:
+    n = rng.choice([0, 3, 40, 900, 3000])
+    return _plain_or_escaped(rng, "".join(rng.choice(_TEXT) for _ in range(n)))
+
+
+def _message(rng: random.Random) -> str:
+    keys = rng.choice([["role", "content"], ["content", "role", "content"], ["role"], ["content", "x"]])
+    values = {"role": lambda: _plain_or_escaped(rng, "system"), "content": lambda: _long_string(rng)}
+    members = []
+    for k in keys:
+        value = values.get(k, lambda: _value(rng, 2))() if rng.randrange(6) else _value(rng, 2)
+        members.append(f"{_ws(rng)}{_plain_or_escaped(rng, k)}{_ws(rng)}:{_ws(rng)}{value}{_ws(rng)}")
+    return "{" + ",".join(members) + "}"
+
+
+def _chat_body(rng: random.Random) -> bytes:
+    keys = rng.choice(
+        [
+            ["model", "messages", "tools"],
+            ["messages"],
+            ["model", "messages", "tools", "messages"],
+            ["messages", "x", "messages", "y"],
+            ["tools", "model"],
+            ["model", "pad", "messages"],
+        ]
+    )
+    members = []
+    for k in keys:
+        if k == "messages":
+            items = [_message(rng) if rng.randrange(5) else _value(rng, 1) for _ in range(rng.randrange(4))]
+            value = "[" + _ws(rng) + ("," + _ws(rng)).join(items) + _ws(rng) + "]"
+        elif k == "pad":
+            value = _string(rng, "p" * 3000)
+        else:
+            value = rng.choice([_long_string(rng), _value(rng, 1)])
+        members.append(f"{_ws(rng)}{_plain_or_escaped(rng, k)}{_ws(rng)}:{_ws(rng)}{value}{_ws(rng)}")
+    return ("{" + ",".join(members) + "}" + _ws(rng)).encode()
+
+
+def _chat_paths(rng: random.Random, value: Any) -> list[Path]:
+    paths = rng.sample(_paths(value), min(len(_paths(value)), 10))
+    return [
+        *paths,
+        ("messages", 0, "content"),
+        ("messages", 1, "content"),
+        ("messages", -1, "content"),
+        ("messages", 0),
+        ("messages", 7),
+        ("messages", 0, "absent"),
+        ("messages",),
+        ("absent", 0),
+        ("model",),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_fast_paths_agree_with_the_exact_path(seed: int) -> None:
+    rng = random.Random(seed)
+    raw = _chat_body(rng)
+    value = orjson.loads(raw)
+    for path in _chat_paths(rng, value):
+        exact = _exact(raw, path)
+        quick = JsonDoc(raw)._quick_span(path) if path and isinstance(path[0], str) else None
+        assert quick is None or quick == exact, path
+        assert JsonDoc(raw)._exact_span(path) == exact, path
+        assert JsonDoc(raw).span(path) == exact, path
+        if exact is not None:
+            assert orjson.dumps(orjson.loads(raw[exact[0] : exact[1]])) == orjson.dumps(_get(value, path))
+
+
+def test_the_quick_path_is_exercised() -> None:
+    """Not vacuous: the random bodies often have messages[0].content and the quick path often proves it
+    (not always: an escaped spelling of a key character anywhere later, a later duplicate, ... answer "maybe")."""
+    answered = 0
+    for seed in range(400):
+        raw = _chat_body(random.Random(seed))
+        answered += JsonDoc(raw)._quick_span(("messages", 0, "content")) is not None
+    assert answered >= 25
+
+
+def test_a_later_duplicate_of_the_top_level_key_wins_on_every_path() -> None:
+    system = '{"role":"system","content":"' + "s" * 5000 + '"}'
+    for later in (b'"messages"', b'"\\u006dessages"', b'"messag\\u0065s"', b' "messages" '):
+        raw = b'{"model":"m","messages":[' + system.encode() + b'],"t":[1],' + later + b':[{"content":"last"}]}'
+        expected = (raw.index(b'"last"'), raw.index(b'"last"') + 6)
+        assert JsonDoc(raw)._quick_span(("messages", 0, "content")) is None
+        assert JsonDoc(raw).span(("messages", 0, "content")) == expected
+        doc = JsonDoc(raw)
+        assert doc.span(("messages", 0, "content")) == doc.span(("messages", 0, "content")) == expected
+
+
+def test_key_text_inside_strings_and_escapes_elsewhere_do_not_hide_the_answer() -> None:
+    raw = (
+        b'{"model":"m","messages":[{"role":"system","content":"a \\"messages\\": \\u0041"}],'
+        b'"tools":[{"d":"\\"messages\\" \\u006d \\\\u0073"}]}'
+    )
+    span = JsonDoc(raw).span(("messages", 0, "content"))
+    assert span == _exact(raw, ("messages", 0, "content"))
+    assert span is not None and orjson.loads(raw[span[0] : span[1]]) == 'a "messages": A'
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_occurs_and_escaped_after_agree_with_a_plain_search(seed: int) -> None:
+    rng = random.Random(seed)
+    parts = ['"', "m", "messages", '"messages"', "\\u00", "\\u006d", "\\", "x", "\\/"]
+    raw = "".join(rng.choice(parts) for _ in range(300))
+    doc = JsonDoc(raw.encode())  # not JSON, but these two only search the raw bytes
+    for pos in sorted(rng.sample(range(len(raw) + 1), 8), reverse=rng.random() < 0.5):
+        for key in ("messages", "m", "a/b"):
+            needle = orjson.dumps(key)
+            assert doc._occurs(needle, pos) == (doc.raw.find(needle, pos) >= 0)
+            escaped = any(
+                m.start() >= pos and chr(int(m.group(1), 16)) in key
+                for m in re.finditer(rb"\\u00([0-7][0-9a-fA-F])", doc.raw)
+            )
+            assert doc._escaped_after(key, pos) == escaped, (key, pos)
+
+
+@pytest.mark.parametrize(
+    ("raw", "root"),
+    [(b"{}", (0, 2)), (b" \n{} \t", (2, 4)), (b"1", (0, 1)), (b"[1]\r\n", (0, 3))],
+)
+def test_the_root_span_without_surrounding_whitespace(raw: bytes, root: tuple[int, int]) -> None:
+    assert JsonDoc(raw).span(()) == root
+
+
+@pytest.mark.parametrize("raw", [b"", b"   ", b"\n\t"])
+def test_an_empty_document_is_malformed(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="malformed"):
+        JsonDoc(raw)
+
+
+def test_keys_that_need_escapes_are_compared_decoded() -> None:
+    backslash, backspace = "a\\b", "a\b"  # JSON writes them "a\\b" and "a\b": the second's raw text is the first
+    raw = b'{"o":{"a\\b":1,"a\\\\b":2},"a\\b":[3],"a\\\\b":[4]}'
+    assert orjson.loads(raw) == {"o": {backspace: 1, backslash: 2}, backspace: [3], backslash: [4]}
+    for key, value in ((backspace, 1), (backslash, 2)):
+        assert orjson.loads(at(raw, ("o", key)) or b"") == value
+        assert orjson.loads(at(raw, (key, 0)) or b"") == value + 2
+    assert JsonDoc(raw)._quick_span(("o", backslash)) is None
