@@ -12,8 +12,8 @@ hashes only the rest.
 Equal bytes of ``orjson.dumps`` mean equal messages (orjson writes every value
 one way: ``1`` and ``1.0`` differ, key order is kept), so a reused link is
 exactly the link :func:`canonicalize.chain.links` computes: the memo is a pure
-function of content, verified byte for byte on every hit, and shared by every
-tenant without anything passing between them.  It is bounded in histories and
+function of content, verified byte for byte on every hit, and kept per tenant
+(one tenant's requests never find, nor time, another's histories).  It is bounded in histories and
 in bytes; a history seen again replaces the entry it extends, and the entry of
 the same turn with another last message.
 """

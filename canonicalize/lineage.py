@@ -247,18 +247,23 @@ class Signals:
 
     def at_depth(self, depth: int) -> Signals:
         """These signals for a request whose first ``depth`` links are recorded."""
-        return Signals(
-            depth,
-            self.first_assistant,
-            self.last_assistant,
-            self.identity,
-            self.skeleton,
-            self.head,
-            self.tools,
-            self.last_user_index,
-            self.last_user_text,
-            self.declared_parent,
+        return _build_signals(
+            (
+                depth,
+                self.first_assistant,
+                self.last_assistant,
+                self.identity,
+                self.skeleton,
+                self.head,
+                self.tools,
+                self.last_user_index,
+                self.last_user_text,
+                self.declared_parent,
+            )
         )
+
+
+_build_signals: Callable[[Sequence[Any]], Signals] = _builder(Signals)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,12 +34,14 @@ TAIL = 256  # and of the end (where an agent's prompt keeps what changes: a date
 class Entry:
     """A kept text and what was derived from it (by the caller, by name)."""
 
-    __slots__ = ("derived", "key", "text")
+    __slots__ = ("derived", "extra", "kept", "key", "text")
 
     def __init__(self, key: Key, text: str) -> None:
         self.key = key  # (scope, ...): see Texts.entry
         self.text = text
         self.derived: dict[Any, Any] = {}
+        self.extra = 0  # characters ``derived`` holds (Texts.charge)
+        self.kept = False  # in the memo, counted in its bounds
 
 
 class Texts:
@@ -94,15 +96,28 @@ class Texts:
                 self._buckets.move_to_end(key)
             bucket.insert(0, entry)
             self._ids[id(text)] = entry
+            entry.kept = True
             self._entries += 1
             self._chars += cost
             while len(bucket) > self.per_key:
                 self._forget(key, bucket.pop())
-            while self._buckets and (self._entries > self.max_entries or self._chars > self.max_chars):
-                old_key, old_bucket = self._buckets.popitem(last=False)
-                for old in old_bucket:
-                    self._forget(old_key, old)
+            self._shrink()
             return entry
+
+    def _shrink(self) -> None:
+        while self._buckets and (self._entries > self.max_entries or self._chars > self.max_chars):
+            old_key, old_bucket = self._buckets.popitem(last=False)
+            for old in old_bucket:
+                self._forget(old_key, old)
+
+    def charge(self, entry: Entry, chars: int) -> None:
+        """Count ``chars`` more held by ``entry`` (what was derived from it) in the bound."""
+        with self._lock:
+            entry.extra += chars
+            if not entry.kept:
+                return  # not kept (or forgotten): it goes with its request
+            self._chars += chars
+            self._shrink()
 
     def intern(self, scope: str, text: str) -> str:
         """The kept object equal to ``text`` (``text`` itself when new)."""
@@ -111,5 +126,6 @@ class Texts:
     def _forget(self, key: Key, entry: Entry) -> None:
         if self._ids.get(id(entry.text)) is entry:
             del self._ids[id(entry.text)]
+        entry.kept = False
         self._entries -= 1
-        self._chars -= len(entry.text) + len(key[0])
+        self._chars -= len(entry.text) + len(key[0]) + entry.extra

@@ -232,6 +232,8 @@ class Canonicalizer:
             res = derived.get("slot")
             if res is None:
                 res = derived["slot"] = self._system_text(text)
+                if res.text is not text:  # held by the entry too: counted in its bound
+                    self.texts.charge(entry, len(res.text))
             slot.set(self.texts.intern(scope, res.text))
             rewrites.extend(n for n in res.fired if n not in rewrites)
             found = derived.get(("spans", i))
@@ -269,15 +271,7 @@ class Canonicalizer:
         offset = 0
         if tip is not None:
             links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
-        first_assistant = next((i for i, m in enumerate(history) if m is _TIP or exchange.is_assistant(m)), None)
-        last_assistant = next(
-            (i for i in range(len(history) - 1, -1, -1) if history[i] is _TIP or exchange.is_assistant(history[i])),
-            None,
-        )
-        last_user = next(
-            (i for i in range(len(history) - 1, -1, -1) if history[i] is not _TIP and exchange.is_user(history[i])),
-            None,
-        )
+        first_assistant, last_assistant, last_user = _turns(exchange, history)
         signals = Signals(
             depth=0,
             first_assistant=first_assistant,
@@ -496,14 +490,18 @@ class Canonicalizer:
             if not mine:
                 continue
             values = tuple([recorded.get(s.key) for s in mine])
-            memo = self.texts.entry(prep.scope, slot.get()).derived.setdefault("restored", {})
+            entry = self.texts.entry(prep.scope, slot.get())
+            memo = entry.derived.setdefault("restored", {})
             hit = memo.get(values)
             if hit is None:
                 names = pins.restore(prep.slots, mine, recorded)
                 hit = self.texts.intern(prep.scope, slot.get()), tuple(names)
-                if len(memo) >= RESTORED_PER_TEXT:
-                    memo.pop(next(iter(memo)), None)
+                for old in list(memo)[: len(memo) + 1 - RESTORED_PER_TEXT]:  # (list(): one step, safe across threads)
+                    gone = memo.pop(old, None)
+                    if gone is not None:
+                        self.texts.charge(entry, -len(gone[0]))
                 memo[values] = hit
+                self.texts.charge(entry, len(hit[0]))
             slot.set(hit[0])
             changed += [name for name in hit[1] if name not in changed]
         rest = [s for s in prep.spans if s.slot >= n]
@@ -618,6 +616,7 @@ class Canonicalizer:
             found = entry.derived.get("blocks")
             if found is None:
                 found = entry.derived["blocks"] = _blocks(joined)
+                self.texts.charge(entry, 24 * len(found[0]))  # a short str per block
             blocks, size = found
         params = {p: body[p] for p in self.fork.inherit_params if p in body}
         try:
@@ -647,6 +646,25 @@ class Canonicalizer:
             n_messages=len(sizes),
         )
         return fp, sizes
+
+
+def _turns(exchange: Exchange, history: Sequence[Any]) -> tuple[int | None, int | None, int | None]:
+    """The history indices of the first and last assistant messages (a previous
+    response's tip counts as one) and of the last user message."""
+    first = last = user = None
+    for i, m in enumerate(history):
+        if m is _TIP or exchange.is_assistant(m):
+            first = i
+            break
+    for i in range(len(history) - 1, -1, -1):
+        m = history[i]
+        if last is None and (m is _TIP or exchange.is_assistant(m)):
+            last = i
+        if user is None and m is not _TIP and exchange.is_user(m):
+            user = i
+        if last is not None and user is not None:
+            break
+    return first, last, user
 
 
 def _skeleton(masked_hashes: Sequence[str], heads: Sequence[str]) -> tuple[str, str]:

@@ -175,3 +175,79 @@ def test_dates_notes_and_two_system_messages_match_a_canonicalizer_that_remember
         forgetful(cold)
         same(memo.send(body, reply=reply), cold.send(body, reply=reply))
         history.append(reply)
+
+
+def test_what_an_entry_holds_counts_in_the_bound() -> None:
+    memo = Texts(max_entries=100, max_chars=1000)
+    a = memo.entry("t", "a" * 100)
+    memo.charge(a, 50)
+    assert memo.chars == 101 + 50
+    memo.charge(a, -20)
+    assert memo.chars == 101 + 30
+    memo.charge(a, 2000)  # over the bound: the oldest entries go, this one with them
+    assert memo.chars == 0 and len(memo) == 0 and not a.kept
+    memo.charge(a, 10)  # a forgotten entry is not counted
+    assert memo.chars == 0
+    b = memo.entry("u", "b" * 100)
+    memo.entry("u", "c" * 100)
+    assert memo.chars == 202 and b.kept
+
+
+def test_the_pipelines_memos_stay_within_the_text_bound() -> None:
+    h = Harness()
+    h.canon.texts = Texts(max_chars=200_000)
+    for i in range(40):  # 40 sessions' prompts, each with its analysis, restored pins and blocks
+        system = hermes.system_prompt(session=f"20260513_2045{i:02d}_d02a5d", filler=60)
+        h.send(hermes.request(system, [{"role": "user", "content": "hi"}], hermes.tools_full()))
+        h.send(hermes.request(system.replace("02:30", "02:31"), [{"role": "user", "content": "hi"}]))
+        assert 0 < h.canon.texts.chars <= 200_000
+
+
+def test_turns_are_those_three_searches_find() -> None:
+    """The first / last assistant and last user indices, in one pass each way."""
+    from canonicalize import RESPONSES
+    from canonicalize.pipeline import _TIP, _turns
+
+    rnd = random.Random(5)
+    kinds = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "t"},
+        {"type": "function_call", "name": "f", "arguments": "{}"},
+        {"type": "message", "role": "assistant", "content": []},
+        "not a message",
+    ]
+    for exchange in (CHAT, RESPONSES):
+        for _ in range(300):
+            history: list[Any] = [rnd.choice(kinds) for _ in range(rnd.randint(0, 6))]
+            if rnd.random() < 0.3:
+                history.insert(0, _TIP)
+            n = len(history)
+            first = next((i for i, m in enumerate(history) if m is _TIP or exchange.is_assistant(m)), None)
+            last = next(
+                (i for i in range(n - 1, -1, -1) if history[i] is _TIP or exchange.is_assistant(history[i])), None
+            )
+            user = next(
+                (i for i in range(n - 1, -1, -1) if history[i] is not _TIP and exchange.is_user(history[i])), None
+            )
+            assert _turns(exchange, history) == (first, last, user)
+
+
+def test_signals_at_a_depth_are_the_signals_built_with_it() -> None:
+    from canonicalize.lineage import Signals
+
+    sig = Signals(0, 1, 3, ("i",), "s", "h", ("t",), 4, "text", None)
+    moved = sig.at_depth(7)
+    assert moved == Signals(7, 1, 3, ("i",), "s", "h", ("t",), 4, "text", None)
+    assert hash(moved) == hash(Signals(7, 1, 3, ("i",), "s", "h", ("t",), 4, "text", None))
+
+
+def test_an_evolved_record_is_the_record_built_with_the_changes() -> None:
+    from canonicalize import LineageRecord
+
+    rec = LineageRecord(id="a", pins={"k": "v"}, notes=((1, "n"),), requests=3)
+    assert rec.evolve(requests=4, head="h") == LineageRecord(
+        id="a", pins={"k": "v"}, notes=((1, "n"),), requests=4, head="h"
+    )
+    with pytest.raises(TypeError):
+        rec.evolve(nonsense=1)
