@@ -12,9 +12,10 @@ hashes only the rest.
 Equal bytes of ``orjson.dumps`` mean equal messages (orjson writes every value
 one way: ``1`` and ``1.0`` differ, key order is kept), so a reused link is
 exactly the link :func:`canonicalize.chain.links` computes: the memo is a pure
-function of content, verified byte for byte on every hit, and shared by every
-tenant without anything passing between them.  It is bounded in histories and
-in bytes; a history seen again replaces the entry it extends.
+function of content, verified byte for byte on every hit, and kept per tenant
+(one tenant's requests never find, nor time, another's histories).  It is bounded in histories and
+in bytes; a history seen again replaces the entry it extends, and the entry of
+the same turn with another last message.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ MAX_BYTES = 32 * 2**20  # ~300 conversations of 100 KB
 PER_KEY = 8  # histories remembered per first message (sessions that start alike)
 MIN_MESSAGES = 4  # shorter histories are hashed whole: cheaper than the lookup
 _COMMA, _CLOSE = 0x2C, 0x5D  # what follows a message in a serialized list: "," or "]"
+_PEEK = 64  # bytes before a boundary compared before the whole prefix
 _LINK_COST = 64  # bytes an entry holds per message besides its JSON (link, size, offset)
 
 
 class _Entry(NamedTuple):
-    text: bytes  # the serialized history without its closing "]"
-    ends: tuple[int, ...]  # where each message ends in ``text``
+    text: bytes  # the serialized history (as orjson wrote it: nothing copied)
+    ends: tuple[int, ...]  # where each message ends in ``text`` (the last one at its closing "]")
     links: tuple[bytes, ...]
     sizes: tuple[int, ...]
 
@@ -108,8 +110,11 @@ class Histories:
             pos += 1 + len(orjson.dumps(msg))  # "[" or "," then the message
             ends.append(pos)
         if pos + 1 == len(text):  # the offsets are those of ``text`` ("]" last): remember it
-            entry = _Entry(text[:pos], tuple(ends), tuple(links), tuple(sizes))
-            subsumed = base if base is not None and k == len(base.links) else None
+            entry = _Entry(text, tuple(ends), tuple(links), tuple(sizes))
+            # It replaces the history it extends, and the same turn with another last
+            # message (a retry): keeping both would have every later turn compare both.
+            n = len(base.links) if base is not None else -1
+            subsumed = base if k == n or k == n - 1 == len(history) - 1 else None
             self._remember(key, entry, subsumed)
         return links, sizes
 
@@ -124,7 +129,9 @@ class Histories:
             else:
                 self._buckets.move_to_end(key)
             # The new history replaces one it extends (and the same history seen again).
-            for old in [e for e in bucket if e is subsumed or e.text == entry.text]:
+            # (Its last link first: only a history with the same one can have the same text.)
+            last = entry.links[-1]  # every entry has MIN_MESSAGES links at least
+            for old in [e for e in bucket if e is subsumed or (e.links[-1] == last and e.text == entry.text)]:
                 bucket.remove(old)
                 self._forget(key, old)
             bucket.insert(0, entry)
@@ -145,15 +152,19 @@ class Histories:
 def _longest(candidates: Sequence[_Entry], text: bytes) -> tuple[_Entry | None, int]:
     """The remembered history sharing the most whole messages with ``text``, and how many.
     A history that ``text`` extends (the previous turn's, usually) is found without
-    copying anything; only when there is none are the others searched message by message."""
+    copying anything; only when there is none are the others searched message by message,
+    those that could still share more than the best so far (the same turn with another
+    last message finds one sharing all but its last and is done)."""
     best: _Entry | None = None
     for entry in candidates:
-        if _same(entry.text, len(entry.text), text) and (best is None or len(entry.ends) > len(best.ends)):
+        if _same(entry.text, entry.ends[-1], text) and (best is None or len(entry.ends) > len(best.ends)):
             best = entry
     if best is not None:
         return best, len(best.ends)
     best_k = 0
     for entry in candidates:
+        if len(entry.ends) - 1 <= best_k:  # it cannot share more: all of it is known not to match
+            continue
         k = _shared(entry, text)
         if k > best_k:
             best, best_k = entry, k
@@ -164,8 +175,7 @@ def _shared(entry: _Entry, text: bytes) -> int:
     """How many of ``entry``'s messages begin ``text``, byte for byte (``text`` does not
     extend all of them).  A message counts only when ``text`` has a message boundary
     after it too ("," or "]"): ``1`` is not ``12``.  Galloping from the first message,
-    then halving: another session sharing the first message parts early, and each
-    probe copies the prefix it compares."""
+    then halving: another session sharing the first message parts early."""
     ends, known = entry.ends, entry.text
     n = len(ends) - 1  # the last message is known not to match
     if n and _same(known, ends[n - 1], text):
@@ -185,10 +195,16 @@ def _shared(entry: _Entry, text: bytes) -> int:
 
 
 def _same(known: bytes, end: int, text: bytes) -> bool:
-    """Whether ``text`` starts with ``known[:end]`` followed by a message boundary."""
+    """Whether ``text`` starts with ``known[:end]`` followed by a message boundary.
+    The last bytes are compared first: another last message (a retry, another session)
+    differs there, and a remembered history that is not this one is then not read
+    through (it is, most likely, out of the CPU's caches)."""
     if len(text) <= end or text[end] not in (_COMMA, _CLOSE):
         return False
-    return text.startswith(known if end == len(known) else known[:end])
+    lo = max(end - _PEEK, 0)
+    if text[lo:end] != known[lo:end]:
+        return False
+    return text.startswith(memoryview(known)[:end])  # a view: nothing copied
 
 
 def _key_cost(key: Key) -> int:

@@ -14,6 +14,7 @@ returns a :class:`Decision`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -155,12 +156,33 @@ class LineageRecord:
 
     def evolve(self, **changes: Any) -> LineageRecord:
         """A copy with ``changes`` (``dataclasses.replace``, without its per-field checks)."""
-        values = {name: getattr(self, name) for name in _RECORD_FIELDS}
-        values.update(changes)
-        return LineageRecord(**values)
+        if not changes.keys() <= _RECORD_FIELD_SET:
+            raise TypeError(f"not LineageRecord fields: {sorted(changes.keys() - _RECORD_FIELD_SET)}")
+        return _build_record([changes[n] if n in changes else getattr(self, n) for n in _RECORD_FIELDS])
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(LineageRecord))
+_RECORD_FIELD_SET = frozenset(_RECORD_FIELDS)
+
+
+def _builder(cls: type[Any]) -> Callable[[Sequence[Any]], Any]:
+    """A constructor of the frozen slots dataclass ``cls`` from all its field values, in
+    order, that sets each slot through its descriptor: what the generated ``__init__``
+    does (it has no defaults to fill and no ``__post_init__`` here) without its
+    ``object.__setattr__`` per field.  Every request evolves one record."""
+    setters = tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
+    new = object.__new__
+
+    def build(values: Sequence[Any]) -> Any:
+        obj = new(cls)
+        for put, value in zip(setters, values, strict=True):
+            put(obj, value)
+        return obj
+
+    return build
+
+
+_build_record: Callable[[Sequence[Any]], LineageRecord] = _builder(LineageRecord)
 
 
 def _replica(value: Any) -> int | None:
@@ -225,18 +247,23 @@ class Signals:
 
     def at_depth(self, depth: int) -> Signals:
         """These signals for a request whose first ``depth`` links are recorded."""
-        return Signals(
-            depth,
-            self.first_assistant,
-            self.last_assistant,
-            self.identity,
-            self.skeleton,
-            self.head,
-            self.tools,
-            self.last_user_index,
-            self.last_user_text,
-            self.declared_parent,
+        return _build_signals(
+            (
+                depth,
+                self.first_assistant,
+                self.last_assistant,
+                self.identity,
+                self.skeleton,
+                self.head,
+                self.tools,
+                self.last_user_index,
+                self.last_user_text,
+                self.declared_parent,
+            )
         )
+
+
+_build_signals: Callable[[Sequence[Any]], Signals] = _builder(Signals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +290,7 @@ def _has_reply(sig: Signals, depth: int) -> bool:
 def _fork_signal(sig: Signals, rec: LineageRecord, depth: int, policy: ForkPolicy) -> str | None:
     if sig.declared_parent is not None and sig.declared_parent == rec.id:
         return "header"
-    if set(sig.tools) < set(rec.own_tools):
+    if sig.tools != rec.own_tools and set(sig.tools) < set(rec.own_tools):  # (equal: no sets to build)
         return "tools_subset"
     # A marker counts only on a new message: the fork's own tool loop replays it.
     if sig.last_user_index is not None and sig.last_user_index >= depth:

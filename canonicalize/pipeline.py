@@ -28,6 +28,7 @@ from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString
 from canonicalize.histories import Histories
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, Role, Signals, classify
+from canonicalize.memo import Texts
 from canonicalize.packs import PACKS, Pack
 from canonicalize.rules import Rule
 from canonicalize.wire.base import Exchange, Slot
@@ -38,6 +39,7 @@ LINKS_PER_KEY = 8  # lineages remembered per link (sessions sharing a history)
 CANDIDATES = 8  # lineages a lookup returns at most
 SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
 SLOT_CACHE = 256  # distinct system texts / tool lists whose analysis is memoised
+RESTORED_PER_TEXT = 8  # pinned values remembered restored per system text
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
 _TIP = object()  # a previous response, standing first in a chain that starts from its tip
 
@@ -91,6 +93,7 @@ class Prepared:
     offset: int = 0  # chain links before the body's own history (1: a previous response's tip)
     continues: str | None = None  # the lineage a previous response belongs to (it continues it)
     tool_list: list[Any] | None = None  # the parsed tools[] ``tools`` identifies (finalize reuses its ref)
+    scope: str = ""  # the tenant: the memos finalize uses are its own
 
 
 @dataclass(slots=True)
@@ -122,8 +125,9 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
-        self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, str, tuple[str, ...]]] = OrderedDict()
+        self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, ToolsId]] = OrderedDict()
         self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
+        self.texts = Texts()  # system texts seen again: hashed, encoded and fingerprinted once
         self.rule_names = tuple(r.name for r in rules)
         self.identity_params = tuple(dict.fromkeys(q for p in packs for q in p.identity_params))
         self.identity_headers = tuple(dict.fromkeys(h for p in packs for h in p.identity_headers))
@@ -186,13 +190,13 @@ class Canonicalizer:
         hit = self._tools_cache.get(key)
         if hit is None or hit[0] != form:
             canon = sorted(orjson.dumps(t, option=orjson.OPT_SORT_KEYS) for t in tool_list)
-            hit = form, chain.digest(b"\x1e".join(canon)), _names(exchange, tool_list)
+            hit = form, ToolsId(ref, chain.digest(b"\x1e".join(canon)), _names(exchange, tool_list), len(form))
             self._tools_cache[key] = hit
             if len(self._tools_cache) > SLOT_CACHE:
                 self._tools_cache.popitem(last=False)
         else:
             self._tools_cache.move_to_end(key)
-        return ToolsId(ref, hit[1], hit[2], len(form))
+        return hit[1]  # frozen: the same object serves every request that sends these bytes
 
     def prepare(
         self,
@@ -215,20 +219,36 @@ class Canonicalizer:
         tip = previous[1] if previous is not None else None
         rewrites: list[str] = []
         originals: dict[Path, tuple[Slot, str]] = {}
-        system_slots = exchange.system_slots(body)
+        system_slots, history = exchange.split(body)
         spans: list[pins.Span] = []
         masked_hashes, heads = [], []
+        entry = None
         for i, slot in enumerate(system_slots):
-            text = slot.get()
+            # The text seen before in this scope is found by comparing it whole, never by
+            # hashing it, and carries its analysis and this slot's spans.
+            entry = self.texts.entry(scope, slot.get())
+            text, derived = entry.text, entry.derived
             originals[slot.path] = (slot, text)
-            res = self._system_text(text)
-            slot.set(res.text)
+            res = derived.get("slot")
+            if res is None:
+                res = derived["slot"] = self._system_text(text)
+                if res.text is not text:  # held by the entry too: counted in its bound
+                    self.texts.charge(entry, len(res.text))
+            slot.set(self.texts.intern(scope, res.text))
             rewrites.extend(n for n in res.fired if n not in rewrites)
-            spans.extend(pins.Span(r, i, s, e, k, v) for r, s, e, k, v in res.spans)
+            found = derived.get(("spans", i))
+            if found is None:
+                found = derived["spans", i] = tuple(pins.Span(r, i, s, e, k, v) for r, s, e, k, v in res.spans)
+            spans += found
             masked_hashes.append(res.masked_hash)
             heads.append(res.head)
-        skeleton = _hash("\x1e".join(masked_hashes))
-        head = _hash("\x1e".join(heads)[:HEAD_CHARS])
+        if entry is not None and len(system_slots) == 1:
+            found = entry.derived.get("skeleton")
+            if found is None:
+                found = entry.derived["skeleton"] = _skeleton(masked_hashes, heads)
+            skeleton, head = found
+        else:
+            skeleton, head = _skeleton(masked_hashes, heads)
         tool_slots: list[Slot] = []
         if exchange.tools(body) and (self.static["tools"] or self.pin_tools):
             tool_slots = exchange.tool_slots(body)
@@ -247,20 +267,11 @@ class Canonicalizer:
             ]
             for slot in tool_slots:
                 originals.setdefault(slot.path, (slot, slot.get()))
-        history: list[Any] = exchange.history(body)
         links, sizes = self.histories.links(exchange, history, prev=tip or chain.ROOT, scope=scope)
         offset = 0
         if tip is not None:
             links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
-        first_assistant = next((i for i, m in enumerate(history) if m is _TIP or exchange.is_assistant(m)), None)
-        last_assistant = next(
-            (i for i in range(len(history) - 1, -1, -1) if history[i] is _TIP or exchange.is_assistant(history[i])),
-            None,
-        )
-        last_user = next(
-            (i for i in range(len(history) - 1, -1, -1) if history[i] is not _TIP and exchange.is_user(history[i])),
-            None,
-        )
+        first_assistant, last_assistant, last_user = _turns(exchange, history)
         signals = Signals(
             depth=0,
             first_assistant=first_assistant,
@@ -289,6 +300,7 @@ class Canonicalizer:
             offset,
             previous[0] if previous is not None else None,
             tool_list if tools is not None else None,
+            scope,
         )
 
     # -- step 2: classify ---------------------------------------------------
@@ -386,7 +398,7 @@ class Canonicalizer:
                 offered = frozenset(own_tools)
             parent_fp = parent.fingerprint
         else:  # continuation of a root lineage
-            changed = pins.restore(prep.slots, prep.spans, parent.pins)
+            changed = self._restore(prep, parent.pins)
             rewrites.extend(n for n in changed if n not in rewrites)
             merged = dict(_first_values(prep.spans))
             merged.update(parent.pins)
@@ -411,6 +423,11 @@ class Canonicalizer:
                 changes.update(tools_meaning=tools_meaning, tool_order=own_tools)
             parent_fp = parent.fingerprint
 
+        if not repairs_fork:
+            # The system texts as forwarded, as the objects kept for them: an equal text,
+            # so nothing forwarded changes, whose hash and UTF-8 are already known.
+            for slot in prep.system_slots:
+                slot.set(self.texts.intern(prep.scope, slot.get()))
         ops: list[Op] = [
             SetString(path, slot.get()) for path, (slot, text) in prep.originals.items() if slot.get() != text
         ]
@@ -431,7 +448,13 @@ class Canonicalizer:
         # request's own, found once by prepare (their texts as edited since).
         system_slots = exchange.system_slots(body) if repairs_fork else prep.system_slots
         fingerprint = self.fingerprint(
-            body, exchange, tools_ref=tools_ref, tools_len=size, n_messages=len(prep.links), system_slots=system_slots
+            body,
+            exchange,
+            tools_ref=tools_ref,
+            tools_len=size,
+            n_messages=len(prep.links),
+            system_slots=system_slots,
+            scope=prep.scope,
         )
         if role != "fork":
             changes["params"] = self._params(prep)
@@ -455,6 +478,37 @@ class Canonicalizer:
         )
 
     # -- helpers ------------------------------------------------------------
+    def _restore(self, prep: Prepared, recorded: dict[str, str]) -> list[str]:
+        """``pins.restore(prep.slots, prep.spans, recorded)``, each system slot's result
+        memoised with its text (by the recorded values of its spans, which with the
+        text determine it): a lineage's turns restore the same values into the same
+        prompt, and get the same text object back, whose UTF-8 and fingerprint are known."""
+        changed: list[str] = []
+        n = len(prep.system_slots)
+        for i, slot in enumerate(prep.system_slots):
+            mine = [s for s in prep.spans if s.slot == i]
+            if not mine:
+                continue
+            values = tuple([recorded.get(s.key) for s in mine])
+            entry = self.texts.entry(prep.scope, slot.get())
+            memo = entry.derived.setdefault("restored", {})
+            hit = memo.get(values)
+            if hit is None:
+                names = pins.restore(prep.slots, mine, recorded)
+                hit = self.texts.intern(prep.scope, slot.get()), tuple(names)
+                for old in list(memo)[: len(memo) + 1 - RESTORED_PER_TEXT]:  # (list(): one step, safe across threads)
+                    gone = memo.pop(old, None)
+                    if gone is not None:
+                        self.texts.charge(entry, -len(gone[0]))
+                memo[values] = hit
+                self.texts.charge(entry, len(hit[0]))
+            slot.set(hit[0])
+            changed += [name for name in hit[1] if name not in changed]
+        rest = [s for s in prep.spans if s.slot >= n]
+        if rest:
+            changed += [name for name in pins.restore(prep.slots, rest, recorded) if name not in changed]
+        return changed
+
     def _forwarded_tools_ref(self, prep: Prepared) -> str:
         """The ref of the tools[] forwarded: the one prepare computed, unless the tools
         were replaced since (a fork's parent's, the lineage's recorded bytes) or a pin
@@ -547,13 +601,23 @@ class Canonicalizer:
         tools_len: int,
         n_messages: int,
         system_slots: Sequence[Slot] | None = None,
+        scope: str | None = None,
     ) -> Fingerprint:
         """What prefix prediction compares, for ``body`` as it is (forwarded or as received);
-        ``system_slots`` are its system slots when the caller has them."""
+        ``system_slots`` are its system slots when the caller has them; with a ``scope``
+        (the tenant) the system text's blocks are memoised in it."""
         slots = exchange.system_slots(body) if system_slots is None else system_slots
-        text = "\x1e".join([s.get() for s in slots]).encode("utf-8", "surrogatepass")
-        h = xxhash.xxh64_hexdigest
-        blocks = tuple([h(text[i : i + BLOCK_BYTES]) for i in range(0, len(text), BLOCK_BYTES)])
+        texts = [s.get() for s in slots]
+        joined = texts[0] if len(texts) == 1 else "\x1e".join(texts)
+        if scope is None:
+            blocks, size = _blocks(joined)
+        else:
+            entry = self.texts.entry(scope, joined)
+            found = entry.derived.get("blocks")
+            if found is None:
+                found = entry.derived["blocks"] = _blocks(joined)
+                self.texts.charge(entry, 24 * len(found[0]))  # a short str per block
+            blocks, size = found
         params = {p: body[p] for p in self.fork.inherit_params if p in body}
         try:
             params_hash = _hash(orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()) if params else ""
@@ -563,7 +627,7 @@ class Canonicalizer:
             model=body.get("model") if isinstance(body.get("model"), str) else None,
             params=params_hash,
             system_blocks=blocks,
-            system_len=len(text),
+            system_len=size,
             tools=tools_ref,
             tools_len=tools_len,
             n_messages=n_messages,
@@ -582,6 +646,37 @@ class Canonicalizer:
             n_messages=len(sizes),
         )
         return fp, sizes
+
+
+def _turns(exchange: Exchange, history: Sequence[Any]) -> tuple[int | None, int | None, int | None]:
+    """The history indices of the first and last assistant messages (a previous
+    response's tip counts as one) and of the last user message."""
+    first = last = user = None
+    for i, m in enumerate(history):
+        if m is _TIP or exchange.is_assistant(m):
+            first = i
+            break
+    for i in range(len(history) - 1, -1, -1):
+        m = history[i]
+        if last is None and (m is _TIP or exchange.is_assistant(m)):
+            last = i
+        if user is None and m is not _TIP and exchange.is_user(m):
+            user = i
+        if last is not None and user is not None:
+            break
+    return first, last, user
+
+
+def _skeleton(masked_hashes: Sequence[str], heads: Sequence[str]) -> tuple[str, str]:
+    """The signals' skeleton and head of the system slots whose masked hashes and heads these are."""
+    return _hash("\x1e".join(masked_hashes)), _hash("\x1e".join(heads)[:HEAD_CHARS])
+
+
+def _blocks(text: str) -> tuple[tuple[str, ...], int]:
+    """The fingerprint's hashes of ``text`` in BLOCK_BYTES blocks of its UTF-8, and its length in bytes."""
+    raw = text.encode("utf-8", "surrogatepass")
+    h = xxhash.xxh64_hexdigest
+    return tuple([h(raw[i : i + BLOCK_BYTES]) for i in range(0, len(raw), BLOCK_BYTES)]), len(raw)
 
 
 def _tools_ref(exchange: Exchange, body: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ access log, which prints each request's path with its query string.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from starlette.datastructures import Headers, QueryParams
@@ -42,14 +43,21 @@ def tenant_of(headers: Headers, query: QueryParams, policy: Tenancy) -> str:
         if named:
             return "t" + _hash([b"tenant", named.encode("utf-8", "replace")])
     parts: list[bytes] = []
-    for name in policy.credential_headers:
-        name = name.lower()
-        parts += (b"h:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in headers.getlist(name) if v)
-    for name in policy.credential_params:
-        parts += (b"q:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in query.getlist(name) if v)
+    raw = headers.raw  # one pass per credential header over the raw pairs (``getlist`` decodes every value)
+    for key, prefix in _header_keys(policy.credential_headers):
+        parts += (prefix + v.decode("latin-1").encode("utf-8", "replace") for k, v in raw if k == key and v)
+    if query:
+        for name in policy.credential_params:
+            parts += (b"q:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in query.getlist(name) if v)
     if not parts:
         return SHARED_ANONYMOUS if policy.anonymous == "shared" else ISOLATED
     return "k" + _hash(parts)
+
+
+@functools.lru_cache(maxsize=16)
+def _header_keys(names: tuple[str, ...]) -> tuple[tuple[bytes, bytes], ...]:
+    """Each credential header as ``Headers`` keys it (lower-case latin-1) and the prefix of its part."""
+    return tuple((n.lower().encode("latin-1"), b"h:" + n.lower().encode() + b"=") for n in names)
 
 
 def _hash(parts: list[bytes]) -> str:

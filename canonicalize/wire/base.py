@@ -87,6 +87,10 @@ class Exchange(Protocol):
     # -- history ----------------------------------------------------------------------
     def history(self, body: dict[str, Any]) -> list[Any]: ...
 
+    def split(self, body: dict[str, Any]) -> tuple[list[Slot], list[Any]]:
+        """``system_slots(body)`` and ``history(body)``, found together."""
+        ...
+
     def message_slots(self, body: dict[str, Any]) -> list[Slot]: ...
 
     def note_slot(self, body: dict[str, Any], index: int) -> Slot | None:

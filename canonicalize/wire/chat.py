@@ -64,6 +64,19 @@ class ChatExchange(RoleMessages):
                 text_slots(msg, "content", ("messages", i, "content"), out)
         return out
 
+    def split(self, body: dict[str, Any]) -> tuple[list[Slot], list[Any]]:
+        """``system_slots`` and ``history`` in one pass over the messages."""
+        slots: list[Slot] = []
+        history: list[Any] = []
+        roles = self.system_roles
+        for i, msg in enumerate(self.messages(body)):
+            if isinstance(msg, dict) and type(r := msg.get("role")) is str and r in roles:
+                if "content" in msg:
+                    text_slots(msg, "content", ("messages", i, "content"), slots)
+            else:
+                history.append(msg)
+        return slots, history
+
     def _lead(self, body: dict[str, Any]) -> int:
         n = 0
         for msg in self.messages(body):

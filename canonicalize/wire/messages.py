@@ -49,6 +49,9 @@ class MessagesExchange(RoleMessages):
                 text_slots(msg, "content", ("messages", i, "content"), out)
         return out
 
+    def split(self, body: dict[str, Any]) -> tuple[list[Slot], list[Any]]:
+        return self.system_slots(body), self.history(body)
+
     def system_value(self, body: dict[str, Any]) -> Any:
         return body.get("system")
 

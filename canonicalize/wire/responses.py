@@ -189,6 +189,9 @@ class ResponsesExchange:
         return out
 
     # -- history ----------------------------------------------------------------------
+    def split(self, body: dict[str, Any]) -> tuple[list[Slot], list[Any]]:
+        return self.system_slots(body), self.history(body)
+
     def history(self, body: dict[str, Any]) -> list[Any]:
         items = body.get("input")
         if isinstance(items, str):

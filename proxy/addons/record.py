@@ -51,13 +51,14 @@ class Record:
         try:
             links = list(outcome.links)
             if flow.message is not None and flow.status < 400:
-                tip = list(prep.links)
+                # The chain's tip: its last link, then one per item the reply adds.
+                tip = prep.links[-1] if prep.links else None
                 for item in prep.exchange.replayed(flow.message):
-                    tip.append(chain.extend(prep.exchange, tip, item))
-                    links.append(tip[-1])
+                    tip = chain.link(chain.ROOT if tip is None else tip, prep.exchange.canonical_message(item))
+                    links.append(tip)
                 response_id = flow.message.get("id")
-                if isinstance(response_id, str) and response_id and tip:  # Responses: previous_response_id
-                    rec_id, last = outcome.record.id, tip[-1]
+                if isinstance(response_id, str) and response_id and tip is not None:  # Responses: previous_response_id
+                    rec_id, last = outcome.record.id, tip
                     await s.guard.call(lambda: s.store.record_response(flow.tenant, response_id, rec_id, last))
             touch = list(outcome.touch)
             wanted = self._wanted(flow.tenant, outcome, touch)

@@ -9,6 +9,8 @@ from proxy.config import Tenancy as TenancyConfig
 from proxy.flow import Flow
 from proxy.tenancy import tenant_of
 
+_NO_QUERY = QueryParams("")
+
 
 class Tenancy:
     name = "tenancy"
@@ -19,4 +21,5 @@ class Tenancy:
     async def request(self, flow: Flow) -> None:
         if flow.skip:
             return
-        flow.tenant = tenant_of(flow.headers, QueryParams(flow.query), self.policy)
+        query = QueryParams(flow.query) if flow.query else _NO_QUERY  # most requests have none to parse
+        flow.tenant = tenant_of(flow.headers, query, self.policy)

@@ -115,9 +115,16 @@ class MemoryStore:
             self._drop(next(iter(self._data)))
 
     def _touch(self, key: Key, now: float) -> None:
-        value = self._get(key, now)
-        if value is not None:
-            self._set(key, value, now)
+        """``_set(key, _get(key, now), now)`` when it is live: one lookup, nothing grows."""
+        item = self._data.get(key)
+        if item is None:
+            return
+        if item[0] <= now:
+            self._drop(key)
+            return
+        self._data[key] = (now + self.ttl_s, item[1])
+        self._data.move_to_end(key)
+        self._shares[key[0]].keys.move_to_end(key)
 
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
         if tenant == ISOLATED:
@@ -168,12 +175,23 @@ class MemoryStore:
         if tenant == ISOLATED:
             return
         now = self.clock()
+        data, expires, rec_id = self._data, now + self.ttl_s, record.id
         for link in links[newest(links, self.bounds) :]:
             key = (tenant, "l", link)
-            owners = self._get(key, now) or []
-            if not owners or owners[0] != record.id:
-                owners = [record.id, *(o for o in owners if o != record.id)][:LINKS_PER_KEY]
-            self._set(key, owners, now)
+            # ``_set(key, owners, now)`` after ``_get(key, now)``, in one lookup when it is live.
+            item = data.get(key)
+            if item is not None and item[0] <= now:
+                self._drop(key)
+                item = None
+            owners = item[1] if item is not None else []
+            if not owners or owners[0] != rec_id:
+                owners = [rec_id, *(o for o in owners if o != rec_id)][:LINKS_PER_KEY]
+            if item is None:
+                self._set(key, owners, now)
+            else:  # replaced in place (not bytes: nothing grows), then most recently used
+                data[key] = (expires, owners)
+                data.move_to_end(key)
+                self._shares[tenant].keys.move_to_end(key)
         self._set((tenant, "g", record.id), record, now)
         for ref, raw in blobs.items():
             self._set((tenant, "b", ref), raw, now)

@@ -212,3 +212,32 @@ def test_random_histories_sharing_starts() -> None:
             history.append(rnd.choice([1, 1.0, True, "1", None, [1], {"a": 1}]))
         check(memo, history)
         seen = [*seen[-20:], history]
+
+
+def test_a_retried_turn_replaces_the_entry_of_the_turn_it_retries() -> None:
+    memo = Histories()
+    history = conversation(12)
+    check(memo, history)
+    for i in range(5):  # the same turn, each time with another last message
+        retried = [*history[:-1], {"role": "user", "content": f"retry {i}"}]
+        counting, hashed = hashing()
+        assert memo.links(counting, retried, chain.ROOT) == chain.links(CHAT, retried)
+        assert hashed == retried[-1:]
+    assert len(memo) == 1
+    check(memo, [*retried, {"role": "assistant", "content": "ok"}])  # the next turn extends the last retry
+    assert len(memo) == 1
+
+
+def test_a_remembered_history_differing_only_inside_its_last_bytes_is_not_reused() -> None:
+    """The end of each message is compared first, then the whole prefix: a difference
+    before the last 64 bytes still counts."""
+    memo = Histories()
+    long = "y" * 500
+    history = [*conversation(6), {"role": "tool", "tool_call_id": "c9", "content": "a" + long}]
+    check(memo, history)
+    edited = [*conversation(6), {"role": "tool", "tool_call_id": "c9", "content": "b" + long}]
+    counting, hashed = hashing()
+    assert memo.links(counting, edited, chain.ROOT) == chain.links(CHAT, edited)
+    assert hashed == edited[-1:]
+    edited_early = [{"role": "user", "content": "Fix the failing test!"}, *conversation(8)[1:]]
+    check(memo, edited_early)

@@ -327,3 +327,62 @@ def test_redis_expired_entries_leave_the_tenant_index(redis_url: str) -> None:
         await s.close()
 
     run(go())
+
+
+class _FirstMemoryStore(MemoryStore):
+    """record() and _touch() as first written: ``_get`` then ``_set`` for each key."""
+
+    def _touch(self, key: Any, now: float) -> None:
+        value = self._get(key, now)
+        if value is not None:
+            self._set(key, value, now)
+
+    async def record(self, tenant: str, record: LineageRecord, links: Any, blobs: Any, touch: Any) -> None:
+        from proxy.store import newest
+
+        if tenant == ISOLATED:
+            return
+        now = self.clock()
+        for link in links[newest(links, self.bounds) :]:
+            key = (tenant, "l", link)
+            owners = self._get(key, now) or []
+            if not owners or owners[0] != record.id:
+                owners = [record.id, *(o for o in owners if o != record.id)][:LINKS_PER_KEY]
+            self._set(key, owners, now)
+        self._set((tenant, "g", record.id), record, now)
+        for ref, raw in blobs.items():
+            self._set((tenant, "b", ref), raw, now)
+        for ref in touch:
+            self._touch((tenant, "b", ref), now)
+
+
+def test_memory_record_and_touch_leave_the_state_the_first_writing_left() -> None:
+    """Random records, touches, lookups and expiry under tight bounds: the same values,
+    expiries, use order and accounting, store-wide and per tenant."""
+    import random
+
+    rnd = random.Random(3)
+    clock = Clock()
+    bounds = Bounds(tenant_max_entries=12, tenant_max_bytes=300, max_links_per_request=6)
+    new, old = (
+        cls(ttl_s=30, max_entries=20, max_bytes=500, bounds=bounds, clock=clock)
+        for cls in (MemoryStore, _FirstMemoryStore)
+    )
+    for _ in range(400):
+        clock.now += rnd.choice([0, 1, 5, 31])
+        tenant = rnd.choice(["a", "b"])
+        links = [bytes([rnd.randrange(6)]) * 16 for _ in range(rnd.randint(0, 8))]
+        rec = LineageRecord(id=f"L{rnd.randrange(5)}")
+        blobs = {f"r{rnd.randrange(4)}": b"x" * rnd.randrange(1, 80) for _ in range(rnd.randint(0, 2))}
+        touch = [f"r{rnd.randrange(4)}" for _ in range(rnd.randint(0, 2))]
+        look = rnd.random() < 0.3
+        for s in (new, old):
+            asyncio.run(s.record(tenant, rec, links, dict(blobs), list(touch)))
+            if look:
+                asyncio.run(s.lookup(tenant, links, None))
+        assert list(new._data.items()) == list(old._data.items())
+        assert {t: list(s.keys) for t, s in new._shares.items()} == {t: list(s.keys) for t, s in old._shares.items()}
+        assert (new._bytes, {t: s.bytes for t, s in new._shares.items()}) == (
+            old._bytes,
+            {t: s.bytes for t, s in old._shares.items()},
+        )

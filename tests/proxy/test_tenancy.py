@@ -94,3 +94,34 @@ def test_tenancy_config_errors_name_the_key(tenancy: dict[str, object], message:
 def test_store_bounds_config_errors_name_the_key(store: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         from_mapping({"store": store})
+
+
+def _reference(headers: Headers, query: QueryParams, policy: Tenancy) -> str:
+    """tenant_of as it was written first (``getlist`` per credential header)."""
+    from proxy.tenancy import _hash
+
+    parts: list[bytes] = []
+    for name in policy.credential_headers:
+        name = name.lower()
+        parts += (b"h:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in headers.getlist(name) if v)
+    for name in policy.credential_params:
+        parts += (b"q:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in query.getlist(name) if v)
+    if not parts:
+        return SHARED_ANONYMOUS if policy.anonymous == "shared" else ISOLATED
+    return "k" + _hash(parts)
+
+
+def test_the_same_tenant_as_one_getlist_per_header() -> None:
+    """Repeated headers, empty values, latin-1 bytes, any case, with and without a query."""
+    import random
+
+    rnd = random.Random(7)
+    names = [*POLICY.credential_headers, "X-Api-Key", "Authorization", "other"]
+    values = [b"", b"Bearer A", b"k\xe9y", b"B"]
+    policy = Tenancy(credential_headers=("Authorization", "x-api-key"), credential_params=("key",))
+    for _ in range(300):
+        raw = [(rnd.choice(names).lower().encode(), rnd.choice(values)) for _ in range(rnd.randint(0, 5))]
+        headers = Headers(raw=raw)
+        query = QueryParams(rnd.choice(["", "key=a", "key=&key=b", "other=1"]))
+        for p in (POLICY, policy):
+            assert tenant_of(headers, query, p) == _reference(headers, query, p)

@@ -1,0 +1,253 @@
+"""The memo of big texts, and the pipeline's memos built on it: every answer is the
+one a canonicalizer that remembers nothing gives."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from canonicalize import CHAT, Settings
+from canonicalize.histories import Histories
+from canonicalize.memo import HEAD, TAIL, Texts
+from canonicalize.pipeline import Canonicalizer
+from tests import hermes
+from tests.flows import Harness, Sent
+
+
+def copy_of(text: str) -> str:
+    """An equal text that is another object."""
+    out = "".join([text[:1], text[1:]])
+    assert out == text and out is not text
+    return out
+
+
+def test_an_equal_text_gets_the_kept_object_and_what_was_derived_from_it() -> None:
+    memo = Texts()
+    first = memo.entry("t", "x" * 5000)
+    first.derived["n"] = 1
+    again = memo.entry("t", copy_of(first.text))
+    assert again is first and again.derived == {"n": 1}
+    assert memo.intern("t", copy_of(first.text)) is first.text
+    assert memo.entry("t", first.text) is first  # the kept object itself: found by identity
+    assert len(memo) == 1 and memo.chars == 5000 + 1
+
+
+def test_texts_sharing_the_key_are_told_apart_by_their_whole_text() -> None:
+    memo = Texts()
+    head, tail = "h" * HEAD, "t" * TAIL
+    a = memo.entry("t", head + "a" * 1000 + tail)
+    b = memo.entry("t", head + "b" * 1000 + tail)  # same length, start and end
+    assert a is not b and a.text != b.text
+    assert memo.entry("t", copy_of(a.text)) is a
+    assert memo.entry("t", copy_of(b.text)) is b
+
+
+def test_one_scope_never_finds_anothers_texts() -> None:
+    memo = Texts()
+    text = "s" * 3000
+    mine = memo.entry("tenant-a", text)
+    mine.derived["secret"] = "a's"
+    theirs = memo.entry("tenant-b", text)  # the very same object, another scope
+    assert theirs is not mine and theirs.derived == {}
+    assert memo.entry("tenant-a", copy_of(text)) is mine
+    assert memo.entry("tenant-b", copy_of(text)) is theirs
+
+
+def test_bounded_in_entries_characters_and_per_key() -> None:
+    memo = Texts(max_entries=4, max_chars=10**9, per_key=2)
+    for i in range(10):
+        memo.entry("t", f"{i:04d}" + "x" * 500)
+    assert len(memo) == 4
+    head, tail = "h" * HEAD, "t" * TAIL
+    for c in "abcdef":  # one key
+        memo.entry("u", head + c * 100 + tail)
+    assert len(memo) == 4
+    assert sum(1 for bucket in memo._buckets.values() for e in bucket if e.key[0] == "u") == 2
+
+    small = Texts(max_entries=1000, max_chars=8000)
+    for i in range(50):
+        small.entry("t", f"{i:04d}" + "y" * 900)
+    assert 0 < small.chars <= 8000
+    big = small.entry("t", "z" * 5000)  # over an eighth of the bound: used, not kept
+    assert small.entry("t", copy_of(big.text)) is not big
+
+
+def test_a_forgotten_text_is_not_found_by_identity() -> None:
+    memo = Texts(max_entries=1)
+    first = memo.entry("t", "a" * 100)
+    memo.entry("t", "b" * 100)  # evicts the first
+    assert len(memo) == 1
+    assert memo.entry("t", first.text) is not first
+    assert not any(e is first for e in memo._ids.values())
+
+
+def test_fingerprint_memoised_in_a_scope_is_the_one_computed() -> None:
+    canon = Canonicalizer(Settings())
+    body = hermes.request(hermes.system_prompt(), [{"role": "user", "content": "hi"}], hermes.tools_full())
+    kw: dict[str, Any] = {"tools_ref": "r", "tools_len": 3, "n_messages": 1}
+    plain = canon.fingerprint(body, CHAT, **kw)
+    assert canon.fingerprint(body, CHAT, scope="t", **kw) == plain
+    assert canon.fingerprint(body, CHAT, scope="t", **kw) == plain  # from the memo
+    two = {**body, "messages": [*body["messages"], {"role": "developer", "content": "also \u00e9 this"}]}
+    assert canon.fingerprint(two, CHAT, scope="t", **kw) == canon.fingerprint(two, CHAT, **kw)
+
+
+def forgetful(h: Harness) -> None:
+    """Make ``h``'s canonicalizer forget everything it memoised."""
+    canon = h.canon
+    canon.texts = Texts()
+    canon.histories = Histories()
+    canon._slot_cache.clear()
+    canon._tools_cache.clear()
+
+
+def same(a: Sent, b: Sent) -> None:
+    assert a.flow.role == b.flow.role
+    assert a.raw == b.raw
+    assert a.flow.rewrites == b.flow.rewrites
+    if a.flow.outcome is not None:
+        assert b.flow.outcome is not None
+        assert a.flow.outcome.record == b.flow.outcome.record
+        assert a.flow.outcome.links == b.flow.outcome.links
+        assert a.flow.outcome.touch == b.flow.outcome.touch
+        assert a.flow.outcome.new_blobs == b.flow.outcome.new_blobs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_memoised_requests_match_a_canonicalizer_that_remembers_nothing(seed: int) -> None:
+    """Sessions that go on, retry their last turn, move their minute, memory counter and
+    date on, and two tenants sending the same prompts: the forwarded bytes, the role,
+    the rewrites and what is recorded are those of a canonicalizer with no memo."""
+    rnd = random.Random(seed)
+    memo, cold = Harness(), Harness()
+    sessions = [f"20260513_2045{i:02d}_d02a5d" for i in range(3)]
+    keys = [{"authorization": "Bearer sk-a"}, {"authorization": "Bearer sk-b"}]
+    turns: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for n in range(60):
+        s, k = rnd.randrange(len(sessions)), rnd.randrange(len(keys))
+        history = turns.setdefault((s, k), [{"role": "user", "content": f"start {s}"}])
+        action = rnd.random()
+        if action < 0.5 and len(history) > 1:  # the same turn, another last message (a retry)
+            history[-1] = {"role": "user", "content": f"retry {n}"}
+        elif action < 0.6:
+            history.append({"role": "user", "content": "Review the conversation above and consider saving to memory"})
+        else:
+            history.append({"role": "user", "content": f"turn {n}"})
+        system = hermes.system_prompt(
+            minute=f"02:{rnd.choice([30, 31, 32])} PM",
+            session=sessions[s],
+            pct=rnd.choice([49, 50]),
+            extra=rnd.choice(["", "Conversation started: Friday, May 15, 2026 09:00 AM"]),
+        )
+        body = hermes.request(system, list(history), hermes.tools_full())
+        reply = {"role": "assistant", "content": f"answer {n}"}
+        forgetful(cold)
+        a = memo.send(body, reply=reply, headers=keys[k])
+        b = cold.send(body, reply=reply, headers=keys[k])
+        same(a, b)
+        if a.flow.role != "fork":
+            history.append(reply)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dates_notes_and_two_system_messages_match_a_canonicalizer_that_remembers_nothing(seed: int) -> None:
+    """A ``date`` rule (opencode) whose date moves on mid-session, in a prompt of two
+    system messages (one of them in text parts): pins restored, notes appended."""
+    rnd = random.Random(seed)
+    settings = Settings(packs=("generic", "opencode"))
+    memo, cold = Harness(settings), Harness(settings)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    for n in range(30):
+        if rnd.random() < 0.3 and len(history) > 1:
+            history[-1] = {"role": "user", "content": f"retry {n}"}
+        else:
+            history.append({"role": "user", "content": f"turn {n}"})
+        day = rnd.choice(["Thu Jan 01 2026", "Fri Jan 02 2026", "Sat Jan 03 2026"])
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are opencode.\n<env>\nToday's date: " + day + "\n</env>\n" + "x" * 400},
+            {"role": "system", "content": [{"type": "text", "text": f"Second part. Today's date: {day}"}]},
+            *history,
+        ]
+        body = {"model": "m", "messages": messages}
+        reply = {"role": "assistant", "content": f"answer {n}"}
+        forgetful(cold)
+        same(memo.send(body, reply=reply), cold.send(body, reply=reply))
+        history.append(reply)
+
+
+def test_what_an_entry_holds_counts_in_the_bound() -> None:
+    memo = Texts(max_entries=100, max_chars=1000)
+    a = memo.entry("t", "a" * 100)
+    memo.charge(a, 50)
+    assert memo.chars == 101 + 50
+    memo.charge(a, -20)
+    assert memo.chars == 101 + 30
+    memo.charge(a, 2000)  # over the bound: the oldest entries go, this one with them
+    assert memo.chars == 0 and len(memo) == 0 and not a.kept
+    memo.charge(a, 10)  # a forgotten entry is not counted
+    assert memo.chars == 0
+    b = memo.entry("u", "b" * 100)
+    memo.entry("u", "c" * 100)
+    assert memo.chars == 202 and b.kept
+
+
+def test_the_pipelines_memos_stay_within_the_text_bound() -> None:
+    h = Harness()
+    h.canon.texts = Texts(max_chars=200_000)
+    for i in range(40):  # 40 sessions' prompts, each with its analysis, restored pins and blocks
+        system = hermes.system_prompt(session=f"20260513_2045{i:02d}_d02a5d", filler=60)
+        h.send(hermes.request(system, [{"role": "user", "content": "hi"}], hermes.tools_full()))
+        h.send(hermes.request(system.replace("02:30", "02:31"), [{"role": "user", "content": "hi"}]))
+        assert 0 < h.canon.texts.chars <= 200_000
+
+
+def test_turns_are_those_three_searches_find() -> None:
+    """The first / last assistant and last user indices, in one pass each way."""
+    from canonicalize import RESPONSES
+    from canonicalize.pipeline import _TIP, _turns
+
+    rnd = random.Random(5)
+    kinds = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "t"},
+        {"type": "function_call", "name": "f", "arguments": "{}"},
+        {"type": "message", "role": "assistant", "content": []},
+        "not a message",
+    ]
+    for exchange in (CHAT, RESPONSES):
+        for _ in range(300):
+            history: list[Any] = [rnd.choice(kinds) for _ in range(rnd.randint(0, 6))]
+            if rnd.random() < 0.3:
+                history.insert(0, _TIP)
+            n = len(history)
+            first = next((i for i, m in enumerate(history) if m is _TIP or exchange.is_assistant(m)), None)
+            last = next(
+                (i for i in range(n - 1, -1, -1) if history[i] is _TIP or exchange.is_assistant(history[i])), None
+            )
+            user = next(
+                (i for i in range(n - 1, -1, -1) if history[i] is not _TIP and exchange.is_user(history[i])), None
+            )
+            assert _turns(exchange, history) == (first, last, user)
+
+
+def test_signals_at_a_depth_are_the_signals_built_with_it() -> None:
+    from canonicalize.lineage import Signals
+
+    sig = Signals(0, 1, 3, ("i",), "s", "h", ("t",), 4, "text", None)
+    moved = sig.at_depth(7)
+    assert moved == Signals(7, 1, 3, ("i",), "s", "h", ("t",), 4, "text", None)
+    assert hash(moved) == hash(Signals(7, 1, 3, ("i",), "s", "h", ("t",), 4, "text", None))
+
+
+def test_an_evolved_record_is_the_record_built_with_the_changes() -> None:
+    from canonicalize import LineageRecord
+
+    rec = LineageRecord(id="a", pins={"k": "v"}, notes=((1, "n"),), requests=3)
+    assert rec.evolve(requests=4, head="h") == LineageRecord(
+        id="a", pins={"k": "v"}, notes=((1, "n"),), requests=4, head="h"
+    )
+    with pytest.raises(TypeError):
+        rec.evolve(nonsense=1)
