@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.samples import Sample
 
 from proxy.config import Config
-from proxy.link import Link, LinkClosed, encode
+from proxy.link import Later, Link, LinkClosed, encode
 from proxy.redact import redact
 from proxy.store.shared import serve as serve_store
 
@@ -267,6 +267,7 @@ class Supervisor:
         self.host = host
         self.port = port
         self.store: Any = None
+        self.later = Later()  # every worker's link answers its calls after the frames read with them
         self.workers: list[_Worker] = []
         self.stopping = False
 
@@ -331,7 +332,7 @@ class Supervisor:
         w.started_at = time.monotonic()
         w.ready = asyncio.get_running_loop().create_future()
         ours.sendall(encode(0, 0, "hello", (self.config, w.index, self.n, self.host, self.port)))
-        w.link = await Link.open(ours, functools.partial(self._handle, w), name=f"worker {w.index}")
+        w.link = await Link.open(ours, functools.partial(self._handle, w), name=f"worker {w.index}", later=self.later)
 
     def _handle(self, w: _Worker, name: str, args: tuple[Any, ...]) -> Any:
         if name.startswith("store."):

@@ -5,7 +5,9 @@ runs the real thing (``prefixpin serve --workers 2`` against llama-server)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import pickle
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from canonicalize import LineageRecord
 from proxy.config import ConfigError, load
 from proxy.errors import StoreError
-from proxy.link import Link, LinkClosed
+from proxy.link import Later, Link, LinkClosed, encode
 from proxy.store.memory import MemoryStore
 from proxy.store.shared import SharedStore, serve
 from proxy.workers import _listen_socket, claim, cpus, exposition, merge, share, worker_count
@@ -199,3 +201,48 @@ def test_a_port_in_use_is_refused_even_to_a_second_prefixpin() -> None:
     finally:
         worker.close()
         held.close()
+
+
+def test_a_lookup_sees_a_record_another_worker_cast_in_the_same_poll_whatever_the_order() -> None:
+    """Worker A casts a turn's record just before its client gets the answer; the
+    client's next turn lands on worker B, whose lookup may reach the serve process
+    in the same poll as A's record, and be read first: it must see the record."""
+
+    async def main() -> None:
+        for record_first in (True, False):
+            store = MemoryStore()
+            later = Later()
+            a_ours, a_theirs = socket.socketpair()
+            b_ours, b_theirs = socket.socketpair()
+            parents = [
+                await Link.open(sock, functools.partial(_serve, store), name=f"worker {i}", later=later)
+                for i, sock in enumerate((a_ours, b_ours))
+            ]
+            links = [bytes([i]) * 16 for i in range(4)]
+            rec = LineageRecord(id="lin", root="lin")
+            record = encode(0, 0, "store.record", ("t1", rec, links, {}, []))
+            lookup = encode(0, 7, "store.lookup", ("t1", links, None))
+            if record_first:  # both wait in their sockets before the serve process's next poll
+                a_theirs.sendall(record)
+                b_theirs.sendall(lookup)
+            else:
+                b_theirs.sendall(lookup)
+                a_theirs.sendall(record)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.01)
+            b_theirs.setblocking(False)
+            data = b_theirs.recv(1 << 20)
+            kind, call_id, _, value = pickle.loads(data[4:])
+            assert (kind, call_id) == (1, 7)
+            assert value.depth == 4 and [r.id for r in value.candidates] == ["lin"], record_first
+            for s in (a_theirs, b_theirs):
+                s.close()
+            for link in parents:
+                link.close()
+
+    run(main)
+
+
+def _serve(store: MemoryStore, name: str, args: tuple[Any, ...]) -> Any:
+    return serve(store, name[6:], args)
