@@ -38,7 +38,7 @@ BLOCK_BYTES = 256
 LINKS_PER_KEY = 8  # lineages remembered per link (sessions sharing a history)
 CANDIDATES = 8  # lineages a lookup returns at most
 SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
-SLOT_CACHE = 256  # distinct system texts / tool lists whose analysis is memoised
+SLOT_CACHE = 256  # distinct tool lists whose analysis is memoised
 RESTORED_PER_TEXT = 8  # pinned values remembered restored per system text
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
 _TIP = object()  # a previous response, standing first in a chain that starts from its tip
@@ -124,7 +124,6 @@ class Canonicalizer:
         rules = [r for p in packs for r in p.rules] + list(settings.rules)
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
-        self._slot_cache: OrderedDict[str, _SlotResult] = OrderedDict()
         self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, ToolsId]] = OrderedDict()
         self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
         self.texts = Texts()  # system texts seen again: hashed, encoded and fingerprinted once
@@ -147,12 +146,8 @@ class Canonicalizer:
 
     # -- step 1: static rewrite and analysis --------------------------------
     def _system_text(self, text: str) -> _SlotResult:
-        """Static rules and pin spans of one system text, memoised: an agent sends
-        the same system prompt turn after turn, so each distinct text is scanned once."""
-        hit = self._slot_cache.get(text)
-        if hit is not None:
-            self._slot_cache.move_to_end(text)
-            return hit
+        """Static rules and pin spans of one system text (prepare keeps the result
+        with the text in ``self.texts``, per tenant: each distinct text is scanned once)."""
         fired: list[str] = []
         new = text
         for rule in self.static["system"]:
@@ -163,17 +158,13 @@ class Canonicalizer:
         slot = [Slot([new], 0, ())]
         spans = pins.find_spans(self.pin_system, slot)
         masked = pins.skeleton(slot, spans)
-        result = _SlotResult(
+        return _SlotResult(
             new,
             tuple(fired),
             tuple((s.rule, s.start, s.end, s.key, s.value) for s in spans),
             _hash(masked),
             masked[:HEAD_CHARS],
         )
-        self._slot_cache[text] = result
-        if len(self._slot_cache) > SLOT_CACHE:
-            self._slot_cache.popitem(last=False)
-        return result
 
     def tools_id(self, exchange: Exchange, tool_list: list[Any]) -> ToolsId | None:
         """What identifies ``tool_list``; None when it cannot be hashed (e.g. an

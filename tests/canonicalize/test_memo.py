@@ -99,7 +99,6 @@ def forgetful(h: Harness) -> None:
     canon = h.canon
     canon.texts = Texts()
     canon.histories = Histories()
-    canon._slot_cache.clear()
     canon._tools_cache.clear()
 
 
