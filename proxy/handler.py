@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 
 import httpx
 import orjson
@@ -79,6 +79,9 @@ class Handler:
         self.s = s
         self.upstream = upstream
         self.runner = runner
+        # The store's records leave this process (a worker's): the done hooks run
+        # before the client's last bytes go out (held by the cork), not after.
+        self.done_first = getattr(s.store, "remote", False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         m = self.s.metrics
@@ -138,8 +141,9 @@ class Handler:
             flow.replica = resp.extensions.get(REPLICA)
         out_headers = raw_response_headers(resp.headers, drop=_DROP)
         ctype = next((v for k, v in out_headers if k == b"content-type"), b"")
+        cork = scope["extensions"].get(CORK) if "extensions" in scope else None
         if resp.status_code < 400 and b"text/event-stream" in ctype:
-            await self._stream(send, resp, flow, _tag(out_headers, flow), sent, watch)
+            await self._stream(send, resp, flow, _tag(out_headers, flow), sent, watch, cork)
             return
         try:
             with watch:
@@ -156,19 +160,23 @@ class Handler:
         flow.status = status
         if not (status < 200 or status in _NO_LENGTH):
             out_headers.append((b"content-length", b"%d" % len(content)))
-        cork = scope["extensions"].get(CORK) if "extensions" in scope else None
+        done = False
         try:
             if cork is not None:
                 cork(True)  # the head and the body in one write
             await send({"type": "http.response.start", "status": status, "headers": _tag(out_headers, flow)})
             await send({"type": "http.response.body", "body": content})
+            if self.done_first and cork is not None:
+                done = True
+                self.runner.done(flow)  # the record is on its way before the client has the answer
         finally:
             if cork is not None:
                 cork(False)
             # Right after the last byte, with no await between: a store that records
-            # without waiting (memory, the serve process's) has the lineage before the
-            # client can send its next turn, on whichever worker that lands.
-            self.runner.done(flow)
+            # without waiting (memory) has the lineage before the client can send its
+            # next turn.
+            if not done:
+                self.runner.done(flow)
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -192,6 +200,7 @@ class Handler:
         headers: list[tuple[bytes, bytes]],
         sent: float,
         watch: ClientWatch,
+        cork: Callable[[bool], None] | None = None,
     ) -> None:
         """Relay a streamed body as it arrives, through the exchange's reply machine.
         A client that leaves ends it (the upstream connection is closed); an upstream
@@ -200,16 +209,21 @@ class Handler:
         try:
             await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
             with watch:
-                await self._relay(send, resp, flow, sent)
+                await self._relay(send, resp, flow, sent, cork if self.done_first else None)
         except ClientGone:
             pass  # counted with the upstream's status, as the relay saw it
         finally:
             if flow.reply is not None and flow.status < 400:
                 flow.message = flow.reply.message()
             self.runner.done(flow)  # before any await, as for a whole body
+            if cork is not None:
+                cork(False)  # the last bytes, held by the relay when the done hooks go first
             await resp.aclose()  # early (the client left): the upstream connection is closed
 
-    async def _relay(self, send: Send, resp: httpx.Response, flow: Flow, sent: float) -> None:
+    async def _relay(
+        self, send: Send, resp: httpx.Response, flow: Flow, sent: float, hold: Callable[[bool], None] | None
+    ) -> None:
+        """``hold``: the cork, to hold the last bytes until the done hooks ran."""
         m = self.s.metrics
         reply = flow.reply
         splitter = SSESplitter()
@@ -244,10 +258,14 @@ class Handler:
                         chunk = b"".join(out)
                 if at_end is not None and at_end():
                     ended = True
+                    if hold is not None:
+                        hold(True)
                     await send({"type": "http.response.body", "body": chunk + splitter.take()})
                 elif chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if not ended:
+                if hold is not None:
+                    hold(True)
                 await send({"type": "http.response.body", "body": splitter.take()})
         except httpx.HTTPError as exc:
             # The upstream cut the stream: tell the client in-band and end cleanly.

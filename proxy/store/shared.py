@@ -33,6 +33,10 @@ class SharedStore:
     """The Store protocol over a link to the serve process."""
 
     immediate = True  # record() and record_response() never wait (proxy.addons.record)
+    # Records leave this process: the handler sends them before the client's last
+    # bytes, so the serve process has them before the next turn can reach any worker
+    # (and a worker killed as its answer leaves has sent them already).
+    remote = True
 
     def __init__(self, link: Link | None = None, *, timeout_s: float = 0.25) -> None:
         self.link = link  # set by the worker once its event loop runs

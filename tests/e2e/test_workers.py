@@ -212,3 +212,36 @@ def test_workers_stop_when_their_serve_process_is_killed(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_streamed_turn_is_recorded_before_its_worker_can_be_killed(
+    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path], llama_server: str
+) -> None:
+    """A worker sends its record to the serve process before the client's last bytes:
+    killed the moment the stream ends, it has lost nothing; the next turn, on the
+    worker that replaces it, continues the lineage."""
+    base = serve(llama_server, _workers_config(write_config))
+    workers = _one_per_worker(base)
+    first = _sdk(base, next(iter(workers.values())))
+    with first.chat.completions.with_streaming_response.create(
+        model="tiny", messages=[_sys("02:30 PM"), USER1], tools=hermes.tools_full(), max_tokens=4, stream=True
+    ) as t1:
+        lineage = t1.headers["x-prefixpin-lineage"]
+        text = "".join(c.choices[0].delta.content or "" for c in t1.parse() if c.choices)
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            fresh = _pids(base)
+        except httpx.HTTPError:
+            fresh = set()
+        if len(fresh) == 2 and not fresh & set(workers):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the killed workers were not replaced within 60 s")
+    history = [USER1, {"role": "assistant", "content": text}, {"role": "user", "content": "And now the tests?"}]
+    t2 = _turn(_sdk(base, _conn(base)[0]), [_sys("02:31 PM"), *history])
+    assert t2.headers["x-prefixpin-role"] == "continuation"
+    assert t2.headers["x-prefixpin-lineage"] == lineage
