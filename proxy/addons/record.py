@@ -1,6 +1,7 @@
 """After the response: record the lineage, its links, the reply's link and any
 new blobs (the system part and tools[] as forwarded), off the request's path
-(right after its last byte where the store's writes never wait, else in a task).
+(right after its last byte where the store's writes never wait, just before it in a
+worker, whose records go to the serve process; else in a task).
 A request the upstream failed is recorded too, so a retry finds its lineage.
 The record names the pool replica that answered (section 2c: every process
 sharing the store routes the lineage's next request there).
