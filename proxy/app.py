@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -29,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from canonicalize import Canonicalizer, match
+from canonicalize import Canonicalizer, Exchange, match
 from proxy import addons, responses
 from proxy.admission import Admission
 from proxy.config import Config, Limits
@@ -37,7 +38,7 @@ from proxy.errors import Overloaded, PrefixpinError, StoreError, UpstreamError, 
 from proxy.handler import Handler, read_body
 from proxy.link import LinkClosed
 from proxy.metrics import Metrics
-from proxy.server import CutStreams
+from proxy.server import ABORT, CutStreams
 from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
@@ -48,6 +49,8 @@ from proxy.watch import ClientGone, ClientWatch
 from proxy.workers import Fleet
 
 log = logging.getLogger("prefixpin")
+HOT_BODY_BYTES = 8 * 1024 * 1024
+HOT_WAIT_S = 1.0
 
 
 class Front:
@@ -66,6 +69,12 @@ class Front:
     ) -> None:
         self.starlette = app
         self._state = state
+        self._limits = limits
+        self._on_cut = on_cut
+        # The hot route (proxy.server.HotCycle): a body is gathered whole by the
+        # protocol up to this size and for this long, else it goes the ordinary way.
+        self.hot_limit = min(limits.max_body_bytes, HOT_BODY_BYTES)
+        self.hot_wait_s = min(limits.body_timeout_s, HOT_WAIT_S)
         self.app: ASGIApp = Admission(
             CutStreams(self._route, on_cut=on_cut),
             limit=limits.max_concurrency,
@@ -79,6 +88,22 @@ class Front:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+    def hot(self, path: str) -> Exchange | None:
+        """The exchange a POST to ``path`` is, if the protocol may serve it on the hot
+        route: not with admission control on (it counts in ASGI), nor before the
+        lifespan has opened the services."""
+        if self._limits.max_concurrency > 0 or "handler" not in self._state:
+            return None
+        return match(path)
+
+    async def serve(self, scope: Scope, body: bytes, receive: Receive, send: Send, exchange: Exchange) -> None:
+        """A hot request, its body whole: what ``__call__`` does for it, minus the layers."""
+        try:
+            await self._state["handler"].serve(scope, receive, send, exchange, body, time.perf_counter())
+        except UpstreamStreamCut as exc:  # as CutStreams
+            self._on_cut(exc)
+            scope["extensions"][ABORT]()
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -84,17 +84,23 @@ class Handler:
         self.done_first = getattr(s.store, "remote", False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
-        m = self.s.metrics
         started = time.perf_counter()
         try:
             raw = await read_body(scope, receive, self.s.config.limits.max_body_bytes)
         except BodyTooLarge as exc:
-            m.requests.labels(exchange.name, "rejected", "413").inc()
+            self.s.metrics.requests.labels(exchange.name, "rejected", "413").inc()
             await responses.from_error(exc, exchange)(scope, receive, send)
             return
         except ClientDisconnect:
             await responses.client_gone()(scope, receive, send)
             return
+        await self.serve(scope, receive, send, exchange, raw, started)
+
+    async def serve(
+        self, scope: Scope, receive: Receive, send: Send, exchange: Exchange, raw: bytes, started: float
+    ) -> None:
+        """The request, its body ``raw`` read (since ``started``)."""
+        m = self.s.metrics
         flow = Flow(exchange, Headers(scope=scope), scope["query_string"].decode("latin-1"), raw, started)
         await self.runner.request(flow)
         if flow.big:

@@ -205,9 +205,13 @@ def test_access_log_hides_query_secrets(serve: Serve, upstream: Any, write_confi
 # -- 4. slow clients: header and body deadlines, admission after the body -----------------------
 
 
-def test_slow_clients_do_not_take_the_slots(serve: Serve, upstream: Any, write_config: WriteConfig) -> None:
+@pytest.mark.parametrize("max_concurrency", [50, 0])  # 0: the hot route (proxy.server.HotCycle) takes the chat POSTs
+def test_slow_clients_do_not_take_the_slots(
+    serve: Serve, upstream: Any, write_config: WriteConfig, max_concurrency: int
+) -> None:
     up = upstream(raw.answer_json)
-    proxy = serve(up.url, write_config({"limits": {"max_concurrency": 50, "header_timeout_s": 2, "body_timeout_s": 2}}))
+    limits = {"max_concurrency": max_concurrency, "header_timeout_s": 2, "body_timeout_s": 2}
+    proxy = serve(up.url, write_config({"limits": limits}))
     port = int(proxy.rsplit(":", 1)[1])
     slow: list[socket.socket] = []
     try:
