@@ -159,10 +159,15 @@ class Handler:
         m = self.s.metrics
         m.upstream_ttft.observe(time.perf_counter() - sent)
         status = resp.status_code
+        reply = flow.reply
+        later = None  # the reply read after the client has it (it cannot change it: no guard)
         if status >= 400:
             m.upstream_errors.labels(f"http_{status // 100}xx").inc()
-        elif flow.reply is not None:
-            content = self._complete(flow, flow.reply, content)
+        elif reply is not None:
+            if reply.offered is None and not self.done_first:
+                later = reply
+            else:
+                content = self._complete(flow, reply, content)
         flow.status = status
         if not (status < 200 or status in _NO_LENGTH):
             out_headers.append((b"content-length", b"%d" % len(content)))
@@ -181,6 +186,8 @@ class Handler:
             # Right after the last byte, with no await between: a store that records
             # without waiting (memory) has the lineage before the client can send its
             # next turn.
+            if later is not None:
+                self._complete(flow, later, content)
             if not done:
                 self.runner.done(flow)
 

@@ -33,6 +33,7 @@ class Reply(Protocol):
     usage: UsageAccumulator
     blocked: int
     first_token: bool
+    offered: frozenset[str] | None  # the fork guard's tools; None: ``complete`` never changes a body
 
     def feed(self, event: Event) -> bytes | None:
         """Bytes to forward for a streamed ``event`` (its raw bytes if unchanged), None to drop it."""
