@@ -427,7 +427,7 @@ class Canonicalizer:
         # What the lineage forwarded: refs by the parse, bytes stored after sending.
         new_blobs: list[str] = []
         touch: list[str] = []
-        system_ref = chain.digest(orjson.dumps(exchange.system_value(body)))
+        system_ref = self.system_ref(exchange.system_value(body), prep.scope)
         tools_ref = self._forwarded_tools_ref(prep)
         for name, ref, had in (("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)):
             if ref == had:
@@ -499,6 +499,26 @@ class Canonicalizer:
         if rest:
             changed += [name for name in pins.restore(prep.slots, rest, recorded) if name not in changed]
         return changed
+
+    def system_ref(self, value: Any, scope: str) -> str:
+        """``chain.digest(orjson.dumps(value))`` for a system part ``value``; when it is one
+        text (a string, or one message of only a role and that content) the ref is kept
+        with the text's entry in ``scope``'s memo: a lineage forwards the same system
+        part turn after turn, and serializing it is a pass over the whole prompt."""
+        text: Any = value
+        key: tuple[Any, ...] = ("system_ref",)
+        if type(value) is list and len(value) == 1 and type(m := value[0]) is dict and len(m) == 2:
+            role, text = m.get("role"), m.get("content")
+            if type(role) is not str or next(iter(m)) != "role":  # serialized as role, then content
+                text = None
+            key = ("system_ref", role)
+        if type(text) is not str or len(text) < HEAD_CHARS:
+            return chain.digest(orjson.dumps(value))
+        entry = self.texts.entry(scope, text)  # (finalize's texts are kept: found by identity)
+        ref: str | None = entry.derived.get(key)
+        if ref is None:
+            ref = entry.derived[key] = chain.digest(orjson.dumps(value))
+        return ref
 
     def _forwarded_tools_ref(self, prep: Prepared) -> str:
         """The ref of the tools[] forwarded: the one prepare computed, unless the tools

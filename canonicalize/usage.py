@@ -45,6 +45,26 @@ def _int(d: Any, *path: str) -> int | None:
     return int(d)
 
 
+# Where each field sits in a usage object, in the order found values are taken (a
+# later path of the same field wins).
+_PATHS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("prompt_tokens", ("prompt_tokens",)),
+    ("cached_tokens", ("prompt_tokens_details", "cached_tokens")),
+    ("cache_write_tokens", ("prompt_tokens_details", "cache_write_tokens")),
+    ("cache_write_tokens", ("cache_write_tokens",)),
+    ("created_cache_tokens", ("prompt_tokens_details", "created_cache_tokens")),
+    ("created_cache_tokens", ("created_cache_tokens",)),
+    ("input_tokens", ("input_tokens",)),
+    ("cache_read_input_tokens", ("cache_read_input_tokens",)),
+    ("cache_creation_input_tokens", ("cache_creation_input_tokens",)),
+    ("input_cached_tokens", ("input_tokens_details", "cached_tokens")),
+    ("prompt_cache_hit_tokens", ("prompt_cache_hit_tokens",)),
+    ("prompt_cache_miss_tokens", ("prompt_cache_miss_tokens",)),
+    ("completion_tokens", ("completion_tokens",)),
+    ("output_tokens", ("output_tokens",)),
+)
+
+
 def _fields(obj: dict[str, Any]) -> dict[str, int]:
     """Raw counts found in one response object or stream event, by field."""
     out: dict[str, int] = {}
@@ -54,25 +74,14 @@ def _fields(obj: dict[str, Any]) -> dict[str, int]:
     if obj.get("type") in ("response.completed", "response.incomplete") and isinstance(obj.get("response"), dict):
         usage = obj["response"].get("usage")
     if isinstance(usage, dict):
-        for name, path in (
-            ("prompt_tokens", ("prompt_tokens",)),
-            ("cached_tokens", ("prompt_tokens_details", "cached_tokens")),
-            ("cache_write_tokens", ("prompt_tokens_details", "cache_write_tokens")),
-            ("cache_write_tokens", ("cache_write_tokens",)),
-            ("created_cache_tokens", ("prompt_tokens_details", "created_cache_tokens")),
-            ("created_cache_tokens", ("created_cache_tokens",)),
-            ("input_tokens", ("input_tokens",)),
-            ("cache_read_input_tokens", ("cache_read_input_tokens",)),
-            ("cache_creation_input_tokens", ("cache_creation_input_tokens",)),
-            ("input_cached_tokens", ("input_tokens_details", "cached_tokens")),
-            ("prompt_cache_hit_tokens", ("prompt_cache_hit_tokens",)),
-            ("prompt_cache_miss_tokens", ("prompt_cache_miss_tokens",)),
-            ("completion_tokens", ("completion_tokens",)),
-            ("output_tokens", ("output_tokens",)),
-        ):
-            value = _int(usage, *path)
-            if value is not None:
-                out[name] = value
+        get = usage.get
+        for name, path in _PATHS:
+            # A path whose first member is absent (most are, in any one shape) finds
+            # nothing: skipped without the call.
+            if get(path[0]) is not None:
+                value = _int(usage, *path)
+                if value is not None:
+                    out[name] = value
     timings = obj.get("timings")
     if isinstance(timings, dict):
         for name in ("cache_n", "prompt_n"):

@@ -127,6 +127,11 @@ class MemoryStore:
         self._shares[key[0]].keys.move_to_end(key)
 
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
+        """The deepest recorded link and the lineages owning the links up to SCAN_UP past
+        it.  A link the walk passes is used (most recently) only when it names a lineage
+        not named deeper: the deepest one and one per lineage, not every link of a
+        conversation on every turn (the next record uses the deepest again; Redis'
+        lookups use nothing)."""
         if tenant == ISOLATED:
             return Lookup()
         if tenant not in self._shares:  # nothing recorded (or all of it gone)
@@ -150,10 +155,12 @@ class MemoryStore:
                 if tenant not in self._shares:  # that was the tenant's last entry
                     break
                 continue
-            used(key)
-            tenant_used(key)
-            ids = item[1]
             depth = depth or i + 1
+            ids = item[1]
+            if seen.issuperset(ids):  # lineages named deeper: nothing new, the link stays where it is
+                continue
+            used(key)  # the deepest link, and each naming another lineage: now most recently used
+            tenant_used(key)
             for lineage_id in ids:
                 if lineage_id in seen:
                     continue

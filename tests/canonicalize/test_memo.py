@@ -250,3 +250,35 @@ def test_an_evolved_record_is_the_record_built_with_the_changes() -> None:
     )
     with pytest.raises(TypeError):
         rec.evolve(nonsense=1)
+
+
+def test_system_ref_memoised_with_the_text_is_the_one_computed() -> None:
+    """Random system parts (a string, one message or several, other keys, another key
+    order, short texts): the ref is the digest of the serialized value, from the memo
+    or not, in any scope."""
+    import orjson
+
+    from canonicalize import chain
+
+    rnd = random.Random(7)
+    canon = Canonicalizer(Settings())
+    prompts = [hermes.system_prompt(minute=f"02:{m} PM") for m in (30, 31)] + ["short", "x" * 300 + "\u00e9"]
+    for _ in range(400):
+        text = copy_of(rnd.choice(prompts))
+        role = rnd.choice(["system", "developer", 7])
+        shape = rnd.randrange(6)
+        value: Any
+        if shape == 0:
+            value = text
+        elif shape == 1:
+            value = [{"role": role, "content": text}]
+        elif shape == 2:
+            value = [{"content": text, "role": role}]
+        elif shape == 3:
+            value = [{"role": role, "content": text, "name": "n"}]
+        elif shape == 4:
+            value = [{"role": role, "content": text}, {"role": "system", "content": "more"}]
+        else:
+            value = [{"role": role, "content": [{"type": "text", "text": text}]}]
+        scope = rnd.choice(["a", "b"])
+        assert canon.system_ref(value, scope) == chain.digest(orjson.dumps(value)), (shape, role)

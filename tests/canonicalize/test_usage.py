@@ -8,11 +8,13 @@ usage prefixpin must count, once.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from canonicalize import usage as usage_module
 from canonicalize.usage import Usage, UsageAccumulator, parse_usage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "usage"
@@ -172,3 +174,31 @@ def test_completion_tokens_and_provider_diagnostics_are_kept() -> None:
         {"type": "response.completed", "response": {"usage": {"input_tokens": 4}, "prompt_cache_diagnostics": pcd}}
     )
     assert responses.diagnostics == pcd and responses.result == Usage(4, 0)
+
+
+def _fields_every_path(obj: dict[str, Any]) -> dict[str, int]:
+    """``usage._fields`` as it was, trying every path: the reference for the skip."""
+    out: dict[str, int] = {}
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        for name, path in usage_module._PATHS:
+            value = usage_module._int(usage, *path)
+            if value is not None:
+                out[name] = value
+    return out
+
+
+def test_fields_skip_absent_paths_randomized() -> None:
+    rng = random.Random(15)
+    keys = sorted({k for _, path in usage_module._PATHS for k in path})
+    values: list[Any] = [None, 0, 7, 3.5, True, "9", [], {}]
+
+    def node(depth: int) -> Any:
+        if depth and rng.random() < 0.5:
+            return {k: node(depth - 1) for k in rng.sample(keys, rng.randint(0, 5))}
+        return rng.choice(values)
+
+    for _ in range(2000):
+        usage = node(2)
+        obj = {"usage": usage}
+        assert usage_module._fields(obj) == _fields_every_path(obj), usage

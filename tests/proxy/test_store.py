@@ -386,3 +386,35 @@ def test_memory_record_and_touch_leave_the_state_the_first_writing_left() -> Non
             old._bytes,
             {t: s.bytes for t, s in old._shares.items()},
         )
+
+
+def test_memory_lookup_uses_the_deepest_link_and_one_per_lineage() -> None:
+    """A lookup makes most recently used the deepest recorded link and each link naming
+    a lineage not named deeper, not every link it walks past (a long conversation would
+    move dozens of keys on every turn)."""
+    s = MemoryStore(ttl_s=60)
+    a = [bytes([i]) * 16 for i in range(1, 6)]
+    b = [*a[:2], b"\x09" * 16]  # another session sharing the first two links
+
+    async def go() -> None:
+        await s.record("t", LineageRecord(id="B"), b, {}, [])
+        await s.record("t", LineageRecord(id="A"), a, {}, [])
+        await s.record("u", LineageRecord(id="U"), a[:1], {}, [])
+        found = await s.lookup("t", a, None)
+        assert found.depth == 5 and [r.id for r in found.candidates] == ["A", "B"]
+
+    run(go())
+    link = [("t", "l", x) for x in a]
+    # Walked from a[4] up: a[4] names A, a[1] names B too; a[3], a[2] and a[0] name
+    # nothing new and keep their places (b's own link was not walked at all).
+    assert [k for k in s._data if k[0] == "t"] == [
+        ("t", "l", b[2]),
+        link[0],
+        link[2],
+        link[3],
+        link[4],
+        ("t", "g", "A"),
+        link[1],
+        ("t", "g", "B"),
+    ]
+    assert [k for k in s._data if k[0] == "t"] == list(s._shares["t"].keys)
