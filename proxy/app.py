@@ -152,6 +152,7 @@ def create_app(
         try:
             yield
         finally:
+            state["handler"].runner.drain()
             await s.drain(timeout=5)  # let pending records land
             await upstream.aclose()
             await the_store.close()
@@ -183,6 +184,7 @@ def create_app(
     async def metrics_endpoint(request: Request) -> Response:
         if not config.metrics.enabled:
             return responses.error(None, 404, "metrics are disabled", "not_found", "metrics_disabled")
+        state["handler"].runner.drain()  # the counting of the last responses, if it waits
         if fleet is None:
             return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
         try:

@@ -49,6 +49,7 @@ class Flow:
     slot: int | None = None  # the llama-server slot pinned in the body (x-prefixpin-slot)
     set_headers: tuple[tuple[str, str], ...] = ()  # request headers set for a router behind us
     replica: int | None = None  # the pool replica that answered (x-prefixpin-replica)
+    ended: float = 0.0  # perf_counter() when the response ended (the done hooks may run later)
 
     @property
     def big(self) -> bool:

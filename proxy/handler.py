@@ -139,6 +139,8 @@ class Handler:
             headers = [(k, v) for k, v in headers if k.lower() not in names] + list(flow.set_headers)
         sent = time.perf_counter()
         upstream = self.upstream
+        if self.runner.pending:  # earlier responses' counting: while this one is with the upstream
+            asyncio.get_running_loop().call_soon(self.runner.drain)
         with watch:
             resp = await upstream.send(
                 "POST", client_path(scope), flow.query, headers, flow.out, key=flow.affinity_key, prefer=flow.home
@@ -189,7 +191,7 @@ class Handler:
             if later is not None:
                 self._complete(flow, later, content)
             if not done:
-                self.runner.done(flow)
+                self.runner.done(flow, later=not self.done_first)  # counting: once the next request is on its way
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -228,7 +230,7 @@ class Handler:
         finally:
             if flow.reply is not None and flow.status < 400:
                 flow.message = flow.reply.message()
-            self.runner.done(flow)  # before any await, as for a whole body
+            self.runner.done(flow, later=not self.done_first)  # before any await, as for a whole body
             if cork is not None:
                 cork(False)  # the last bytes, held by the relay when the done hooks go first
             await resp.aclose()  # early (the client left): the upstream connection is closed

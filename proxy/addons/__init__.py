@@ -6,6 +6,11 @@ The tuple *is* the execution order.  Each addon may implement
 
 - ``async request(flow)``: before the upstream, decides what goes out;
 - ``done(flow)``: after the response ended (streamed or not), counts and records.
+  An addon whose done hook only counts (``counts_only = True``: measure, provider
+  cache) may have it run a little later, off the next request's critical path:
+  :meth:`Runner.done` with ``later=True`` queues it, and :meth:`Runner.drain` runs
+  the queue (the handler calls it while a request waits on the upstream, a timer
+  within ``DRAIN_S`` when nothing does, ``/metrics`` before it answers).
 
 One :class:`Runner` runs every hook.  A hook that raises fails open: the flow
 forwards what the client sent (``x-prefixpin-role: fail-open``) and
@@ -16,7 +21,9 @@ become an error for the client.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -36,6 +43,7 @@ from proxy.services import Services
 
 log = logging.getLogger("prefixpin")
 T = TypeVar("T")
+DRAIN_S = 0.005  # the longest the counting hooks wait when no request drains them first
 
 
 class Addon(Protocol):
@@ -65,6 +73,10 @@ class Runner:
         self.metrics = metrics
         self._request = tuple(a for a in addons if hasattr(a, "request"))
         self._done = tuple(a for a in addons if hasattr(a, "done"))
+        self._now = tuple(a for a in self._done if not getattr(a, "counts_only", False))
+        self._later = tuple(a for a in self._done if getattr(a, "counts_only", False))
+        self.pending: list[Flow] = []  # flows whose counting hooks wait for drain()
+        self._timer: asyncio.TimerHandle | None = None
 
     async def request(self, flow: Flow) -> None:
         for addon in self._request:
@@ -73,13 +85,34 @@ class Runner:
             except Exception:
                 self.failed(flow, addon.name)
 
-    def done(self, flow: Flow) -> None:
-        for addon in self._done:
-            try:
-                addon.done(flow)
-            except Exception:
-                log.exception("addon %s failed after the response", addon.name)
-                self.metrics.fail_open.labels(addon.name).inc()
+    def done(self, flow: Flow, *, later: bool = False) -> None:
+        """Every done hook; with ``later``, the counting ones are queued for :meth:`drain`
+        (the rest, record among them, run now: the next turn's lookup needs them)."""
+        flow.ended = time.perf_counter()
+        hooks = self._now if later else self._done
+        for addon in hooks:
+            self._run_done(addon, flow)
+        if later and self._later:
+            self.pending.append(flow)
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(DRAIN_S, self.drain)
+
+    def drain(self) -> None:
+        """Run the queued counting hooks, in the order their responses ended."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self.pending = self.pending, []
+        for flow in pending:
+            for addon in self._later:
+                self._run_done(addon, flow)
+
+    def _run_done(self, addon: Any, flow: Flow) -> None:
+        try:
+            addon.done(flow)
+        except Exception:
+            log.exception("addon %s failed after the response", addon.name)
+            self.metrics.fail_open.labels(addon.name).inc()
 
     def render(self, flow: Flow) -> None:
         """``flow.out``: the edits spliced into the client's bytes, or those bytes as

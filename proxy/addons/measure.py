@@ -12,6 +12,7 @@ from proxy.metrics import Metrics
 
 class Measure:
     name = "measure"
+    counts_only = True  # its done hook may run later (proxy.addons.Runner.done)
 
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
@@ -19,7 +20,7 @@ class Measure:
     def done(self, flow: Flow) -> None:
         m = self.m
         m.requests.labels(flow.exchange.name, flow.role, str(flow.status)).inc()
-        m.request_duration.labels(flow.exchange.name).observe(time.perf_counter() - flow.started)
+        m.request_duration.labels(flow.exchange.name).observe((flow.ended or time.perf_counter()) - flow.started)
         reply = flow.reply
         usage = reply.usage.result if reply is not None else None
         if usage is not None:

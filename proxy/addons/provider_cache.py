@@ -38,6 +38,7 @@ from proxy.services import Services
 
 class ProviderCache:
     name = "provider_cache"
+    counts_only = True  # its done hook only counts: it may run later (proxy.addons.Runner.done)
 
     def __init__(self, s: Services, *, pricing: Pricing | None = None) -> None:
         self.s = s
