@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.overhead import body, report, targets
-from tests.bench.overhead.run import Phase, Plan, Runner, log
+from tests.bench.overhead.run import Phase, Plan, Runner, log, medians
 from tests.bench.overhead.targets import Target
 from tests.bench.overhead.tools import BIN_DIR, Unavailable, go_binary
 from tests.infra.procs import Proc
@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=15.0,
         help="seconds to wait before each run for other processes to leave the CPU (0: never)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds per phase, the targets taking turns in each; each row reports the medians",
     )
     ap.add_argument("--no-install", action="store_true", help="never install LiteLLM (use it only if present)")
     ap.add_argument("--out", type=Path, help="also write the JSON document here")
@@ -141,6 +147,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
         args.timeout,
         settle_s=3.0 if args.smoke else 15.0,
         idle_wait_s=args.idle_wait,
+        repeat=max(1, args.repeat),
     )
 
 
@@ -225,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_of(args)
     log("building the Go upstream and load generator (cached after the first run) ...")
     info = machine()
-    all_targets, runs, sizes = run_all(args, wanted, plan)
+    all_targets, every_run, sizes = run_all(args, wanted, plan)
+    runs = medians(every_run)
     info["loadavg_end"] = loadavg()
     info["litellm"] = litellm_version()
     doc: dict[str, Any] = {
@@ -241,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "compare_ref": args.compare_ref,
             "smoke": args.smoke,
             "idle_wait_s": args.idle_wait,
+            "repeat": plan.repeat,
         },
         "body_bytes": [min(sizes), max(sizes)],
         "targets": {t.name: ({"reason": t.reason} if t.reason else {"url": t.url}) for t in all_targets},

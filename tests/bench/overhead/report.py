@@ -239,6 +239,11 @@ def render(doc: dict[str, Any]) -> str:
         f"Body {doc['body_bytes'][0] / 1024:.0f}-{doc['body_bytes'][1] / 1024:.0f} KB hermes-style; "
         f"{cfg['duration_s']:g} s per run after {cfg['warmup_s']:g} s warm-up; timeout {cfg['timeout_s']:g} s. "
         "Latency from each request's scheduled send to its last byte; added = target minus direct."
+        + (
+            f" Each row: the medians of {cfg['repeat']} rounds, the targets taking turns in each."
+            if cfg.get("repeat", 1) > 1
+            else ""
+        )
     )
     for stream in (False, True):
         kind = "stream" if stream else "plain"

@@ -6,7 +6,10 @@ all targets of one row are measured within seconds of each other on the same
 machine.  Before each measurement the target is left to go idle (an overloaded
 LiteLLM keeps working through its backlog long after the load generator gave
 up; if it does not settle it is restarted), then warmed up, then measured; its
-own CPU time over the measurement gives CPU ms per request.
+own CPU time over the measurement gives CPU ms per request.  With ``repeat``,
+each phase runs that many rounds, every target taking its turn in each, and a
+row reports the medians of its rounds (:func:`medians`): on a machine whose speed
+drifts from one minute to the next, that keeps the comparison side by side.
 
 The machine may be shared.  Before each measurement the runner waits (up to
 ``idle_wait_s``) until processes outside the benchmark use under a quarter of a
@@ -20,6 +23,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -53,6 +57,7 @@ class Plan:
     timeout_s: float
     settle_s: float
     idle_wait_s: float = 0.0
+    repeat: int = 1  # rounds per phase, the targets taking turns in each: one row is their medians
 
 
 def machine_busy_s() -> float:
@@ -182,23 +187,64 @@ class Runner:
         self.targets = targets
         results = []
         for phase in self.plan.phases:
-            for target in targets:
-                if target.base is None:
-                    continue
-                log(f"{phase.key:<22} {target.name:<10}", end=" ")
-                started = time.monotonic()
-                res = self.measure(target, phase)
-                results.append(res)
-                if "unavailable" in res:
-                    log(f"unavailable: {res['unavailable']}")
-                else:
-                    lat = res["latency_ms"]
-                    log(
-                        f"p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  {res['achieved_rps']:.0f} req/s  "
-                        f"errors {res['errors']}  other load {res['other_cores']:.2f} cores  "
-                        f"({time.monotonic() - started:.0f}s)"
-                    )
+            for round_ in range(self.plan.repeat):
+                for target in targets:
+                    if target.base is None:
+                        continue
+                    log(f"{phase.key:<22} {target.name:<10}", end=" ")
+                    started = time.monotonic()
+                    res = self.measure(target, phase)
+                    res["round"] = round_
+                    results.append(res)
+                    self._log(res, started)
         return results
+
+    @staticmethod
+    def _log(res: dict[str, Any], started: float) -> None:
+        if "unavailable" in res:
+            log(f"unavailable: {res['unavailable']}")
+            return
+        lat = res["latency_ms"]
+        log(
+            f"p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  {res['achieved_rps']:.0f} req/s  "
+            f"errors {res['errors']}  other load {res['other_cores']:.2f} cores  "
+            f"({time.monotonic() - started:.0f}s)"
+        )
+
+
+def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run per (target, phase): with several rounds, each figure is the median of
+    the rounds' (errors and requests summed), and ``rounds`` keeps them all."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["target"], r["phase"]), []).append(r)
+    out = []
+    for group in groups.values():
+        ok = [r for r in group if "latency_ms" in r]
+        if len(group) == 1 or not ok:
+            out.append(group[0])
+            continue
+        merged = dict(ok[0])
+        for key in ("achieved_rps", "cpu_ms_per_req", "cpu_s", "other_cores", "own_overhead_ms"):
+            values = [r[key] for r in ok if r.get(key) is not None]
+            if values:
+                merged[key] = statistics.median(values)
+        merged["latency_ms"] = {q: statistics.median(r["latency_ms"][q] for r in ok) for q in ok[0]["latency_ms"]}
+        for key in ("sent", "ok", "errors"):
+            if all(key in r for r in ok):
+                merged[key] = sum(r[key] for r in ok)
+        kinds: dict[str, int] = {}
+        for r in ok:
+            for kind, n in (r.get("error_kinds") or {}).items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        merged["error_kinds"] = kinds
+        merged["rounds"] = [
+            {"p50": r["latency_ms"]["p50"], "rps": r["achieved_rps"], "cpu_ms_per_req": r.get("cpu_ms_per_req")}
+            for r in ok
+        ]
+        merged.pop("round", None)
+        out.append(merged)
+    return out
 
 
 def log(msg: str, end: str = "\n") -> None:
