@@ -162,12 +162,12 @@ class Handler:
         m.upstream_ttft.observe(time.perf_counter() - sent)
         status = resp.status_code
         reply = flow.reply
-        later = None  # the reply read after the client has it (it cannot change it: no guard)
+        read_after = None  # the reply, read once the client has it (nothing may change it: no guard)
         if status >= 400:
             m.upstream_errors.labels(f"http_{status // 100}xx").inc()
         elif reply is not None:
             if reply.offered is None and not self.done_first:
-                later = reply
+                read_after = reply
             else:
                 content = self._complete(flow, reply, content)
         flow.status = status
@@ -188,8 +188,8 @@ class Handler:
             # Right after the last byte, with no await between: a store that records
             # without waiting (memory) has the lineage before the client can send its
             # next turn.
-            if later is not None:
-                self._complete(flow, later, content)
+            if read_after is not None:
+                self._complete(flow, read_after, content)
             if not done:
                 self.runner.done(flow, later=not self.done_first)  # counting: once the next request is on its way
 

@@ -115,13 +115,8 @@ def _serve_process(base: str) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def test_a_killed_worker_is_replaced_and_the_lineages_are_still_there(
-    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path], llama_server: str
-) -> None:
-    base = serve(llama_server, _workers_config(write_config))
-    workers = _one_per_worker(base)
-    first = _sdk(base, next(iter(workers.values())))
-    t1 = _turn(first, [_sys("02:30 PM"), USER1])
+def _kill_and_await_replacements(base: str, workers: set[int]) -> None:
+    """SIGKILL every worker, then wait until two new ones serve."""
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
@@ -130,11 +125,20 @@ def test_a_killed_worker_is_replaced_and_the_lineages_are_still_there(
             fresh = _pids(base)
         except httpx.HTTPError:
             fresh = set()
-        if len(fresh) == 2 and not fresh & set(workers):
-            break
+        if len(fresh) == 2 and not fresh & workers:
+            return
         time.sleep(0.2)
-    else:
-        raise AssertionError("the killed workers were not replaced within 60 s")
+    raise AssertionError("the killed workers were not replaced within 60 s")
+
+
+def test_a_killed_worker_is_replaced_and_the_lineages_are_still_there(
+    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path], llama_server: str
+) -> None:
+    base = serve(llama_server, _workers_config(write_config))
+    workers = _one_per_worker(base)
+    first = _sdk(base, next(iter(workers.values())))
+    t1 = _turn(first, [_sys("02:30 PM"), USER1])
+    _kill_and_await_replacements(base, set(workers))
     history = [USER1, _reply(t1), {"role": "user", "content": "And now the tests?"}]
     t2 = _turn(_sdk(base, _conn(base)[0]), [_sys("02:31 PM"), *history])
     assert t2.headers["x-prefixpin-role"] == "continuation"  # the store is the serve process's
@@ -228,19 +232,7 @@ def test_a_streamed_turn_is_recorded_before_its_worker_can_be_killed(
     ) as t1:
         lineage = t1.headers["x-prefixpin-lineage"]
         text = "".join(c.choices[0].delta.content or "" for c in t1.parse() if c.choices)
-    for pid in workers:
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            fresh = _pids(base)
-        except httpx.HTTPError:
-            fresh = set()
-        if len(fresh) == 2 and not fresh & set(workers):
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("the killed workers were not replaced within 60 s")
+    _kill_and_await_replacements(base, set(workers))
     history = [USER1, {"role": "assistant", "content": text}, {"role": "user", "content": "And now the tests?"}]
     t2 = _turn(_sdk(base, _conn(base)[0]), [_sys("02:31 PM"), *history])
     assert t2.headers["x-prefixpin-role"] == "continuation"
