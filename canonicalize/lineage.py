@@ -29,7 +29,7 @@ class Fingerprint:
     """What the prefix predictor needs of a forwarded request (sizes in bytes)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled across worker processes (proxy.store.shared): positional fields
+        # Pickled across worker processes (proxy.store.replica): positional fields
         # rebuild it ~10x faster than the dataclass' own __getstate__/__setstate__.
         return (Fingerprint, tuple(getattr(self, name) for name in _FIELDS_FINGERPRINT))
 
@@ -70,9 +70,11 @@ class LineageRecord:
     """The stored state of one lineage (see module docstring)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled across worker processes (proxy.store.shared): positional fields
-        # rebuild it ~10x faster than the dataclass' own __getstate__/__setstate__.
-        return (LineageRecord, tuple(getattr(self, name) for name in _FIELDS_LINEAGERECORD))
+        # Pickled across worker processes (proxy.store.replica): positional fields
+        # rebuild it ~10x faster than the dataclass' own __getstate__/__setstate__ (and
+        # without the frozen __init__'s setattr per field: every write is applied in
+        # every worker).
+        return (_record_from, tuple(getattr(self, name) for name in _FIELDS_LINEAGERECORD))
 
     id: str
     kind: Kind = "root"
@@ -185,6 +187,11 @@ def _builder(cls: type[Any]) -> Callable[[Sequence[Any]], Any]:
 _build_record: Callable[[Sequence[Any]], LineageRecord] = _builder(LineageRecord)
 
 
+def _record_from(*values: Any) -> LineageRecord:
+    """A record from all its field values, in order (its pickles name this)."""
+    return _build_record(values)
+
+
 def _replica(value: Any) -> int | None:
     """A recorded replica index; anything else (absent in records written before the
     field existed) is no preference."""
@@ -203,7 +210,7 @@ class Lookup:
     """
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled across worker processes (proxy.store.shared): positional fields
+        # Pickled across worker processes (proxy.store.replica): positional fields
         # rebuild it ~10x faster than the dataclass' own __getstate__/__setstate__.
         return (Lookup, tuple(getattr(self, name) for name in _FIELDS_LOOKUP))
 

@@ -42,7 +42,6 @@ from proxy.server import ABORT, CutStreams
 from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
-from proxy.store.shared import SharedStore
 from proxy.upstream.passthrough import passthrough, relay
 from proxy.upstream.pool import Pool
 from proxy.watch import ClientGone, ClientWatch
@@ -146,9 +145,8 @@ def create_app(
         state["handler"] = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
         app.state.services = s
         if fleet is not None:
-            link = await fleet.start(metrics.registry)
-            if isinstance(the_store, SharedStore):
-                the_store.link = link
+            fleet.before_collect = state["handler"].runner.drain
+            await fleet.start(metrics.registry)
         try:
             yield
         finally:

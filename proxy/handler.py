@@ -181,7 +181,7 @@ class Handler:
             await send({"type": "http.response.body", "body": content})
             if self.done_first and cork is not None:
                 done = True
-                self.runner.done(flow)  # the record is on its way before the client has the answer
+                self.runner.done(flow, later=True)  # the record is on its way before the client has the answer
         finally:
             if cork is not None:
                 cork(False)
@@ -191,7 +191,7 @@ class Handler:
             if read_after is not None:
                 self._complete(flow, read_after, content)
             if not done:
-                self.runner.done(flow, later=not self.done_first)  # counting: once the next request is on its way
+                self.runner.done(flow, later=True)  # counting: once the next request is on its way
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -230,7 +230,7 @@ class Handler:
         finally:
             if flow.reply is not None and flow.status < 400:
                 flow.message = flow.reply.message()
-            self.runner.done(flow, later=not self.done_first)  # before any await, as for a whole body
+            self.runner.done(flow, later=True)  # before any await, as for a whole body
             if cork is not None:
                 cork(False)  # the last bytes, held by the relay when the done hooks go first
             await resp.aclose()  # early (the client left): the upstream connection is closed

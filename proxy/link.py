@@ -12,13 +12,8 @@ A cast (``id`` 0) is a call that wants no answer.  A call is answered by
 value is the answer at once (the store's calls: no task, no await), an awaitable
 (an operation that itself waits on other links, such as a metrics scrape) is
 awaited in a task while frames go on being read.  It is an asyncio protocol, not
-streams: the store's round trip is on every request's path.
-
-Links that share a :class:`Later` (the serve process's, one per worker) answer
-their calls at the end of the event-loop iteration that read them, after every
-frame that iteration read on any of them: a call sees each cast that arrived with
-it, whichever link brought the cast (proxy.store.shared relies on it: a worker's
-lookup must see the record another worker cast just before its client was answered).
+streams.  (The store's writes between workers do not travel here: see
+proxy.store.replica.)
 """
 
 from __future__ import annotations
@@ -60,53 +55,13 @@ def run_sync(coro: Any) -> Any:
     raise RuntimeError("a call that should not wait did")
 
 
-class Later:
-    """Calls read by several links in one event-loop iteration, answered at its end
-    (each link's answers in one write).
-
-    The event loop runs the callbacks of every socket one poll found ready before
-    anything they schedule with ``call_soon`` (asyncio runs what was ready when the
-    iteration began; uvloop runs scheduled callbacks after its I/O phase).  So a call
-    is answered after every frame the same poll read on any link sharing this
-    object, including a cast that was already in another link's socket when the
-    call's frame was read.  (A frame split over two reads of a very busy link is
-    the exception: only whole frames are read by then.)"""
-
-    def __init__(self) -> None:
-        self._calls: list[tuple[Link, int, str, Any]] = []
-        self._due = False
-
-    def call(self, link: Link, call_id: int, name: str, value: Any) -> None:
-        self._calls.append((link, call_id, name, value))
-        if not self._due:
-            self._due = True
-            asyncio.get_running_loop().call_soon(self._run)
-
-    def _run(self) -> None:
-        self._due = False
-        calls, self._calls = self._calls, []
-        out: dict[Link, list[bytes]] = {}
-        for link, call_id, name, value in calls:
-            if link.closed:
-                continue
-            link._batch = out.setdefault(link, [])
-            try:
-                link._answer(call_id, name, value)
-            finally:
-                link._batch = None
-        for link, frames in out.items():
-            if frames and not link.closed and link.transport is not None:
-                link.transport.write(b"".join(frames))
-
-
 class Link(asyncio.Protocol):
     """One end of a channel.  ``closed`` is set when the other end goes; ``lost``
-    (a future) completes then too.  ``later``: see :class:`Later`."""
+    (a future) completes then too."""
 
-    def __init__(self, handle: Handle, *, name: str = "link", later: Later | None = None) -> None:
+    def __init__(self, handle: Handle, *, name: str = "link") -> None:
         self.handle = handle
         self.name = name
-        self.later = later
         self.closed = False
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
@@ -117,9 +72,9 @@ class Link(asyncio.Protocol):
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @classmethod
-    async def open(cls, sock: socket.socket, handle: Handle, *, name: str = "link", later: Later | None = None) -> Link:
+    async def open(cls, sock: socket.socket, handle: Handle, *, name: str = "link") -> Link:
         loop = asyncio.get_running_loop()
-        _, link = await loop.connect_accepted_socket(lambda: cls(handle, name=name, later=later), sock=sock)
+        _, link = await loop.connect_accepted_socket(lambda: cls(handle, name=name), sock=sock)
         return link
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -187,10 +142,7 @@ class Link(asyncio.Protocol):
 
     def _frame(self, kind: int, call_id: int, name: str, value: Any) -> None:
         if kind == _CALL:
-            if call_id and self.later is not None:
-                self.later.call(self, call_id, name, value)  # answered after this iteration's casts
-            else:
-                self._answer(call_id, name, value)
+            self._answer(call_id, name, value)
             return
         fut = self._pending.get(call_id)
         if fut is not None and not fut.done():

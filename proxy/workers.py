@@ -2,19 +2,21 @@
 
 One Python process serves ~1 core; the request path is CPU-bound, so ``prefixpin
 serve`` can run several workers (``listen.workers: N``; ``auto``: one per CPU, at
-most 8).  The default is one process: a worker's lookups cross to the serve
-process, which costs latency at low load (docs/benchmarks.md section 2).
+most 8).
 
 - **The serve process** binds nothing it accepts on: it checks the address, starts
-  the workers, holds the embedded store (``store.backend: memory``), restarts a
-  worker that dies, and stops them all on SIGTERM / SIGINT.  With Redis the
-  workers use Redis themselves.
+  the workers, restarts a worker that dies, and stops them all on SIGTERM / SIGINT.
+  With the embedded store (``store.backend: memory``) it keeps a copy of it that
+  every worker writes to and a starting worker loads (:mod:`proxy.store.replica`).
 - **Each worker** is a fresh interpreter (``python -m proxy.workers FD``; no fork
   of a running event loop) serving its own ``SO_REUSEPORT`` socket on the one
-  port, so the kernel spreads connections over the workers.  It talks to the serve
-  process over a socketpair (:class:`proxy.link.Link`): the store's calls
-  (:mod:`proxy.store.shared`), ``/metrics`` (every worker's counters, summed), and
-  its own readiness.  A worker whose serve process is gone stops.
+  port, so the kernel spreads connections over the workers.  With the embedded
+  store it holds a whole copy and answers its own lookups; its writes reach every
+  other copy before its client has the answer, so a next turn finds its lineage on
+  any worker.  With Redis the workers use Redis themselves.  It talks to the serve
+  process over a socketpair (:class:`proxy.link.Link`): ``/metrics`` (every
+  worker's counters, summed), the store's copy when it starts, and its own
+  readiness.  A worker whose serve process is gone stops.
 - Process-wide limits are split: each worker opens ``upstream.max_connections / N``
   upstream connections and admits ``limits.max_concurrency / N`` requests (rounded
   up; the kernel's spread of connections makes that limit approximate).
@@ -32,6 +34,7 @@ import logging
 import math
 import os
 import pickle
+import secrets
 import signal
 import socket
 import subprocess
@@ -45,9 +48,10 @@ from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.samples import Sample
 
 from proxy.config import Config
-from proxy.link import Later, Link, LinkClosed, encode
+from proxy.link import Link, LinkClosed, encode
 from proxy.redact import redact
-from proxy.store.shared import serve as serve_store
+from proxy.store.memory import MemoryStore
+from proxy.store.replica import HUB, Mesh, ReplicaStore, applier
 
 log = logging.getLogger("prefixpin")
 
@@ -55,6 +59,7 @@ MAX_AUTO = 8
 _STARTUP_S = 60.0  # a worker that is not ready by then is a failed start
 _STOP_S = 15.0  # uvicorn's own graceful shutdown is 10 s
 _SCRAPE_S = 5.0
+_DRAIN_S = 0.01  # how often an idle copy reads what the others wrote (a busy one reads before each lookup)
 
 
 def worker_count(config: Config) -> int:
@@ -141,20 +146,37 @@ def exposition(scrapes: Iterable[Sequence[Metric]]) -> bytes:
 class Fleet:
     """A worker's link to its serve process (``create_app(fleet=...)``)."""
 
-    def __init__(self, sock: socket.socket, index: int) -> None:
+    def __init__(self, sock: socket.socket, index: int, replica: ReplicaStore | None = None) -> None:
         self.sock = sock
         self.index = index
+        self.replica = replica  # this worker's copy of the embedded store (its mesh listening already)
         self.link: Link | None = None
         self.registry: CollectorRegistry | None = None
         self.on_lost: Any = None  # set by the worker: stop serving
+        self.before_collect: Any = None  # set by the app: the counting that waits (proxy.addons.Runner.drain)
+        self._drainer: asyncio.TimerHandle | None = None
 
     async def start(self, registry: CollectorRegistry) -> Link:
-        """Connect (in the worker's event loop) and say ready."""
+        """Connect (in the worker's event loop), load the store's copy, say ready."""
         self.registry = registry
         self.link = link = await Link.open(self.sock, self._handle, name=f"worker {self.index}'s link")
         link.lost.add_done_callback(self._lost)
+        if self.replica is not None and self.replica.mesh is not None:
+            # Listening since before this call: what a peer writes from now on is in
+            # our buffers; what it wrote before, the serve process's copy has.
+            self.replica.local.load(await link.call("store.snapshot", timeout=_STARTUP_S))
+            self.replica.mesh.drain()
+            self._drain()
         await link.call("ready", os.getpid(), timeout=_STARTUP_S)
         return link
+
+    def _drain(self) -> None:
+        assert self.replica is not None and self.replica.mesh is not None
+        try:
+            self.replica.mesh.drain()
+        except Exception:
+            log.exception("worker %d: reading the other workers' writes failed", self.index)
+        self._drainer = asyncio.get_running_loop().call_later(_DRAIN_S, self._drain)
 
     def _lost(self, _: object) -> None:
         if self.on_lost is not None:
@@ -163,6 +185,8 @@ class Fleet:
 
     def _handle(self, name: str, args: tuple[Any, ...]) -> Any:
         if name == "collect":
+            if self.before_collect is not None:
+                self.before_collect()
             return list(self.registry.collect()) if self.registry is not None else []
         raise ValueError(f"unknown operation {name!r}")
 
@@ -175,6 +199,8 @@ class Fleet:
 
     async def close(self) -> None:
         self.on_lost = None  # stopping anyway
+        if self._drainer is not None:
+            self._drainer.cancel()
         if self.link is not None:
             self.link.close()
 
@@ -214,35 +240,51 @@ def _listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _recv_hello(sock: socket.socket) -> tuple[Config, int, int, str, int]:
+def _recv_hello(sock: socket.socket) -> tuple[Config, int, int, str, int, str]:
     """The first frame, read before any event loop runs."""
     f = sock.makefile("rb")
     size = int.from_bytes(f.read(4), "big")
     _, _, _, value = pickle.loads(f.read(size))
     f.close()
-    config, index, workers, host, port = value
-    return config, index, workers, host, port
+    config, index, workers, host, port, fleet = value
+    return config, index, workers, host, port, fleet
+
+
+def nodes(workers: int) -> list[str]:
+    """The store's copies, in the order a write reaches them: the serve process's
+    first (a worker that starts loads it), then every worker's."""
+    return [HUB, *(str(i) for i in range(workers))]
 
 
 def worker_main(fd: int) -> int:
     """A worker process: serve the shared port with the app until told to stop."""
     from proxy.cli import run_uvicorn
-    from proxy.store.shared import SharedStore
+    from proxy.store import open_store
 
     sock = socket.socket(fileno=fd)
     try:
-        config, index, workers, host, port = _recv_hello(sock)
+        config, index, workers, host, port, fleet_id = _recv_hello(sock)
     except (OSError, EOFError, pickle.UnpicklingError, ValueError):
         return 3  # the serve process went away before saying what to serve
     config = share(config, workers)
+    replica = None
+    if config.store.backend == "memory":
+        local = open_store(config.store)
+        assert isinstance(local, MemoryStore)
+        mesh = Mesh(fleet_id, str(index), nodes(workers), applier(local), owner=os.getppid())
+        try:
+            mesh.listen()
+        except OSError as exc:
+            print(f"prefixpin: worker {index}: cannot listen for the other workers: {exc}", file=sys.stderr)
+            return 3
+        replica = ReplicaStore(local, mesh)
     try:
         listener = _listen_socket(host, port)
     except OSError as exc:
         print(f"prefixpin: worker {index}: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 3
-    fleet = Fleet(sock, index)
-    store = SharedStore(timeout_s=config.store.timeout_ms / 1000) if config.store.backend == "memory" else None
-    return run_uvicorn(config, sockets=[listener], fleet=fleet, store=store, banner=False)
+    fleet = Fleet(sock, index, replica)
+    return run_uvicorn(config, sockets=[listener], fleet=fleet, store=replica, banner=False)
 
 
 # --- the serve process ------------------------------------------------------------------
@@ -266,8 +308,9 @@ class Supervisor:
         self.n = workers
         self.host = host
         self.port = port
-        self.store: Any = None
-        self.later = Later()  # every worker's link answers its calls after the frames read with them
+        self.store: MemoryStore | None = None
+        self.fleet = secrets.token_hex(8)  # names the store's sockets: unique to this server
+        self.mesh: Mesh | None = None
         self.workers: list[_Worker] = []
         self.stopping = False
 
@@ -278,8 +321,14 @@ class Supervisor:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        drainer = None
         if self.config.store.backend == "memory":
-            self.store = open_store(self.config.store)
+            store = open_store(self.config.store)
+            assert isinstance(store, MemoryStore)
+            self.store = store
+            self.mesh = Mesh(self.fleet, HUB, (), applier(store), owner=os.getpid())
+            self.mesh.listen()
+            drainer = loop.create_task(self._drain(self.mesh))
         self.workers = [_Worker(i) for i in range(self.n)]
         for w in self.workers:
             await self._spawn(w)
@@ -299,9 +348,24 @@ class Supervisor:
             watch.cancel()
         self.stopping = True
         await self._stop_all()
+        if drainer is not None:
+            drainer.cancel()
+        if self.mesh is not None:
+            self.mesh.close()
         if self.store is not None:
             await self.store.close()
         return 0 if started else 3
+
+    @staticmethod
+    async def _drain(mesh: Mesh) -> None:
+        """Apply the workers' writes to our copy, in batches (nothing waits on it
+        but a starting worker, which drains first)."""
+        while True:
+            await asyncio.sleep(_DRAIN_S)
+            try:
+                mesh.drain()
+            except Exception:
+                log.exception("the serve process's store copy: reading the workers' writes failed")
 
     async def _await_ready(self, stop: asyncio.Event) -> bool:
         deadline = time.monotonic() + _STARTUP_S
@@ -331,14 +395,16 @@ class Supervisor:
         theirs.close()
         w.started_at = time.monotonic()
         w.ready = asyncio.get_running_loop().create_future()
-        ours.sendall(encode(0, 0, "hello", (self.config, w.index, self.n, self.host, self.port)))
-        w.link = await Link.open(ours, functools.partial(self._handle, w), name=f"worker {w.index}", later=self.later)
+        hello = (self.config, w.index, self.n, self.host, self.port, self.fleet)
+        ours.sendall(encode(0, 0, "hello", hello))
+        w.link = await Link.open(ours, functools.partial(self._handle, w), name=f"worker {w.index}")
 
     def _handle(self, w: _Worker, name: str, args: tuple[Any, ...]) -> Any:
-        if name.startswith("store."):
-            if self.store is None:
+        if name == "store.snapshot":
+            if self.store is None or self.mesh is None:
                 raise ValueError("this server's store is not the embedded one")
-            return serve_store(self.store, name[6:], args)
+            self.mesh.drain()  # every write a worker made before this one listened
+            return self.store.dump()
         if name == "ready":
             if not w.ready.done():
                 w.ready.set_result(args[0])

@@ -4,6 +4,7 @@ entries, never another tenant's), TTL on every entry, clock injected."""
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -217,6 +218,15 @@ class MemoryStore:
 
     async def ping(self) -> None:
         return None
+
+    def dump(self) -> bytes:
+        """Everything held, for another process's copy to :meth:`load` (proxy.store.replica)."""
+        return pickle.dumps((self._data, self._bytes, self._shares), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def load(self, data: bytes) -> None:
+        """Replace what is held with what :meth:`dump` gave (same bounds; the clock is
+        the machine's monotonic one, the same in every process)."""
+        self._data, self._bytes, self._shares = pickle.loads(data)
 
     async def close(self) -> None:
         self._data.clear()

@@ -1,13 +1,12 @@
-"""The pieces of several workers, in one process: the link, the shared store over
-it, summed metrics, the config key and the port claim.  tests/e2e/test_workers.py
-runs the real thing (``prefixpin serve --workers 2`` against llama-server)."""
+"""The pieces of several workers, in one process: the link, summed metrics, the
+config key and the port claim (the store's copies: test_replica.py).
+tests/e2e/test_workers.py runs the real thing (``prefixpin serve --workers 2``
+against llama-server)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
-import pickle
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,10 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from canonicalize import LineageRecord
 from proxy.config import ConfigError, load
-from proxy.errors import StoreError
-from proxy.link import Later, Link, LinkClosed, encode
-from proxy.store.memory import MemoryStore
-from proxy.store.shared import SharedStore, serve
+from proxy.link import Link, LinkClosed
 from proxy.workers import _listen_socket, claim, cpus, exposition, merge, share, worker_count
 
 
@@ -88,38 +84,6 @@ def test_a_call_without_an_answer_times_out_and_a_lost_link_fails_pending_calls(
 
 def _record(rid: str = "L1", **kw: Any) -> LineageRecord:
     return LineageRecord(id=rid, root=rid, skeleton="sys", pins={"clock": "02:30 PM"}, **kw)
-
-
-def test_the_shared_store_is_the_serve_process_store() -> None:
-    async def main() -> None:
-        mem = MemoryStore()
-        client = SharedStore(timeout_s=1)
-        with pytest.raises(StoreError, match="not connected"):
-            await client.ping()
-        worker, parent = await pair(lambda n, a: None, lambda n, a: serve(mem, n[6:], a))
-        client.link = worker
-        links = [b"a" * 16, b"b" * 16, b"c" * 16]
-        assert (await client.lookup("t1", links, None)).depth == 0
-        await client.record("t1", _record(), links, {"ref1": b"SYSTEM BYTES"}, [])
-        await client.record_response("t1", "resp_1", "L1", links[-1])
-        found = await client.lookup("t1", [*links, b"d" * 16], "L1")
-        assert found.depth == 3
-        assert found.candidates[0] == _record()
-        assert found.declared == _record()
-        assert await client.blobs("t1", ["ref1", "nope"]) == [b"SYSTEM BYTES", None]
-        assert await client.response("t1", "resp_1") == ("L1", links[-1])
-        assert (await client.lookup("t2", links, None)).depth == 0  # tenants stay apart
-        assert len(mem) > 0
-        with pytest.raises(StoreError, match="unknown store operation"):
-            await client._call("close")  # only Store's own calls, and not close()
-        parent.close()
-        await worker.lost
-        with pytest.raises(StoreError):
-            await client.lookup("t1", links, None)
-        with pytest.raises(StoreError):
-            await client.record("t1", _record(), links, {}, [])
-
-    run(main)
 
 
 def _scrape(n: int) -> list[Any]:
@@ -201,48 +165,3 @@ def test_a_port_in_use_is_refused_even_to_a_second_prefixpin() -> None:
     finally:
         worker.close()
         held.close()
-
-
-def test_a_lookup_sees_a_record_another_worker_cast_in_the_same_poll_whatever_the_order() -> None:
-    """Worker A casts a turn's record just before its client gets the answer; the
-    client's next turn lands on worker B, whose lookup may reach the serve process
-    in the same poll as A's record, and be read first: it must see the record."""
-
-    async def main() -> None:
-        for record_first in (True, False):
-            store = MemoryStore()
-            later = Later()
-            a_ours, a_theirs = socket.socketpair()
-            b_ours, b_theirs = socket.socketpair()
-            parents = [
-                await Link.open(sock, functools.partial(_serve, store), name=f"worker {i}", later=later)
-                for i, sock in enumerate((a_ours, b_ours))
-            ]
-            links = [bytes([i]) * 16 for i in range(4)]
-            rec = LineageRecord(id="lin", root="lin")
-            record = encode(0, 0, "store.record", ("t1", rec, links, {}, []))
-            lookup = encode(0, 7, "store.lookup", ("t1", links, None))
-            if record_first:  # both wait in their sockets before the serve process's next poll
-                a_theirs.sendall(record)
-                b_theirs.sendall(lookup)
-            else:
-                b_theirs.sendall(lookup)
-                a_theirs.sendall(record)
-            for _ in range(5):
-                await asyncio.sleep(0)
-            await asyncio.sleep(0.01)
-            b_theirs.setblocking(False)
-            data = b_theirs.recv(1 << 20)
-            kind, call_id, _, value = pickle.loads(data[4:])
-            assert (kind, call_id) == (1, 7)
-            assert value.depth == 4 and [r.id for r in value.candidates] == ["lin"], record_first
-            for s in (a_theirs, b_theirs):
-                s.close()
-            for link in parents:
-                link.close()
-
-    run(main)
-
-
-def _serve(store: MemoryStore, name: str, args: tuple[Any, ...]) -> Any:
-    return serve(store, name[6:], args)
