@@ -18,10 +18,14 @@ lineage whichever worker it reaches.
 - **Peers.** Sockets in Linux's abstract namespace, named after a random id of the
   serve process's; a connection is accepted only from the serve process or one of
   its children (``SO_PEERCRED``), since frames are pickles.
-- **Back-pressure.** A peer that does not read for ``SEND_TIMEOUT_S`` (hung, not
-  dead: a dead one's socket fails at once) is cut off and logged; its copy is then
-  stale until it restarts.  While a send waits, the sender reads its own buffers,
-  so two busy workers never wait on each other.
+- **Back-pressure.** A peer whose buffer is full (busy, or stalled on a long
+  task) is waited on for up to ``SEND_WAIT_S``, reading our own buffers meanwhile
+  (so two busy workers never wait on each other); then the rest of the frame, and
+  every later one for that peer, waits in our memory, in order, and goes as the
+  peer reads.  A next turn that reaches that peer before its frame does goes on as
+  a root, as when a store is down: one stalled worker does not stall the others.
+  A peer ``BACKLOG_BYTES`` behind is cut off (hung; logged): its copy is stale
+  until it restarts.
 - **What differs from one process.** Each copy applies the same writes, so the
   copies agree on what is recorded.  Two writes to the same lineage from two
   workers at the same moment may apply in either order in different copies (their
@@ -51,7 +55,8 @@ from proxy.store.memory import MemoryStore
 log = logging.getLogger("prefixpin")
 
 HUB = "hub"  # the serve process's node
-SEND_TIMEOUT_S = 5.0
+SEND_WAIT_S = 0.05
+BACKLOG_BYTES = 64 << 20
 SNDBUF = 4 << 20  # asked for; the kernel may give less (net.core.wmem_max)
 _HEAD = struct.Struct(">I")
 _READ = 1 << 18
@@ -97,17 +102,20 @@ class Mesh:
         apply: Callable[[Any], None],
         *,
         owner: int,
-        send_timeout_s: float = SEND_TIMEOUT_S,
+        send_wait_s: float = SEND_WAIT_S,
+        backlog_bytes: int = BACKLOG_BYTES,
     ) -> None:
         self.fleet = fleet
         self.node = node
         self.peers = tuple(p for p in peers if p != node)
         self.apply = apply
         self.owner = owner
-        self.send_timeout_s = send_timeout_s
+        self.send_wait_s = send_wait_s
+        self.backlog_bytes = backlog_bytes
         self.listener: socket.socket | None = None
         self._in: dict[int, _Inbound] = {}  # by file descriptor
         self._out: dict[str, socket.socket] = {}
+        self._backlog: dict[str, bytearray] = {}  # what a full peer has yet to get, in order
         self._poll = select.poll()  # the listener and every inbound socket: one syscall tells what to read
         self.refused = 0  # connections refused to a process outside the fleet
 
@@ -148,7 +156,11 @@ class Mesh:
 
     def drain(self) -> None:
         """Apply every complete frame the peers' sockets hold now (one ``poll`` when
-        there is none, as on most requests of an idle fleet)."""
+        there is none, as on most requests of an idle fleet); send what waits for a
+        peer that was full."""
+        if self._backlog:
+            for peer in list(self._backlog):
+                self._flush(peer)
         ready = self._poll.poll(0)
         if not ready:
             return
@@ -237,6 +249,16 @@ class Mesh:
         return sock
 
     def _send(self, peer: str, frame: bytes) -> None:
+        waiting = self._backlog.get(peer)
+        if waiting is not None:  # after what waits already, in order
+            waiting += frame
+            if len(waiting) > self.backlog_bytes:
+                mb = self.backlog_bytes >> 20
+                log.error("store replica %s: peer %s is %d MB behind (hung?); cut off", self.node, peer, mb)
+                self._drop(peer)
+            else:
+                self._flush(peer)
+            return
         sock = self._out.get(peer) or self._connect(peer)
         if sock is None:
             return
@@ -248,11 +270,9 @@ class Mesh:
                 n = sock.send(view)
             except (BlockingIOError, InterruptedError):
                 now = time.monotonic()
-                deadline = deadline or now + self.send_timeout_s
+                deadline = deadline or now + self.send_wait_s
                 if now >= deadline:
-                    wait = self.send_timeout_s
-                    log.error("store replica %s: peer %s read nothing for %.0f s; cut off", self.node, peer, wait)
-                    self._drop(peer)
+                    self._backlog[peer] = bytearray(view)  # sent as the peer reads (drain)
                     return
                 self._wait(sock, deadline - now)
                 continue
@@ -267,6 +287,22 @@ class Mesh:
                 continue
             view = view[n:]
 
+    def _flush(self, peer: str) -> None:
+        waiting, sock = self._backlog[peer], self._out.get(peer)
+        if sock is None:
+            del self._backlog[peer]
+            return
+        try:
+            n = sock.send(waiting)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(peer)
+            return
+        del waiting[:n]
+        if not waiting:
+            del self._backlog[peer]
+
     def _wait(self, sock: socket.socket, timeout: float) -> None:
         """Until ``sock`` may be written, reading our own buffers meanwhile (the peer
         may be waiting on us)."""
@@ -278,6 +314,7 @@ class Mesh:
             self.drain()
 
     def _drop(self, peer: str) -> None:
+        self._backlog.pop(peer, None)
         sock = self._out.pop(peer, None)
         if sock is not None:
             sock.close()
@@ -286,6 +323,7 @@ class Mesh:
         for sock in self._out.values():
             sock.close()
         self._out.clear()
+        self._backlog.clear()
         for conn in list(self._in.values()):
             self._close(conn)
         if self.listener is not None:

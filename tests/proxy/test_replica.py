@@ -29,10 +29,10 @@ def run(coro: Any) -> Any:
 class Fleet:
     """The serve process's copy and N workers' copies, all in this process."""
 
-    def __init__(self, workers: int = 2, *, send_timeout_s: float = 5.0) -> None:
+    def __init__(self, workers: int = 2, **mesh: Any) -> None:
         self.id = secrets.token_hex(8)
         self.n = workers
-        self.send_timeout_s = send_timeout_s
+        self.mesh = mesh
         self.hub_store = MemoryStore()
         self.hub = Mesh(self.id, HUB, (), applier(self.hub_store), owner=os.getpid())
         self.hub.listen()
@@ -42,9 +42,7 @@ class Fleet:
         """What a worker does before it serves: listen, load the serve process's copy,
         read what arrived meanwhile."""
         local = MemoryStore()
-        mesh = Mesh(
-            self.id, str(i), nodes(self.n), applier(local), owner=os.getpid(), send_timeout_s=self.send_timeout_s
-        )
+        mesh = Mesh(self.id, str(i), nodes(self.n), applier(local), owner=os.getpid(), **self.mesh)
         mesh.listen()
         self.hub.drain()
         local.load(self.hub_store.dump())
@@ -159,22 +157,48 @@ def test_a_connection_from_outside_the_server_is_refused(caplog: pytest.LogCaptu
     mesh.close()
 
 
-def test_a_peer_that_reads_nothing_is_cut_off_and_no_one_waits_forever(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_full_peer_gets_every_write_in_order_once_it_reads_and_no_one_waits_on_it() -> None:
     async def main() -> None:
-        fleet = Fleet(2, send_timeout_s=0.3)
+        fleet = Fleet(2, send_wait_s=0.01)
         a = fleet.start(0)
-        b = fleet.start(1)  # never drains from here on
+        b = fleet.start(1)  # busy: it reads nothing for a while
+        assert a.mesh is not None and b.mesh is not None
+        blob = os.urandom(1 << 20)
+        n = 12  # far more than a socket buffer holds
+        for i in range(n):  # each returns after at most send_wait_s: the rest waits in a's memory
+            await a.record("t1", _rec(f"L{i}"), _links(2, bytes([i])), {f"ref{i}": blob}, [])
+            fleet.hub.drain()  # the serve process keeps reading
+        assert a.mesh._backlog
+        for _ in range(200):  # b reads again; a sends what waits as b makes room
+            b.mesh.drain()
+            a.mesh.drain()
+            if not a.mesh._backlog:
+                break
+        b.mesh.drain()
+        assert not a.mesh._backlog
+        for i in range(n):
+            found = await b.lookup("t1", _links(2, bytes([i])), None)
+            assert found.depth == 2 and found.candidates[0].id == f"L{i}"
+        assert await b.blobs("t1", [f"ref{n - 1}"]) == [blob]
+        fleet.close()
+
+    run(main())
+
+
+def test_a_peer_far_behind_is_cut_off(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        fleet = Fleet(2, send_wait_s=0.0, backlog_bytes=4 << 20)
+        a = fleet.start(0)
+        fleet.start(1)  # never reads
+        assert a.mesh is not None
         blob = os.urandom(1 << 20)
         with caplog.at_level(logging.ERROR, logger="prefixpin"):
-            for i in range(40):  # far more than any socket buffer holds
+            for i in range(12):
                 await a.record("t1", _rec(f"L{i}"), _links(2, bytes([i])), {f"ref{i}": blob}, [])
-                fleet.hub.drain()  # the serve process keeps reading
-                if "cut off" in caplog.text:
-                    break
-        assert "peer 1 read nothing" in caplog.text
+                fleet.hub.drain()
+        assert "peer 1 is 4 MB behind" in caplog.text
         fleet.hub.drain()
-        assert (await fleet.hub_store.lookup("t1", _links(2, bytes([i])), None)).depth == 2
-        assert b.mesh is not None
+        assert (await fleet.hub_store.lookup("t1", _links(2, bytes([11])), None)).depth == 2  # the hub has it all
         fleet.close()
 
     run(main())
