@@ -271,6 +271,10 @@ class Handler:
                             m.upstream_ttft.observe(time.perf_counter() - sent)
                             first = False
                         chunk = b"".join(out)
+                        if hold is not None and reply.ended:
+                            # The stream's last event: a client that stops reading there must
+                            # not be answered before the done hooks ran (workers: the record).
+                            hold(True)
                 if at_end is not None and at_end():
                     ended = True
                     if hold is not None:

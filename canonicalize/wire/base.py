@@ -33,6 +33,7 @@ class Reply(Protocol):
     usage: UsageAccumulator
     blocked: int
     first_token: bool
+    ended: bool  # the stream's last event went by (chat: [DONE]; Messages: message_stop; Responses: its end)
     offered: frozenset[str] | None  # the fork guard's tools; None: ``complete`` never changes a body
 
     def feed(self, event: Event) -> bytes | None:

@@ -66,6 +66,7 @@ class ChatReply:
         self.usage = UsageAccumulator()
         self.blocked = 0
         self.first_token = False  # a content/tool delta has been forwarded
+        self.ended = False
         # Guard state per choice (``n`` > 1 streams several): upstream call index -> state,
         # and the next client-side index.
         self._calls: dict[tuple[int, int], _Call] = {}
@@ -77,7 +78,10 @@ class ChatReply:
     # -- streamed --------------------------------------------------------------
     def feed(self, event: Event) -> bytes | None:
         """Bytes to forward for ``event`` (its own raw bytes if unchanged), or None to drop it."""
-        if event.data is None or event.data.strip() == b"[DONE]":
+        if event.data is None:
+            return event.raw
+        if event.data.strip() == b"[DONE]":
+            self.ended = True
             return event.raw
         obj = loads_or_none(event.data)
         if not isinstance(obj, dict):

@@ -20,6 +20,7 @@ class MessagesReply:
         self.usage = UsageAccumulator()
         self.blocked = 0
         self.first_token = False
+        self.ended = False
         self._dropped: set[int] = set()
         self._renumber: dict[int, int] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
@@ -36,6 +37,8 @@ class MessagesReply:
         self.usage.feed(obj)
         kind = obj.get("type")
         changed = False
+        if kind == "message_stop":
+            self.ended = True
         if kind == "message_start":
             self._saw = True
         elif kind in ("content_block_start", "content_block_delta", "content_block_stop"):

@@ -26,6 +26,7 @@ CALLS = frozenset({"function_call", "custom_tool_call"})
 _FIRST_TOKEN = frozenset(
     {"response.output_text.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta"}
 )
+_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})  # a stream's last event
 
 
 def _loads(data: bytes) -> Any:
@@ -43,6 +44,7 @@ class ResponsesReply:
         self.usage = UsageAccumulator()
         self.blocked = 0
         self.first_token = False
+        self.ended = False
         self._dropped: set[int] = set()  # upstream output indexes removed
         self._dropped_ids: set[str] = set()
         self._renumber: dict[int, int] = {}
@@ -71,6 +73,8 @@ class ResponsesReply:
             return event.raw
         self.usage.feed(obj)
         kind = obj.get("type")
+        if kind in _ENDS:
+            self.ended = True
         if kind in _FIRST_TOKEN:
             self.first_token = True
         changed = False

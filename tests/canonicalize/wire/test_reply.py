@@ -1,5 +1,6 @@
-"""canonicalize.wire.reply_chat and reply_messages: pass-through, the usage chunk, the fork tool-call guard and the
-reply message, for OpenAI chat completions and Anthropic messages, streamed or not."""
+"""canonicalize.wire.reply_chat and reply_messages (and where a Responses stream ends): pass-through, the
+usage chunk, the fork tool-call guard and the reply message, for OpenAI chat completions and Anthropic
+messages, streamed or not."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from canonicalize.sse import Event, SSESplitter
 from canonicalize.usage import Usage
 from canonicalize.wire.reply_chat import ChatReply
 from canonicalize.wire.reply_messages import MessagesReply
+from canonicalize.wire.reply_responses import ResponsesReply
 
 OFFERED = frozenset({"memory", "skill_manage"})
 
@@ -637,3 +639,35 @@ def test_messages_complete_unchanged() -> None:
     assert body == before
     assert reply.message() == {"role": "assistant", "content": [TEXT_BLOCK, MEMORY_BLOCK]}
     assert MessagesReply().complete(message_body([TERMINAL_BLOCK])) is False
+
+
+def test_each_reply_knows_when_its_stream_has_ended() -> None:
+    """``ended`` turns true on the stream's last event, so a worker can hold what follows
+    until its record is out (proxy.handler)."""
+
+    def events(raw: bytes) -> list[Event]:
+        return list(SSESplitter().feed(raw))
+
+    chat = ChatReply()
+    for ev in events(data(chunk({"content": "hi"})) + data(chunk(finish="stop"))):
+        chat.feed(ev)
+    assert not chat.ended
+    for ev in events(b"data: [DONE]\n\n"):
+        chat.feed(ev)
+    assert chat.ended
+    msgs = MessagesReply()
+    for kind in ("message_start", "message_delta"):
+        for ev in events(anthropic_event({"type": kind, "message": {}, "delta": {}})):
+            msgs.feed(ev)
+    assert not msgs.ended
+    for ev in events(anthropic_event({"type": "message_stop"})):
+        msgs.feed(ev)
+    assert msgs.ended
+    for end in ("response.completed", "response.incomplete", "response.failed"):
+        resp = ResponsesReply()
+        for ev in events(data({"type": "response.created", "response": {"id": "r1"}})):
+            resp.feed(ev)
+        assert not resp.ended
+        for ev in events(data({"type": end, "response": {"id": "r1", "output": []}})):
+            resp.feed(ev)
+        assert resp.ended, end
