@@ -40,9 +40,34 @@ class LinkClosed(ConnectionError):
     """The other end is gone (or did not answer in time)."""
 
 
-def encode(kind: int, call_id: int, name: str, value: Any) -> bytes:
-    payload = pickle.dumps((kind, call_id, name, value), protocol=pickle.HIGHEST_PROTOCOL)
+def frame(value: Any) -> bytes:
+    """One frame: a 4-byte big-endian length, then the pickle of ``value``."""
+    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEAD.pack(len(payload)) + payload
+
+
+def unframe(buf: bytearray) -> list[Any]:
+    """The values of the whole frames at the start of ``buf``, in order, removed from it
+    (the start of a frame still arriving stays).  A frame over ``MAX_FRAME`` raises
+    ValueError, a damaged one what pickle raises: the caller drops that channel."""
+    out: list[Any] = []
+    pos = 0
+    try:
+        while len(buf) - pos >= 4:
+            (size,) = _HEAD.unpack_from(buf, pos)
+            if size > MAX_FRAME:
+                raise ValueError(f"frame of {size} bytes")
+            if len(buf) - pos - 4 < size:
+                break
+            out.append(pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + size]))
+            pos += 4 + size
+    finally:
+        del buf[:pos]
+    return out
+
+
+def encode(kind: int, call_id: int, name: str, value: Any) -> bytes:
+    return frame((kind, call_id, name, value))
 
 
 def run_sync(coro: Any) -> Any:
@@ -117,25 +142,16 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self._buf
         buf += data
-        pos = 0
         batch: list[bytes] = []
         self._batch = batch  # answers to the frames of one read go out in one write
         try:
-            while len(buf) - pos >= 4:
-                (size,) = _HEAD.unpack_from(buf, pos)
-                if size > MAX_FRAME:
-                    raise ValueError(f"frame of {size} bytes")
-                if len(buf) - pos - 4 < size:
-                    break
-                frame = pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + size])
-                pos += 4 + size
-                self._frame(*frame)
+            for kind, call_id, name, value in unframe(buf):
+                self._frame(kind, call_id, name, value)
         except Exception:
             log.exception("%s: unreadable frame; closing it", self.name)
             self.close()
             return
         finally:
-            del buf[:pos]
             self._batch = None
             if batch and not self.closed and self.transport is not None:
                 self.transport.write(b"".join(batch))

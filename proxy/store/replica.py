@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import select
 import socket
 import struct
@@ -48,7 +47,7 @@ from typing import Any
 
 from canonicalize import LineageRecord, Lookup
 from proxy.errors import StoreError
-from proxy.link import run_sync
+from proxy.link import frame, run_sync, unframe
 from proxy.store import Links
 from proxy.store.memory import MemoryStore
 
@@ -58,9 +57,7 @@ HUB = "hub"  # the serve process's node
 SEND_WAIT_S = 0.05
 BACKLOG_BYTES = 64 << 20
 SNDBUF = 4 << 20  # asked for; the kernel may give less (net.core.wmem_max)
-_HEAD = struct.Struct(">I")
 _READ = 1 << 18
-_MAX_FRAME = 1 << 30
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -201,32 +198,22 @@ class Mesh:
             buf += data
             if len(data) < _READ:
                 break
-        pos = 0
         try:
-            while len(buf) - pos >= 4:
-                (size,) = _HEAD.unpack_from(buf, pos)
-                if size > _MAX_FRAME:
-                    raise ValueError(f"frame of {size} bytes")
-                if len(buf) - pos - 4 < size:
-                    break
-                message = pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + size])
-                pos += 4 + size
+            for message in unframe(buf):
                 self.apply(message)
         except Exception:
             log.exception("store replica %s: unreadable frame; dropping that peer", self.node)
             self._close(conn)
-            pos = len(buf)
-        del buf[:pos]
+            buf.clear()
 
     # -- sending -----------------------------------------------------------------------
     def publish(self, message: Any) -> None:
         """Put ``message`` in every peer's receive buffer before returning.  A peer
         that is not there (not started, restarting) is skipped: it loads the serve
         process's copy, which is written first, when it starts."""
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        frame = _HEAD.pack(len(payload)) + payload
+        data = frame(message)
         for peer in self.peers:
-            self._send(peer, frame)
+            self._send(peer, data)
 
     def _connect(self, peer: str) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -248,10 +235,10 @@ class Mesh:
         self._out[peer] = sock
         return sock
 
-    def _send(self, peer: str, frame: bytes) -> None:
+    def _send(self, peer: str, data: bytes) -> None:
         waiting = self._backlog.get(peer)
         if waiting is not None:  # after what waits already, in order
-            waiting += frame
+            waiting += data
             if len(waiting) > self.backlog_bytes:
                 mb = self.backlog_bytes >> 20
                 log.error("store replica %s: peer %s is %d MB behind (hung?); cut off", self.node, peer, mb)
@@ -262,7 +249,7 @@ class Mesh:
         sock = self._out.get(peer) or self._connect(peer)
         if sock is None:
             return
-        view = memoryview(frame)
+        view = memoryview(data)
         deadline = 0.0
         retried = False
         while view:
@@ -278,7 +265,7 @@ class Mesh:
                 continue
             except OSError:  # the peer is gone (or restarted): once more, on a new connection
                 self._drop(peer)
-                if retried or len(view) != len(frame):
+                if retried or len(view) != len(data):
                     return
                 retried = True
                 sock = self._connect(peer)
