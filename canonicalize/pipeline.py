@@ -24,6 +24,7 @@ import orjson
 import xxhash
 
 from canonicalize import chain, notes, pins
+from canonicalize.bodies import Bodies
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString, SetValue
 from canonicalize.histories import Histories
 from canonicalize.jsonspan import JsonDoc, Path
@@ -125,8 +126,10 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, ToolsId]] = OrderedDict()
+        self._tools_held: dict[int, tuple[list[Any], str, ToolsId]] = {}  # by id(): lists no rule writes to
         self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
         self.texts = Texts()  # system texts seen again: hashed, encoded and fingerprinted once
+        self.bodies = Bodies()  # a body parsed as its session's previous one but for what changed
         self.rule_names = tuple(r.name for r in rules)
         self.identity_params = tuple(dict.fromkeys(q for p in packs for q in p.identity_params))
         self.identity_headers = tuple(dict.fromkeys(h for p in packs for h in p.identity_headers))
@@ -134,6 +137,8 @@ class Canonicalizer:
         self.static_messages = tuple(r for r in rules if r.static and r.scope == "all")
         self.pin_system = tuple(r for r in rules if not r.static and r.scope in ("system", "all"))
         self.pin_tools = tuple(r for r in rules if not r.static and r.scope in ("tools", "all"))
+        # Rules that write into tools[] (scope tools or all, the latter into every message too).
+        self.edits_tools = bool(self.static["tools"] or self.pin_tools or self.static_messages)
         markers = tuple(m for p in packs for m in p.markers) + settings.fork.markers
         inherit = tuple(dict.fromkeys(settings.fork.inherit_params + tuple(q for p in packs for q in p.inherit_params)))
         self.fork = ForkPolicy(
@@ -166,9 +171,21 @@ class Canonicalizer:
             masked[:HEAD_CHARS],
         )
 
+    def parse(self, raw: bytes, exchange: Exchange, scope: str) -> tuple[Any, JsonDoc] | None:
+        """``raw``'s parse (for this request to edit) and doc, by pieces of the tenant's
+        recent bodies where the bytes are equal (:mod:`canonicalize.bodies`); None:
+        not JSON.  Not thread-safe: the event loop's only."""
+        return self.bodies.parse(raw, exchange.items_key, scope, remember=not self.edits_tools)
+
     def tools_id(self, exchange: Exchange, tool_list: list[Any]) -> ToolsId | None:
         """What identifies ``tool_list``; None when it cannot be hashed (e.g. an
         integer beyond 64 bits): such tools are forwarded as sent, never replaced."""
+        if not self.edits_tools:
+            # The same list object again (a body parsed by pieces shares its session's
+            # tools[], which nothing writes to then): its answer without serializing it.
+            held = self._tools_held.get(id(tool_list))
+            if held is not None and held[0] is tool_list and held[1] == exchange.name:
+                return held[2]
         try:
             form = orjson.dumps(tool_list)
         except TypeError:
@@ -187,6 +204,10 @@ class Canonicalizer:
                 self._tools_cache.popitem(last=False)
         else:
             self._tools_cache.move_to_end(key)
+        if not self.edits_tools:
+            self._tools_held[id(tool_list)] = (tool_list, exchange.name, hit[1])  # holds it: the id stays its
+            if len(self._tools_held) > SLOT_CACHE:
+                self._tools_held.pop(next(iter(self._tools_held)), None)
         return hit[1]  # frozen: the same object serves every request that sends these bytes
 
     def prepare(

@@ -53,6 +53,7 @@ class Exchange(Protocol):
     """One wire API (see the module docstring)."""
 
     name: str  # the ``route`` metric label
+    items_key: str  # the top-level array of history items (Bodies parses it by pieces)
     schema_key: str  # where a tool's JSON schema sits
     # The top-level member naming a provider cache key (OpenAI's ``prompt_cache_key``),
     # set per lineage by ``provider_cache.prompt_cache_key: lineage``; None: the API has none.

@@ -48,6 +48,7 @@ def _call(call: Any) -> Any:
 
 class ChatExchange(RoleMessages):
     name = "chat_completions"
+    items_key = "messages"
     system_roles = SYSTEM_ROLES
     schema_key = "parameters"
     cache_key_member: str | None = "prompt_cache_key"

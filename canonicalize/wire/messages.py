@@ -33,6 +33,7 @@ _PATH = re.compile(r"/v1/messages/?")
 
 class MessagesExchange(RoleMessages):
     name = "messages"
+    items_key = "messages"
     schema_key = "input_schema"
     cache_key_member: str | None = None  # Anthropic caches by breakpoints (canonicalize.provider.breakpoints)
 

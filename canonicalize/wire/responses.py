@@ -93,6 +93,7 @@ def _flat(content: Any) -> Any:
 
 class ResponsesExchange:
     name = "responses"
+    items_key = "input"
     schema_key = "parameters"
     cache_key_member: str | None = "prompt_cache_key"  # Codex sets its own (its thread id): kept
 

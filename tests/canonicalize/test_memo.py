@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from canonicalize import CHAT, Settings
+from canonicalize import CHAT, Settings, compile_rule
+from canonicalize.bodies import Bodies
 from canonicalize.histories import Histories
 from canonicalize.memo import HEAD, TAIL, Texts
 from canonicalize.pipeline import Canonicalizer
@@ -99,7 +100,9 @@ def forgetful(h: Harness) -> None:
     canon = h.canon
     canon.texts = Texts()
     canon.histories = Histories()
+    canon.bodies = Bodies()
     canon._tools_cache.clear()
+    canon._tools_held.clear()
 
 
 def same(a: Sent, b: Sent) -> None:
@@ -148,6 +151,7 @@ def test_memoised_requests_match_a_canonicalizer_that_remembers_nothing(seed: in
         same(a, b)
         if a.flow.role != "fork":
             history.append(reply)
+    assert memo.canon.bodies.reused > 0  # most bodies parsed by pieces of the previous one
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -282,3 +286,29 @@ def test_system_ref_memoised_with_the_text_is_the_one_computed() -> None:
             value = [{"role": role, "content": [{"type": "text", "text": text}]}]
         scope = rnd.choice(["a", "b"])
         assert canon.system_ref(value, scope) == chain.digest(orjson.dumps(value)), (shape, role)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("scope", ["all", "tools"])
+def test_rules_that_edit_history_or_tools_match_a_canonicalizer_that_remembers_nothing(seed: int, scope: str) -> None:
+    """A user rule of scope ``all`` writes into every message, one of scope ``tools``
+    into tools[]: bodies parsed by pieces are never edited through another request."""
+    rnd = random.Random(seed)
+    rule = compile_rule("user.mask", r"secret-\d+", "mask", scope)
+    settings = Settings(rules=(rule,))
+    memo, cold = Harness(settings), Harness(settings)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "start secret-1"}]
+    tools = hermes.tools_full()
+    tools[0]["function"]["description"] += " secret-7"
+    for n in range(30):
+        if rnd.random() < 0.3 and len(history) > 1:
+            history[-1] = {"role": "user", "content": f"retry {n} secret-{n}"}
+        else:
+            history.append({"role": "user", "content": f"turn {n}"})
+        system = hermes.system_prompt(minute=f"02:{rnd.choice([30, 31])} PM", session="20260513_204500_d02a5d")
+        body = hermes.request(system, list(history), tools)
+        reply = {"role": "assistant", "content": f"answer {n} secret-{n}"}
+        forgetful(cold)
+        same(memo.send(body, reply=reply), cold.send(body, reply=reply))
+        history.append(reply)
+    assert memo.canon.bodies.reused == 0  # edited in place: parsed whole

@@ -1,0 +1,382 @@
+"""Parse only what changed since a tenant's previous body.
+
+An agent's next request repeats its previous one: the same head
+(``{"model":…,"messages":[``), the same tail (``],"tools":[…],…}``) and between
+them the same items but for a few: the new turn's, the last user message of a
+retry, a system prompt whose counter moved.  :class:`Bodies` keeps a few recent
+bodies per tenant with their parse and the byte span of each item of their
+item array (chat and Messages ``messages``, Responses ``input``), and parses a
+new body as a remembered one's items wherever the bytes are equal, with
+``orjson.loads`` only of the gaps between them.
+
+Nothing is assumed about the new bytes.  The head and the tail must be byte for
+byte the remembered ones, each reused run of items byte for byte the remembered
+items, and each gap must parse on its own as the content of a JSON array
+(``[`` + gap + ``]``): the new array is then the concatenation of valid pieces
+joined by commas, so its parse *is* the pieces' parses, and the body's parse is
+the remembered one with that array in place.  Anything else (a body written
+with other spacing or escapes than orjson's, a changed tool list, a gap that is
+not whole items) is parsed whole, as before.  A remembered body's item spans are
+found, once, by checking that each item's compact serialization is the byte run
+at its place; that its array is the member the parse kept (the last of
+duplicate keys) is proven by parsing the body with the array replaced by ``0``.
+
+The parse that is kept is never handed out: the pipeline edits its parse in
+place (a system text interned or pinned, a date note on a user message).  Each
+request gets a new top-level object and array, new copies of every item the
+pipeline may write to (system and user messages and items with no role, with
+their content parts) and of every other top-level list (Messages ``system``
+blocks); assistant and tool messages and ``tools`` are shared.  Rules of scope
+``tools`` or ``all`` write into those: with any, bodies are parsed whole.
+
+Per tenant (``scope``), so one tenant's bodies are never compared with, nor can
+time, another's.  Bounded in bodies per tenant and in remembered bytes.  Not
+thread-safe: the proxy calls it on its event loop only (a big body is parsed on
+a worker thread, whole).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+from canonicalize.jsonspan import JsonDoc
+
+PER_SCOPE = 8  # remembered bodies per tenant: one per live session of an agent
+MAX_BYTES = 16 * 2**20  # raw bytes remembered in all (their parses are mostly shared)
+# The roles of the items no request writes to (it writes system texts and date notes
+# on user messages): the only items shared between requests; every other is copied.
+SHARED = frozenset({"assistant", "tool"})
+
+Span = tuple[int, int]
+
+
+class _Body:
+    """One remembered body: its bytes, its parse (kept, never handed out) and the
+    layout of its item array, found on first use (``layout``)."""
+
+    __slots__ = ("close", "doc", "head", "items", "key", "open", "raw", "spans", "tail", "top")
+
+    def __init__(self, raw: bytes, top: dict[str, Any], key: str, doc: JsonDoc) -> None:
+        self.raw = raw
+        self.top = top
+        self.key = key
+        self.items: list[Any] = top[key]
+        self.doc = doc  # the request's: spans it located while served carry over
+        self.spans: list[Span] | None = None  # None: not yet known; [] and open < 0: unusable
+        self.open = -1  # offset of the array's '['
+        self.close = -1  # offset of its ']'
+        self.head = b""  # raw[: open + 1]
+        self.tail = b""  # raw[close:]
+
+    def layout(self) -> bool:
+        """Find and prove the item spans (once); False when this body cannot be reused."""
+        if self.spans is not None:
+            return self.open >= 0
+        self.spans = []
+        raw, items = self.raw, self.items
+        member = b'"%s":[' % self.key.encode()
+        at = raw.find(member)
+        if at < 0:
+            return False
+        start = at + len(member) - 1
+        spans: list[Span] = []
+        pos = start + 1
+        try:
+            for n, item in enumerate(items):
+                if n:
+                    if raw[pos : pos + 1] != b",":
+                        return False
+                    pos += 1
+                form = orjson.dumps(item)
+                if not raw.startswith(form, pos):
+                    return False
+                spans.append((pos, pos + len(form)))
+                pos += len(form)
+            if raw[pos : pos + 1] != b"]":
+                return False
+            # The array found is the member the parse kept (not an earlier duplicate,
+            # not a look-alike inside a string): with it replaced by 0, the rest parses
+            # to the same members and the key to that 0.
+            probe = orjson.loads(raw[:start] + b"0" + raw[pos + 1 :])
+        except (orjson.JSONDecodeError, TypeError):
+            return False
+        if not isinstance(probe, dict) or type(probe.get(self.key)) is not int or probe[self.key] != 0:
+            return False
+        probe[self.key] = items
+        if probe != self.top:
+            return False
+        self.spans, self.open, self.close = spans, start, pos
+        self.head, self.tail = raw[: start + 1], raw[pos:]
+        return True
+
+
+class Bodies:
+    """The recent bodies of each tenant (see the module docstring)."""
+
+    def __init__(self, *, per_scope: int = PER_SCOPE, max_bytes: int = MAX_BYTES) -> None:
+        self.per_scope = per_scope
+        self.max_bytes = max_bytes
+        self._scopes: OrderedDict[str, list[_Body]] = OrderedDict()
+        self._bytes = 0
+        self.reused = 0  # bodies parsed from a remembered one (tests, benchmarks)
+
+    def parse(self, raw: bytes, key: str, scope: str, *, remember: bool = True) -> tuple[Any, JsonDoc] | None:
+        """The parse of ``raw`` (a copy the caller may edit) and its :class:`JsonDoc`;
+        None when ``raw`` is not JSON.  ``key`` names the item array.  With ``remember``
+        False (rules of scope ``tools`` or ``all`` edit tools[] and any message in
+        place), the body is parsed whole and nothing is kept."""
+        recent = self._scopes.get(scope)
+        body = None
+        if recent is not None and remember:
+            self._scopes.move_to_end(scope)
+            # The bodies whose first item this one starts with first (the same session,
+            # as a rule), then the others (a system prompt that changed).
+            for n in _candidates(recent, raw):
+                old = recent[n]
+                found = _reuse(old, raw, key)
+                if found is None:
+                    continue
+                top, doc, layout = found
+                body = _Body(raw, top, key, doc)
+                if layout is not None:
+                    body.open, body.close, body.head, body.tail = old.open, layout[0], old.head, old.tail
+                    body.spans = layout[1]
+                self._forget(recent, n)
+                self.reused += 1
+                break
+        if body is None:
+            try:
+                top = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return None
+            try:
+                doc = JsonDoc(raw)
+            except ValueError:
+                return None
+            if not isinstance(top, dict) or not isinstance(top.get(key), list) or not remember:
+                return top, doc
+            body = _Body(raw, top, key, doc)
+        self._remember(scope, body)
+        return _handout(top, key), doc
+
+    def _remember(self, scope: str, body: _Body) -> None:
+        recent = self._scopes.get(scope)
+        if recent is None:
+            recent = self._scopes[scope] = []
+        recent.insert(0, body)
+        self._bytes += len(body.raw)
+        if len(recent) > self.per_scope:
+            self._forget(recent, len(recent) - 1)
+        while self._bytes > self.max_bytes and self._scopes:
+            oldest = next(iter(self._scopes.values()))
+            if oldest:
+                self._forget(oldest, len(oldest) - 1)
+            if not oldest:
+                self._scopes.popitem(last=False)
+
+    def _forget(self, recent: list[_Body], n: int) -> None:
+        self._bytes -= len(recent.pop(n).raw)
+
+
+def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None] | None:
+    """``raw``'s parse, doc and layout (its close and item spans, when all are known)
+    as ``old``'s items where the bytes are equal, or None."""
+    if old.key != key or not old.layout():
+        return None
+    head, tail, spans = old.head, old.tail, old.spans
+    assert spans is not None
+    if len(raw) < len(head) + len(tail) or not raw.startswith(head) or not raw.endswith(tail):
+        return None
+    close = len(raw) - len(tail)  # the new ']'
+    n = len(spans)
+    src = memoryview(old.raw)
+    lo = len(head)  # where the items start, in both
+
+    def starts(k: int) -> bool:  # the first k old items start the new array, at the same offsets
+        return k == 0 or raw.startswith(src[lo : spans[k - 1][1]], lo)
+
+    k = _largest(n, starts) if n and starts(1) else 0
+    at = spans[k - 1][1] if k else lo  # the end of that run, in both
+
+    def ends(m: int) -> bool:  # the last m old items end it (after the first run and a comma)
+        if m == 0:
+            return True
+        s = spans[n - m][0]
+        return close - (old.close - s) >= at + (1 if k else 0) and raw.endswith(src[s : old.close], 0, close)
+
+    m = _largest(n - k, ends) if k < n and ends(1) else 0
+    tail_at = close - (old.close - spans[n - m][0]) if m else close
+    runs: list[tuple[int, int, int]] = []  # (old first item, new start, count) of reused runs, in order
+    if k:
+        runs.append((0, lo, k))
+    # One more run in the middle: the old items after the first changed one, found
+    # by where the first of them starts, checked whole at that place.
+    for first, last in ((k + 1, n - m), (k + 1, n - m - 1)):
+        if last - first < 1:
+            continue
+        lead = src[spans[first][0] : spans[first][1]]
+        q = raw.find(lead, at, tail_at)
+        while q > at and raw[q - 1] != 0x2C:
+            q = raw.find(lead, q + 1, tail_at)
+        if q <= at:
+            continue
+        width = spans[last - 1][1] - spans[first][0]
+        if q + width < tail_at and raw.startswith(src[spans[first][0] : spans[last - 1][1]], q):
+            runs.append((first, q, last - first))
+            break
+    if m:
+        runs.append((n - m, tail_at, m))
+    if not runs and n:
+        return None  # nothing in common: another session's body
+    # The gaps between reused runs hold whole new items, parsed on their own.
+    items: list[Any] = []
+    new_spans: list[Span] = []
+    moves: list[tuple[int, int, int, int, int]] = []  # old start, old end, shift, old first, new first
+    pos, after_item = lo, False
+    old_items = old.items
+    try:
+        for first, start, count in runs:
+            if not _gap(raw, pos, start, after_item, True, items, new_spans):
+                return None
+            s0, e0 = spans[first][0], spans[first + count - 1][1]
+            shift = start - s0
+            moves.append((s0, e0, shift, first, len(items)))
+            items += old_items[first : first + count]
+            new_spans += [(s + shift, e + shift) for s, e in spans[first : first + count]]
+            pos, after_item = e0 + shift, True
+        if not _gap(raw, pos, close, after_item, False, items, new_spans):
+            return None
+    except (orjson.JSONDecodeError, TypeError):
+        return None
+    top = dict(old.top)
+    top[old.key] = items
+    doc = JsonDoc(raw)
+    _carry(old, doc, moves, close)
+    known = all(s >= 0 for s, _ in new_spans)
+    return top, doc, ((close, new_spans) if known else None)
+
+
+def _candidates(recent: list[_Body], raw: bytes) -> list[int]:
+    """The remembered bodies worth trying for ``raw``, best first: those it starts
+    with up to the end of their first item (the same session, as a rule), then those
+    whose second item it holds after a comma (a system prompt that changed), newest
+    first, when none of the first kind is; no other (their items could be reused
+    only at the very end)."""
+    lead: list[int] = []
+    rest: list[int] = []
+    for n, old in enumerate(recent):
+        if not old.layout():
+            continue
+        spans = old.spans
+        assert spans is not None
+        src = memoryview(old.raw)
+        if spans and raw.startswith(src[: spans[0][1]]):
+            lead.append(n)
+        elif len(spans) > 1 and not lead:
+            q = raw.find(src[spans[1][0] : spans[1][1]], old.open + 1)
+            if q > 0 and raw[q - 1] == 0x2C:
+                rest.append(n)
+    return lead + rest
+
+
+def _largest(n: int, ok: Any) -> int:
+    """The largest k in [0, n] with ``ok(k)`` (true for 0, and for every k below one
+    it is true for): n and n - 1 tried first (a turn appended, the last message
+    changed), then a binary search."""
+    if ok(n):
+        return n
+    if n >= 1 and ok(n - 1):
+        return n - 1
+    a, b = 0, max(n - 2, 0)
+    while a < b:
+        mid = (a + b + 1) // 2
+        if ok(mid):
+            a = mid
+        else:
+            b = mid - 1
+    return a
+
+
+def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: list[Any], spans: list[Span]) -> bool:
+    """Parse ``raw[start:end]``, between a reused item (``after``) or the '[', and a
+    reused item (``before``) or the ']': new whole items and their separators, or
+    just one separator.  Appends the items and their spans (found by their compact
+    serialization; unknown spans make the caller's body unusable later)."""
+    if after and before:
+        if end - start < 1 or raw[start] != 0x2C or raw[end - 1] != 0x2C:
+            return False
+        if end - start == 1:
+            return True
+        start, end = start + 1, end - 1
+    elif after:
+        if start == end:
+            return True
+        if raw[start] != 0x2C:
+            return False
+        start += 1
+    elif before:
+        if start == end:
+            return True
+        if raw[end - 1] != 0x2C:
+            return False
+        end -= 1
+    elif start == end:
+        return True
+    if start >= end:
+        return False
+    new = orjson.loads(b"[" + raw[start:end] + b"]")
+    pos = start
+    for n, item in enumerate(new):
+        if n:
+            pos += 1  # ','
+        form = orjson.dumps(item)
+        if raw.startswith(form, pos):
+            spans.append((pos, pos + len(form)))
+            pos += len(form)
+        else:
+            spans.append((-1, -1))
+            pos = -(1 << 62)
+    items += new
+    return True
+
+
+def _carry(old: _Body, doc: JsonDoc, moves: list[tuple[int, int, int, int, int]], close: int) -> None:
+    """The spans the old doc located in the head, the tail or a reused item, at their
+    new offsets (and items' new indices): the same bytes in the same structure, so
+    what proved them there proves them here."""
+    key, shift_tail = old.key, close - old.close
+    quick = doc._quick
+    for path, (s, e) in old.doc._quick.items():
+        if e <= old.open:
+            quick[path] = (s, e)
+        elif s > old.close:
+            quick[path] = (s + shift_tail, e + shift_tail)
+        elif len(path) >= 2 and path[0] == key and type(path[1]) is int:
+            for s0, e0, d, first, new_first in moves:
+                if s0 <= s and e <= e0:
+                    quick[(key, path[1] - first + new_first, *path[2:])] = (s + d, e + d)
+                    break
+
+
+def _handout(top: dict[str, Any], key: str) -> dict[str, Any]:
+    """A copy of ``top`` the pipeline may write to (see the module docstring)."""
+    body = dict(top)
+    items = []
+    for item in top[key]:
+        if type(item) is dict and not (type(role := item.get("role")) is str and role in SHARED):
+            item = dict(item)
+            content = item.get("content")
+            if type(content) is list:
+                item["content"] = [dict(p) if type(p) is dict else p for p in content]
+        items.append(item)
+    body[key] = items
+    for name, value in top.items():
+        if type(value) is list and name != key and name != "tools":
+            body[name] = [dict(p) if type(p) is dict else p for p in value]
+    return body
+
+
+__all__ = ["Bodies"]
