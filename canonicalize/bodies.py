@@ -45,7 +45,8 @@ import orjson
 from canonicalize.jsonspan import JsonDoc
 
 PER_SCOPE = 8  # remembered bodies per tenant: one per live session of an agent
-MAX_BYTES = 16 * 2**20  # raw bytes remembered in all (their parses are mostly shared)
+NEAR = 4096  # how far a session's second item is looked for from where it was
+MAX_BYTES = 8 * 2**20  # raw bytes remembered in all (their parses are mostly shared)
 # The roles of the items no request writes to (it writes system texts and date notes
 # on user messages): the only items shared between requests; every other is copied.
 SHARED = frozenset({"assistant", "tool"})
@@ -255,14 +256,15 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
     top[old.key] = items
     doc = JsonDoc(raw)
     _carry(old, doc, moves, close)
-    known = all(s >= 0 for s, _ in new_spans)
+    known = (-1, -1) not in new_spans
     return top, doc, ((close, new_spans) if known else None)
 
 
 def _candidates(recent: list[_Body], raw: bytes) -> list[int]:
     """The remembered bodies worth trying for ``raw``, best first: those it starts
     with up to the end of their first item (the same session, as a rule), then those
-    whose second item it holds after a comma (a system prompt that changed), newest
+    whose second item it holds after a comma, within ``NEAR`` bytes of where it was
+    (a system prompt that changed), newest
     first, when none of the first kind is; no other (their items could be reused
     only at the very end)."""
     lead: list[int] = []
@@ -276,7 +278,8 @@ def _candidates(recent: list[_Body], raw: bytes) -> list[int]:
         if spans and raw.startswith(src[: spans[0][1]]):
             lead.append(n)
         elif len(spans) > 1 and not lead:
-            q = raw.find(src[spans[1][0] : spans[1][1]], old.open + 1)
+            # Near where it was: a system prompt's counter or date moves it a little.
+            q = raw.find(src[spans[1][0] : spans[1][1]], max(spans[1][0] - NEAR, old.open + 1), spans[1][1] + NEAR)
             if q > 0 and raw[q - 1] == 0x2C:
                 rest.append(n)
     return lead + rest
@@ -328,6 +331,10 @@ def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: lis
     if start >= end:
         return False
     new = orjson.loads(b"[" + raw[start:end] + b"]")
+    if len(new) == 1:  # one item: the gap is its span
+        spans.append((start, end))
+        items += new
+        return True
     pos = start
     for n, item in enumerate(new):
         if n:
