@@ -45,7 +45,7 @@ import orjson
 from canonicalize.jsonspan import JsonDoc
 
 PER_SCOPE = 8  # remembered bodies per tenant: one per live session of an agent
-NEAR = 4096  # how far a session's second item is looked for from where it was
+NEAR = 512  # how far a session's second item is looked for from where it was
 MAX_BYTES = 8 * 2**20  # raw bytes remembered in all (their parses are mostly shared)
 # The roles of the items no request writes to (it writes system texts and date notes
 # on user messages): the only items shared between requests; every other is copied.
@@ -58,7 +58,7 @@ class _Body:
     """One remembered body: its bytes, its parse (kept, never handed out) and the
     layout of its item array, found on first use (``layout``)."""
 
-    __slots__ = ("close", "doc", "head", "items", "key", "open", "raw", "spans", "tail", "top")
+    __slots__ = ("base", "close", "doc", "head", "hist", "items", "key", "open", "raw", "spans", "tail", "top")
 
     def __init__(self, raw: bytes, top: dict[str, Any], key: str, doc: JsonDoc) -> None:
         self.raw = raw
@@ -71,6 +71,11 @@ class _Body:
         self.close = -1  # offset of its ']'
         self.head = b""  # raw[: open + 1]
         self.tail = b""  # raw[close:]
+        # The body this one was parsed from (its items reused are the same objects), until
+        # the pipeline took what it needs of it; and what the pipeline found of this one:
+        # where its history starts in ``items``, the history's links and sizes.
+        self.base: _Body | None = None
+        self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
 
     def layout(self) -> bool:
         """Find and prove the item spans (once); False when this body cannot be reused."""
@@ -124,9 +129,11 @@ class Bodies:
         self._bytes = 0
         self.reused = 0  # bodies parsed from a remembered one (tests, benchmarks)
 
-    def parse(self, raw: bytes, key: str, scope: str, *, remember: bool = True) -> tuple[Any, JsonDoc] | None:
-        """The parse of ``raw`` (a copy the caller may edit) and its :class:`JsonDoc`;
-        None when ``raw`` is not JSON.  ``key`` names the item array.  With ``remember``
+    def parse(
+        self, raw: bytes, key: str, scope: str, *, remember: bool = True
+    ) -> tuple[Any, JsonDoc, _Body | None] | None:
+        """The parse of ``raw`` (a copy the caller may edit), its :class:`JsonDoc` and
+        what is kept of it (None: nothing); None when ``raw`` is not JSON.  ``key`` names the item array.  With ``remember``
         False (rules of scope ``tools`` or ``all`` edit tools[] and any message in
         place), the body is parsed whole and nothing is kept."""
         recent = self._scopes.get(scope)
@@ -145,6 +152,7 @@ class Bodies:
                 if layout is not None:
                     body.open, body.close, body.head, body.tail = old.open, layout[0], old.head, old.tail
                     body.spans = layout[1]
+                body.base, old.base = old, None  # a chain of two at most
                 self._forget(recent, n)
                 self.reused += 1
                 break
@@ -158,10 +166,10 @@ class Bodies:
             except ValueError:
                 return None
             if not isinstance(top, dict) or not isinstance(top.get(key), list) or not remember:
-                return top, doc
+                return top, doc, None
             body = _Body(raw, top, key, doc)
         self._remember(scope, body)
-        return _handout(top, key), doc
+        return _handout(top, key), doc, body
 
     def _remember(self, scope: str, body: _Body) -> None:
         recent = self._scopes.get(scope)
@@ -180,6 +188,17 @@ class Bodies:
 
     def _forget(self, recent: list[_Body], n: int) -> None:
         self._bytes -= len(recent.pop(n).raw)
+
+
+def shared_prefix(body: _Body, start: int, base: _Body, base_start: int, most: int) -> int:
+    """How many items from ``start`` on are ``base``'s from ``base_start`` on, the same
+    objects (reused from it), ``most`` at most."""
+    new, old = body.items, base.items
+    most = min(most, len(new) - start, len(old) - base_start)
+    k = 0
+    while k < most and new[start + k] is old[base_start + k]:
+        k += 1
+    return k
 
 
 def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None] | None:
@@ -386,4 +405,4 @@ def _handout(top: dict[str, Any], key: str) -> dict[str, Any]:
     return body
 
 
-__all__ = ["Bodies"]
+__all__ = ["Bodies", "shared_prefix"]

@@ -24,7 +24,7 @@ import orjson
 import xxhash
 
 from canonicalize import chain, notes, pins
-from canonicalize.bodies import Bodies
+from canonicalize.bodies import Bodies, shared_prefix
 from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString, SetValue
 from canonicalize.histories import Histories
 from canonicalize.jsonspan import JsonDoc, Path
@@ -171,10 +171,10 @@ class Canonicalizer:
             masked[:HEAD_CHARS],
         )
 
-    def parse(self, raw: bytes, exchange: Exchange, scope: str) -> tuple[Any, JsonDoc] | None:
-        """``raw``'s parse (for this request to edit) and doc, by pieces of the tenant's
-        recent bodies where the bytes are equal (:mod:`canonicalize.bodies`); None:
-        not JSON.  Not thread-safe: the event loop's only."""
+    def parse(self, raw: bytes, exchange: Exchange, scope: str) -> tuple[Any, JsonDoc, Any] | None:
+        """``raw``'s parse (for this request to edit), doc and what is kept of it (for
+        ``prepare``), by pieces of the tenant's recent bodies where the bytes are equal
+        (:mod:`canonicalize.bodies`); None: not JSON.  Not thread-safe: the event loop's only."""
         return self.bodies.parse(raw, exchange.items_key, scope, remember=not self.edits_tools)
 
     def tools_id(self, exchange: Exchange, tool_list: list[Any]) -> ToolsId | None:
@@ -220,6 +220,7 @@ class Canonicalizer:
         headers: Mapping[str, str] | None = None,
         previous: tuple[str, bytes] | None = None,
         scope: str = "",
+        kept: Any = None,
     ) -> Prepared:
         """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``);
         ``scope`` (the tenant) is the only part of the history memo this request uses;
@@ -279,7 +280,13 @@ class Canonicalizer:
             ]
             for slot in tool_slots:
                 originals.setdefault(slot.path, (slot, slot.get()))
-        links, sizes = self.histories.links(exchange, history, prev=tip or chain.ROOT, scope=scope)
+        known = self._kept_links(kept, body, exchange, history) if kept is not None and tip is None else None
+        if known is None:
+            links, sizes = self.histories.links(exchange, history, prev=tip or chain.ROOT, scope=scope)
+            if kept is not None and tip is None:
+                self._keep_links(kept, body, exchange, history, links, sizes)
+        else:
+            links, sizes = known
         offset = 0
         if tip is not None:
             links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
@@ -314,6 +321,33 @@ class Canonicalizer:
             tool_list if tools is not None else None,
             scope,
         )
+
+    def _kept_links(
+        self, kept: Any, body: dict[str, Any], exchange: Exchange, history: list[Any]
+    ) -> tuple[list[bytes], list[int]] | None:
+        """The history's links when the body was parsed from its session's previous one
+        (:mod:`canonicalize.bodies`): that body's links for the history items it shares,
+        the same objects from the start (a link is a pure function of the messages up to
+        it), and only the rest hashed; None when nothing is shared (Histories then)."""
+        base, kept.base = kept.base, None
+        start = _history_start(body, exchange, history)
+        if base is None or base.hist is None or start is None:
+            return None
+        base_start, base_links, base_sizes = base.hist
+        k = shared_prefix(kept, start, base, base_start, len(base_links))
+        if not k:
+            return None
+        new_links, new_sizes = chain.links(exchange, history[k:], prev=base_links[k - 1])
+        links, sizes = [*base_links[:k], *new_links], [*base_sizes[:k], *new_sizes]
+        kept.hist = (start, tuple(links), tuple(sizes))
+        return links, sizes
+
+    @staticmethod
+    def _keep_links(
+        kept: Any, body: dict[str, Any], exchange: Exchange, history: list[Any], links: list[bytes], sizes: list[int]
+    ) -> None:
+        start = _history_start(body, exchange, history)
+        kept.hist = (start, tuple(links), tuple(sizes)) if start is not None else None
 
     # -- step 2: classify ---------------------------------------------------
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
@@ -678,6 +712,18 @@ class Canonicalizer:
             n_messages=len(sizes),
         )
         return fp, sizes
+
+
+def _history_start(body: dict[str, Any], exchange: Exchange, history: list[Any]) -> int | None:
+    """Where ``history`` starts in the body's item array when it is all the items from
+    there on (the system messages lead), else None."""
+    items = body.get(exchange.items_key)
+    if not history or type(items) is not list:
+        return None
+    start = len(items) - len(history)
+    # split() keeps the order and drops system messages only: the first history item at
+    # ``start`` means the ``start`` items before it are the dropped ones.
+    return start if start >= 0 and items[start] is history[0] else None
 
 
 def _turns(exchange: Exchange, history: Sequence[Any]) -> tuple[int | None, int | None, int | None]:

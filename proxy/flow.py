@@ -29,6 +29,7 @@ class Flow:
     started: float  # perf_counter() when the body was in
     body: dict[str, Any] | None = None  # its parse; None when it is not a JSON object
     doc: JsonDoc | None = None
+    kept: Any = None  # what canonicalize.bodies kept of this body (prepare reuses its session's links)
     role: str = "root"  # x-prefixpin-role and the ``role`` label
     skip: bool = False  # bypass, or a body that is not ours to judge: forward untouched
     failed: bool = False  # an addon failed: forward what the client sent, edit nothing more

@@ -82,7 +82,7 @@ class Canonicalize:
         found = self.s.canon.parse(flow.raw, flow.exchange, flow.tenant)
         if found is None or not isinstance(found[0], dict):
             return False
-        flow.body, flow.doc = found
+        flow.body, flow.doc, flow.kept = found
         return True
 
     @staticmethod
@@ -124,6 +124,7 @@ class Canonicalize:
             headers=flow.headers,
             previous=previous,
             scope=flow.tenant,
+            kept=flow.kept,
         )
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:

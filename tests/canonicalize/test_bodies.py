@@ -80,7 +80,7 @@ def _compact(body: Any) -> bytes:
 def _check(bodies: Bodies, raw: bytes, scope: str = "t") -> dict[str, Any]:
     found = bodies.parse(raw, "messages", scope)
     assert found is not None
-    body, doc = found
+    body, doc, _ = found
     assert body == orjson.loads(raw)
     fresh = JsonDoc(raw)
     for path, span in doc._quick.items():
