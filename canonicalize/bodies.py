@@ -133,9 +133,10 @@ class Bodies:
         self, raw: bytes, key: str, scope: str, *, remember: bool = True
     ) -> tuple[Any, JsonDoc, _Body | None] | None:
         """The parse of ``raw`` (a copy the caller may edit), its :class:`JsonDoc` and
-        what is kept of it (None: nothing); None when ``raw`` is not JSON.  ``key`` names the item array.  With ``remember``
-        False (rules of scope ``tools`` or ``all`` edit tools[] and any message in
-        place), the body is parsed whole and nothing is kept."""
+        what is kept of it (None: nothing); None when ``raw`` is not JSON.  ``key``
+        names the item array.  With ``remember`` False (rules of scope ``tools`` or
+        ``all`` edit tools[] and any message in place), the body is parsed whole and
+        nothing is kept."""
         recent = self._scopes.get(scope)
         body = None
         if recent is not None and remember:
