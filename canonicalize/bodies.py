@@ -266,7 +266,11 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
             shift = start - s0
             moves.append((s0, e0, shift, first, len(items)))
             items += old_items[first : first + count]
-            new_spans += [(s + shift, e + shift) for s, e in spans[first : first + count]]
+            new_spans += (
+                spans[first : first + count]
+                if not shift
+                else [(s + d, e + d) for s, e in spans[first : first + count] for d in (shift,)]
+            )
             pos, after_item = e0 + shift, True
         if not _gap(raw, pos, close, after_item, False, items, new_spans):
             return None
@@ -277,6 +281,8 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
     doc = JsonDoc(raw)
     _carry(old, doc, moves, close)
     known = (-1, -1) not in new_spans
+    if known:
+        doc.known_items = (old.key, new_spans)
     return top, doc, ((close, new_spans) if known else None)
 
 

@@ -139,15 +139,37 @@ class JsonDoc:
         self._escapes: list[tuple[int, str]] | None = None
         self._escape_scan: tuple[int, int] | None = None  # (from, last "\u00" at or after it, or -1)
         self._quick: dict[Path, tuple[int, int]] = {}  # spans found by _quick_span
+        # The span of each item of the top-level array named here, known from elsewhere
+        # (canonicalize.bodies): a path into an item is looked up in that item's bytes alone.
+        self.known_items: tuple[str, list[tuple[int, int]]] | None = None
 
     # -- public lookups -------------------------------------------------------------
     def span(self, path: Path) -> tuple[int, int] | None:
         """``[start, end)`` of the value at ``path``, or None when it does not exist."""
         if path and isinstance(path[0], str):
-            quick = self._quick.get(path) or self._quick_span(path)
+            quick = self._quick.get(path)
+            if quick is None and self.known_items is not None and len(path) > 1 and path[0] == self.known_items[0]:
+                quick = self._item_span(path)
+            quick = quick or self._quick_span(path)
             if quick is not None:
                 return quick
         return self._exact_span(path)
+
+    def _item_span(self, path: Path) -> tuple[int, int] | None:
+        """The span at ``path`` through a known item span (``known_items``): the item's bytes
+        are a whole JSON value, and a path inside it means the same there."""
+        assert self.known_items is not None
+        spans, i = self.known_items[1], path[1]
+        if type(i) is not int or not 0 <= i < len(spans):
+            return None
+        start, end = spans[i]
+        if len(path) > 2:
+            inner = JsonDoc(self.raw[start:end]).span(path[2:])
+            if inner is None:
+                return None
+            start, end = start + inner[0], start + inner[1]
+        self._quick[path] = (start, end)
+        return start, end
 
     def _exact_span(self, path: Path) -> tuple[int, int] | None:
         found = self._locate(path)

@@ -85,6 +85,9 @@ def _check(bodies: Bodies, raw: bytes, scope: str = "t") -> dict[str, Any]:
     fresh = JsonDoc(raw)
     for path, span in doc._quick.items():
         assert fresh.span(path) == span, path
+    for i, msg in enumerate(body["messages"]):  # through the item spans the doc knows, or its own search
+        for path in [("messages", i), *((("messages", i, k) for k in msg) if isinstance(msg, dict) else ())]:
+            assert doc.span(path) == JsonDoc(raw).span(path), path
     return body  # type: ignore[no-any-return]
 
 
