@@ -266,11 +266,10 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
             shift = start - s0
             moves.append((s0, e0, shift, first, len(items)))
             items += old_items[first : first + count]
-            new_spans += (
-                spans[first : first + count]
-                if not shift
-                else [(s + d, e + d) for s, e in spans[first : first + count] for d in (shift,)]
-            )
+            if shift:
+                new_spans += [(s + shift, e + shift) for s, e in spans[first : first + count]]
+            else:  # the same offsets: the same tuples
+                new_spans += spans[first : first + count]
             pos, after_item = e0 + shift, True
         if not _gap(raw, pos, close, after_item, False, items, new_spans):
             return None
