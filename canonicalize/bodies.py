@@ -38,6 +38,8 @@ a worker thread, whole).
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice, takewhile
+from operator import is_
 from typing import Any
 
 import orjson
@@ -196,10 +198,8 @@ def shared_prefix(body: _Body, start: int, base: _Body, base_start: int, most: i
     objects (reused from it), ``most`` at most."""
     new, old = body.items, base.items
     most = min(most, len(new) - start, len(old) - base_start)
-    k = 0
-    while k < most and new[start + k] is old[base_start + k]:
-        k += 1
-    return k
+    pairs = map(is_, islice(new, start, start + most), islice(old, base_start, base_start + most))
+    return len(list(takewhile(bool, pairs)))
 
 
 def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None] | None:
@@ -393,18 +393,22 @@ def _carry(old: _Body, doc: JsonDoc, moves: list[tuple[int, int, int, int, int]]
                     break
 
 
+def _copy(item: dict[str, Any]) -> dict[str, Any]:
+    """An item the pipeline may write to, and its content parts."""
+    item = dict(item)
+    content = item.get("content")
+    if type(content) is list:
+        item["content"] = [dict(p) if type(p) is dict else p for p in content]
+    return item
+
+
 def _handout(top: dict[str, Any], key: str) -> dict[str, Any]:
     """A copy of ``top`` the pipeline may write to (see the module docstring)."""
     body = dict(top)
-    items = []
-    for item in top[key]:
-        if type(item) is dict and not (type(role := item.get("role")) is str and role in SHARED):
-            item = dict(item)
-            content = item.get("content")
-            if type(content) is list:
-                item["content"] = [dict(p) if type(p) is dict else p for p in content]
-        items.append(item)
-    body[key] = items
+    body[key] = [
+        _copy(item) if type(item) is dict and not (type(role := item.get("role")) is str and role in SHARED) else item
+        for item in top[key]
+    ]
     for name, value in top.items():
         if type(value) is list and name != key and name != "tools":
             body[name] = [dict(p) if type(p) is dict else p for p in value]

@@ -68,9 +68,18 @@ class ChatExchange(RoleMessages):
     def split(self, body: dict[str, Any]) -> tuple[list[Slot], list[Any]]:
         """``system_slots`` and ``history`` in one pass over the messages."""
         slots: list[Slot] = []
-        history: list[Any] = []
         roles = self.system_roles
-        for i, msg in enumerate(self.messages(body)):
+        messages = self.messages(body)
+        history = [m for m in messages if not (type(m) is dict and type(r := m.get("role")) is str and r in roles)]
+        if len(history) == len(messages):
+            return slots, history
+        if len(history) + 1 == len(messages) and messages[0] is not (history[0] if history else None):
+            msg = messages[0]  # the one system message leads (the common case)
+            if "content" in msg:
+                text_slots(msg, "content", ("messages", 0, "content"), slots)
+            return slots, history
+        history = []
+        for i, msg in enumerate(messages):
             if isinstance(msg, dict) and type(r := msg.get("role")) is str and r in roles:
                 if "content" in msg:
                     text_slots(msg, "content", ("messages", i, "content"), slots)

@@ -32,9 +32,9 @@ LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent 
 class Canonicalize:
     name = "canonicalize"
 
-    def __init__(self, s: Services, *, new_id: Callable[[], str] = lambda: secrets.token_hex(8)) -> None:
+    def __init__(self, s: Services, *, new_id: Callable[[], str] | None = None) -> None:
         self.s = s
-        self.new_id = new_id
+        self.new_id = new_id or _Ids()
 
     async def request(self, flow: Flow) -> None:
         if flow.skip:
@@ -135,3 +135,17 @@ class Canonicalize:
         if not offset or not found.depth:
             return found
         return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))
+
+
+class _Ids:
+    """New lineage ids: 16 hex digits from the OS's CSPRNG, drawn 64 at a time (one
+    ``getrandom`` per 64 requests, not one per request)."""
+
+    def __init__(self) -> None:
+        self._pool: list[str] = []
+
+    def __call__(self) -> str:
+        if not self._pool:
+            pool = secrets.token_hex(8 * 64)
+            self._pool = [pool[i : i + 16] for i in range(0, len(pool), 16)]
+        return self._pool.pop()
