@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from canonicalize import CHAT, Settings, compile_rule
+from canonicalize import CHAT, MESSAGES, RESPONSES, Settings, compile_rule
 from canonicalize.bodies import Bodies
 from canonicalize.histories import Histories
 from canonicalize.memo import HEAD, TAIL, Texts
@@ -312,3 +312,31 @@ def test_rules_that_edit_history_or_tools_match_a_canonicalizer_that_remembers_n
         same(memo.send(body, reply=reply), cold.send(body, reply=reply))
         history.append(reply)
     assert memo.canon.bodies.reused == 0  # edited in place: parsed whole
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_messages_and_responses_bodies_match_a_canonicalizer_that_remembers_nothing(seed: int, api: str) -> None:
+    """Anthropic Messages (system at the top level, content blocks) and Responses
+    (``instructions``, ``input`` items): bodies parsed by pieces of the previous one, a
+    system text that moves on, retries: the same bytes, role, rewrites and records."""
+    rnd = random.Random(seed)
+    memo, cold = Harness(), Harness()
+    exchange = MESSAGES if api == "messages" else RESPONSES
+    history: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "start"}]}]
+    for n in range(30):
+        if rnd.random() < 0.3 and len(history) > 1:
+            history[-1] = {"role": "user", "content": f"retry {n}"}
+        else:
+            history.append({"role": "user", "content": f"turn {n}"})
+        system = hermes.system_prompt(minute=f"02:{rnd.choice([30, 31])} PM", pct=rnd.choice([49, 50]))
+        if api == "messages":
+            blocks = [{"type": "text", "text": system}, {"type": "text", "text": "Be brief."}]
+            body: dict[str, Any] = {"model": "m", "max_tokens": 100, "system": blocks, "messages": list(history)}
+        else:
+            body = {"model": "m", "instructions": system, "input": list(history), "tools": hermes.tools_full()}
+        reply = {"role": "assistant", "content": [{"type": "text", "text": f"answer {n}"}]}
+        forgetful(cold)
+        same(memo.send(body, reply=reply, exchange=exchange), cold.send(body, reply=reply, exchange=exchange))
+        history.append(reply)
+    assert memo.canon.bodies.reused > 0
