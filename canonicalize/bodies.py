@@ -60,7 +60,21 @@ class _Body:
     """One remembered body: its bytes, its parse (kept, never handed out) and the
     layout of its item array, found on first use (``layout``)."""
 
-    __slots__ = ("base", "close", "doc", "head", "hist", "items", "key", "open", "raw", "spans", "tail", "top")
+    __slots__ = (
+        "base",
+        "close",
+        "doc",
+        "head",
+        "hist",
+        "items",
+        "key",
+        "open",
+        "raw",
+        "spans",
+        "tail",
+        "top",
+        "writable",
+    )
 
     def __init__(self, raw: bytes, top: dict[str, Any], key: str, doc: JsonDoc) -> None:
         self.raw = raw
@@ -77,6 +91,7 @@ class _Body:
         # the pipeline took what it needs of it; and what the pipeline found of this one:
         # where its history starts in ``items``, the history's links and sizes.
         self.base: _Body | None = None
+        self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
 
     def layout(self) -> bool:
@@ -150,8 +165,9 @@ class Bodies:
                 found = _reuse(old, raw, key)
                 if found is None:
                     continue
-                top, doc, layout = found
+                top, doc, layout, writable = found
                 body = _Body(raw, top, key, doc)
+                body.writable = writable
                 if layout is not None:
                     body.open, body.close, body.head, body.tail = old.open, layout[0], old.head, old.tail
                     body.spans = layout[1]
@@ -171,8 +187,9 @@ class Bodies:
             if not isinstance(top, dict) or not isinstance(top.get(key), list) or not remember:
                 return top, doc, None
             body = _Body(raw, top, key, doc)
+            body.writable = _writable(body.items, 0)
         self._remember(scope, body)
-        return _handout(top, key), doc, body
+        return _handout(top, key, body.writable), doc, body
 
     def _remember(self, scope: str, body: _Body) -> None:
         recent = self._scopes.get(scope)
@@ -202,7 +219,9 @@ def shared_prefix(body: _Body, start: int, base: _Body, base_start: int, most: i
     return len(list(takewhile(bool, pairs)))
 
 
-def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None] | None:
+def _reuse(
+    old: _Body, raw: bytes, key: str
+) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int]] | None:
     """``raw``'s parse, doc and layout (its close and item spans, when all are known)
     as ``old``'s items where the bytes are equal, or None."""
     if old.key != key or not old.layout():
@@ -219,7 +238,12 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
     def starts(k: int) -> bool:  # the first k old items start the new array, at the same offsets
         return k == 0 or raw.startswith(src[lo : spans[k - 1][1]], lo)
 
-    k = _largest(n, starts) if n and starts(1) else 0
+    if not n or not starts(1):
+        k = 0
+    elif raw.startswith(src[spans[-1][0] : spans[-1][1]], spans[-1][0]) and starts(n):
+        k = n  # (the last item checked alone first: where a retry differs, one compare of it)
+    else:
+        k = _largest(n - 1, starts)
     at = spans[k - 1][1] if k else lo  # the end of that run, in both
 
     def ends(m: int) -> bool:  # the last m old items end it (after the first run and a comma)
@@ -257,12 +281,17 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
     new_spans: list[Span] = []
     moves: list[tuple[int, int, int, int, int]] = []  # old start, old end, shift, old first, new first
     pos, after_item = lo, False
-    old_items = old.items
+    old_items, old_writable = old.items, old.writable
+    writable: list[int] = []
     try:
         for first, start, count in runs:
+            n_before = len(items)
             if not _gap(raw, pos, start, after_item, True, items, new_spans):
                 return None
+            writable += _writable(items, n_before)
             s0, e0 = spans[first][0], spans[first + count - 1][1]
+            base = len(items) - first
+            writable += [j + base for j in old_writable if first <= j < first + count]
             shift = start - s0
             moves.append((s0, e0, shift, first, len(items)))
             items += old_items[first : first + count]
@@ -271,8 +300,10 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
             else:  # the same offsets: the same tuples
                 new_spans += spans[first : first + count]
             pos, after_item = e0 + shift, True
+        n_before = len(items)
         if not _gap(raw, pos, close, after_item, False, items, new_spans):
             return None
+        writable += _writable(items, n_before)
     except (orjson.JSONDecodeError, TypeError):
         return None
     top = dict(old.top)
@@ -282,7 +313,7 @@ def _reuse(old: _Body, raw: bytes, key: str) -> tuple[dict[str, Any], JsonDoc, t
     known = (-1, -1) not in new_spans
     if known:
         doc.known_items = (old.key, new_spans)
-    return top, doc, ((close, new_spans) if known else None)
+    return top, doc, ((close, new_spans) if known else None), writable
 
 
 def _candidates(recent: list[_Body], raw: bytes) -> list[int]:
@@ -402,13 +433,22 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-def _handout(top: dict[str, Any], key: str) -> dict[str, Any]:
+def _writable(items: list[Any], start: int) -> list[int]:
+    """The indices from ``start`` on of the items a request may write to (dicts but
+    assistant and tool messages)."""
+    return [
+        i
+        for i in range(start, len(items))
+        if type(item := items[i]) is dict and not (type(role := item.get("role")) is str and role in SHARED)
+    ]
+
+
+def _handout(top: dict[str, Any], key: str, writable: list[int]) -> dict[str, Any]:
     """A copy of ``top`` the pipeline may write to (see the module docstring)."""
     body = dict(top)
-    body[key] = [
-        _copy(item) if type(item) is dict and not (type(role := item.get("role")) is str and role in SHARED) else item
-        for item in top[key]
-    ]
+    items = body[key] = list(top[key])
+    for i in writable:
+        items[i] = _copy(items[i])
     for name, value in top.items():
         if type(value) is list and name != key and name != "tools":
             body[name] = [dict(p) if type(p) is dict else p for p in value]
