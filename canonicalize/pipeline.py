@@ -171,11 +171,14 @@ class Canonicalizer:
             masked[:HEAD_CHARS],
         )
 
-    def parse(self, raw: bytes, exchange: Exchange, scope: str) -> tuple[Any, JsonDoc, Any] | None:
+    def parse(
+        self, raw: bytes, exchange: Exchange, scope: str, *, remember: bool = True
+    ) -> tuple[Any, JsonDoc, Any] | None:
         """``raw``'s parse (for this request to edit), doc and what is kept of it (for
         ``prepare``), by pieces of the tenant's recent bodies where the bytes are equal
-        (:mod:`canonicalize.bodies`); None: not JSON.  Not thread-safe: the event loop's only."""
-        return self.bodies.parse(raw, exchange.items_key, scope, remember=not self.edits_tools)
+        (:mod:`canonicalize.bodies`); None: not JSON.  ``remember`` False: parsed whole,
+        nothing kept (a scope that is no one's).  Not thread-safe: the event loop's only."""
+        return self.bodies.parse(raw, exchange.items_key, scope, remember=remember and not self.edits_tools)
 
     def tools_id(self, exchange: Exchange, tool_list: list[Any]) -> ToolsId | None:
         """What identifies ``tool_list``; None when it cannot be hashed (e.g. an

@@ -24,6 +24,7 @@ from canonicalize import JsonDoc, Lookup, Prepared
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.services import Services
+from proxy.store import ISOLATED
 
 log = logging.getLogger("prefixpin")
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
@@ -79,7 +80,8 @@ class Canonicalize:
 
     def _parse(self, flow: Flow) -> bool:
         """The body parsed by pieces of the tenant's recent bodies where they are equal."""
-        found = self.s.canon.parse(flow.raw, flow.exchange, flow.tenant)
+        # An isolated request (no credential) is no one's: nothing of it is kept for another.
+        found = self.s.canon.parse(flow.raw, flow.exchange, flow.tenant, remember=flow.tenant != ISOLATED)
         if found is None or not isinstance(found[0], dict):
             return False
         flow.body, flow.doc, flow.kept = found

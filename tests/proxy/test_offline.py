@@ -53,3 +53,18 @@ def test_wrongly_typed_members_never_fail_open(exchange: Exchange, key: str) -> 
 def test_bodies_that_are_not_json_objects_go_as_sent(raw: bytes) -> None:
     sent = Harness().send(raw)
     assert sent.role == "bypass" and sent.raw == raw
+
+
+def test_a_body_is_kept_for_parsing_by_pieces_only_in_its_tenants_scope() -> None:
+    """A request with a credential keeps its body for its tenant's next one; an isolated
+    one (no credential, ``tenancy.anonymous: isolated``) is no one's: nothing is kept."""
+    h = Harness()
+    history = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"}]
+    for n in range(3):
+        history.append({"role": "user", "content": f"turn {n}"})
+        h.send({"model": "m", "messages": history}, headers={})
+    assert h.canon.bodies.reused == 0 and not h.canon.bodies._scopes
+    for n in range(3):
+        history.append({"role": "user", "content": f"again {n}"})
+        h.send({"model": "m", "messages": history}, headers={"authorization": "Bearer sk-a"})
+    assert h.canon.bodies.reused == 2 and len(h.canon.bodies._scopes) == 1
