@@ -144,11 +144,26 @@ class MemoryStore:
         seen: set[str] = set()
         candidates: list[LineageRecord] = []
         depths: list[int] = []
-        for i in range(len(links) - 1, newest(links, self.bounds) - 1, -1):
-            if depth and (depth - 1 - i > SCAN_UP or len(candidates) >= CANDIDATES):
-                break
+        lo = newest(links, self.bounds)
+        # The deepest live link first, then the lineages of the links up to SCAN_UP past it
+        # (two loops: the second has no "found yet?" to ask of every link).
+        i = len(links) - 1
+        while i >= lo:
             key = (tenant, "l", links[i])
             item = data.get(key)  # self._get, inlined: the loop visits up to SCAN_UP recorded links
+            if item is not None:
+                if item[0] > now:
+                    break
+                self._drop(key)
+                if tenant not in self._shares:  # that was the tenant's last entry
+                    i = lo - 1
+                    break
+            i -= 1
+        if i >= lo:
+            depth = i + 1
+        for j in range(depth - 1, max(lo, depth - 1 - SCAN_UP) - 1, -1) if depth else ():
+            key = (tenant, "l", links[j])
+            item = data.get(key)
             if item is None:
                 continue
             if item[0] <= now:
@@ -156,7 +171,6 @@ class MemoryStore:
                 if tenant not in self._shares:  # that was the tenant's last entry
                     break
                 continue
-            depth = depth or i + 1
             ids = item[1]
             if seen.issuperset(ids):  # lineages named deeper: nothing new, the link stays where it is
                 continue
@@ -169,7 +183,9 @@ class MemoryStore:
                 rec = get((tenant, "g", lineage_id), now)
                 if rec is not None and len(candidates) < CANDIDATES:
                     candidates.append(rec)
-                    depths.append(i + 1)
+                    depths.append(j + 1)
+            if len(candidates) >= CANDIDATES:
+                break
         found = get((tenant, "g", declared), now) if declared else None
         return Lookup(depth, tuple(candidates), found, tuple(depths))
 
