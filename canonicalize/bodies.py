@@ -38,6 +38,7 @@ a worker thread, whole).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from itertools import islice, takewhile
 from operator import is_
 from typing import Any
@@ -316,29 +317,32 @@ def _reuse(
     return top, doc, ((close, new_spans) if known else None), writable
 
 
-def _candidates(recent: list[_Body], raw: bytes) -> list[int]:
-    """The remembered bodies worth trying for ``raw``, best first: those it starts
-    with up to the end of their first item (the same session, as a rule), then those
-    whose second item it holds after a comma, within ``NEAR`` bytes of where it was
-    (a system prompt that changed), newest
-    first, when none of the first kind is; no other (their items could be reused
-    only at the very end)."""
-    lead: list[int] = []
-    rest: list[int] = []
-    for n, old in enumerate(recent):
-        if not old.layout():
-            continue
+def _candidates(recent: list[_Body], raw: bytes) -> Iterator[int]:
+    """The remembered bodies worth trying for ``raw``, best first, found as they are
+    tried: those it starts with up to the end of their first item (the same session,
+    as a rule; that item's last bytes compared first), then those whose second item it
+    holds after a comma within ``NEAR`` bytes of where it was (a system prompt that
+    changed); newest first; no other (their items could be reused only at the very end)."""
+    usable = [n for n, old in enumerate(recent) if old.layout() and old.spans]
+    tried = []
+    for n in usable:
+        old = recent[n]
+        end = old.spans[0][1]  # type: ignore[index]
+        last = max(end - 64, 0)
+        src = memoryview(old.raw)
+        if raw.startswith(src[last:end], last) and raw.startswith(src[:end]):
+            tried.append(n)
+            yield n
+    for n in usable:
+        old = recent[n]
         spans = old.spans
         assert spans is not None
-        src = memoryview(old.raw)
-        if spans and raw.startswith(src[: spans[0][1]]):
-            lead.append(n)
-        elif len(spans) > 1 and not lead:
+        if len(spans) > 1 and n not in tried:
             # Near where it was: a system prompt's counter or date moves it a little.
-            q = raw.find(src[spans[1][0] : spans[1][1]], max(spans[1][0] - NEAR, old.open + 1), spans[1][1] + NEAR)
+            item = memoryview(old.raw)[spans[1][0] : spans[1][1]]
+            q = raw.find(item, max(spans[1][0] - NEAR, old.open + 1), spans[1][1] + NEAR)
             if q > 0 and raw[q - 1] == 0x2C:
-                rest.append(n)
-    return lead + rest
+                yield n
 
 
 def _largest(n: int, ok: Any) -> int:
