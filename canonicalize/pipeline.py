@@ -126,7 +126,10 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, ToolsId]] = OrderedDict()
-        self._tools_held: dict[int, tuple[list[Any], str, ToolsId]] = {}  # by id(): lists no rule writes to
+        # By id(): lists no rule writes to.  An OrderedDict: a dict whose oldest key is
+        # popped on every insert keeps its deleted slots until it resizes, and finding
+        # its first live key again walks them all (about SLOT_CACHE steps a request).
+        self._tools_held: OrderedDict[int, tuple[list[Any], str, ToolsId]] = OrderedDict()
         self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
         self.texts = Texts()  # system texts seen again: hashed, encoded and fingerprinted once
         self.bodies = Bodies()  # a body parsed as its session's previous one but for what changed
@@ -180,9 +183,13 @@ class Canonicalizer:
         nothing kept (a scope that is no one's).  Not thread-safe: the event loop's only."""
         return self.bodies.parse(raw, exchange.items_key, scope, remember=remember and not self.edits_tools)
 
-    def tools_id(self, exchange: Exchange, tool_list: list[Any]) -> ToolsId | None:
+    def tools_id(self, exchange: Exchange, tool_list: list[Any], *, hold: bool = False) -> ToolsId | None:
         """What identifies ``tool_list``; None when it cannot be hashed (e.g. an
-        integer beyond 64 bits): such tools are forwarded as sent, never replaced."""
+        integer beyond 64 bits): such tools are forwarded as sent, never replaced.
+        ``hold``: the list is a kept body's (:mod:`canonicalize.bodies`), which the
+        session's next body may share: its answer is remembered by identity.  Any
+        other list is never seen again, and holding it would only move the freeing of
+        its parse to a later request, where its memory has gone cold."""
         if not self.edits_tools:
             # The same list object again (a body parsed by pieces shares its session's
             # tools[], which nothing writes to then): its answer without serializing it.
@@ -207,10 +214,10 @@ class Canonicalizer:
                 self._tools_cache.popitem(last=False)
         else:
             self._tools_cache.move_to_end(key)
-        if not self.edits_tools:
+        if hold and not self.edits_tools:
             self._tools_held[id(tool_list)] = (tool_list, exchange.name, hit[1])  # holds it: the id stays its
             if len(self._tools_held) > SLOT_CACHE:
-                self._tools_held.pop(next(iter(self._tools_held)), None)
+                self._tools_held.popitem(last=False)
         return hit[1]  # frozen: the same object serves every request that sends these bytes
 
     def prepare(
@@ -272,7 +279,7 @@ class Canonicalizer:
         if self.static_messages:
             _apply_static(self.static_messages, exchange.message_slots(body), rewrites, originals)
         tool_list = exchange.tools(body)
-        tools = self.tools_id(exchange, tool_list) if tool_list else None
+        tools = self.tools_id(exchange, tool_list, hold=kept is not None) if tool_list else None
 
         slots = system_slots + tool_slots
         if tool_slots and self.pin_tools:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import httptools
@@ -60,6 +61,7 @@ log = logging.getLogger("prefixpin")
 ABORT = "prefixpin.abort"
 CORK = "prefixpin.cork"
 BODY_IN = "prefixpin.body_in"
+_SERIAL = "prefixpin.serial"
 _408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -70,6 +72,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _begun = False
+    _serial = 0  # requests begun on this connection
     _lost = False
     _on_lost: Callable[[], None] | None = None  # the current request's (one at a time: uvicorn runs them in turn)
     _front: Any = None  # the app, when it serves a hot route (proxy.app.Front)
@@ -94,9 +97,13 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._begun = True
-        scope = self.scope
+        self._serial += 1
+        # Nothing here refers to the scope (a closure over it would be a cycle through
+        # its own "extensions": each request's scope and headers left for the garbage
+        # collector, whose pass over them stalls the loop): the request is its number.
         hooks: dict[str, Any] = {
-            ABORT: lambda: self._abort(scope),
+            _SERIAL: self._serial,
+            ABORT: partial(self._abort, self._serial),
             WATCH: self._watch,
             CORK: self._cork,
             BODY_IN: self._body_in,
@@ -245,9 +252,9 @@ class DeadlineProtocol(HttpToolsProtocol):
             cycle.transport = held.transport
             held.flush()
 
-    def _abort(self, scope: object) -> None:
+    def _abort(self, serial: int) -> None:
         cycle: Any = self.cycle
-        if cycle is not None and cycle.scope is scope:
+        if cycle is not None and cycle.scope.get("extensions", {}).get(_SERIAL) == serial:
             # Ended on purpose: uvicorn must not report an app that "returned without
             # completing response" (connection_lost, which says so, comes a bit later).
             cycle.disconnected = True

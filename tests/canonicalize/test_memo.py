@@ -4,6 +4,7 @@ one a canonicalizer that remembers nothing gives."""
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -93,6 +94,19 @@ def test_fingerprint_memoised_in_a_scope_is_the_one_computed() -> None:
     assert canon.fingerprint(body, CHAT, scope="t", **kw) == plain  # from the memo
     two = {**body, "messages": [*body["messages"], {"role": "developer", "content": "also \u00e9 this"}]}
     assert canon.fingerprint(two, CHAT, scope="t", **kw) == canon.fingerprint(two, CHAT, **kw)
+
+
+def test_only_a_kept_bodys_tools_list_is_held_by_identity() -> None:
+    # A list parsed whole (a body remembered nowhere) is never sent again: holding it
+    # would keep its whole parse alive until later requests push it out.
+    canon = Canonicalizer(Settings())
+    tools = hermes.tools_full()
+    before = sys.getrefcount(tools)
+    first = canon.tools_id(CHAT, tools)
+    assert sys.getrefcount(tools) == before
+    held = canon.tools_id(CHAT, tools, hold=True)
+    assert held is first and sys.getrefcount(tools) == before + 1
+    assert canon.tools_id(CHAT, tools) is first  # answered by identity now
 
 
 def forgetful(h: Harness) -> None:

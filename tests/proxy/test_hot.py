@@ -5,9 +5,11 @@ both answer the same bytes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -139,6 +141,41 @@ def test_a_post_to_an_exchange_is_served_hot_with_its_whole_body(front: _Front, 
             assert b"connection: close" not in head
             assert reply == b"POST /v1/chat/completions %d " % len(body) + body[:16]
     assert front.served == [("hot", body)] * 3
+
+
+class _Mark:
+    """Put in a request's scope: dead once nothing refers to the scope any more."""
+
+
+def test_a_served_request_leaves_no_cycle_for_the_garbage_collector(front: _Front, server: int) -> None:
+    # Each scope is freed by reference counting as soon as the next request replaces
+    # it: nothing of it (its headers, its hooks) waits for a collection, which would
+    # stall the event loop over every request since the last one.
+    marks: list[weakref.ref[_Mark]] = []
+    serve = front.serve
+
+    async def marked(scope: Any, body: bytes, receive: Any, send: Any, exchange: str) -> None:
+        mark = _Mark()
+        marks.append(weakref.ref(mark))
+        scope["mark"] = mark
+        await serve(scope, body, receive, send, exchange)
+
+    front.serve = marked  # type: ignore[method-assign]
+    gc.disable()
+    try:
+        with socket.create_connection(("127.0.0.1", server), timeout=5) as sock:
+            buf = bytearray()
+            for _ in range(4):
+                sock.sendall(_post(b'{"messages": []}'))
+                head, _ = _read_response(sock, buf)
+                assert head.startswith(b"HTTP/1.1 200 OK")
+            assert len(marks) == 4
+            deadline = time.monotonic() + 5
+            while any(m() is not None for m in marks[:3]) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the server's thread finishes each request's task
+            assert [m() is None for m in marks[:3]] == [True] * 3
+    finally:
+        gc.enable()
 
 
 def test_a_body_sent_in_pieces_is_gathered_then_served_once(front: _Front, server: int) -> None:
