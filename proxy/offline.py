@@ -52,7 +52,7 @@ class Offline:
         self.s = Services(
             config=config,
             canon=canon,
-            store=store or _unbounded(config),
+            store=store if store is not None else _unbounded(config),  # an empty store is falsy (len 0)
             guard=StoreGuard(),
             metrics=Metrics(rules=canon.rule_names),
         )

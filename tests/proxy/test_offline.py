@@ -68,3 +68,13 @@ def test_a_body_is_kept_for_parsing_by_pieces_only_in_its_tenants_scope() -> Non
         history.append({"role": "user", "content": f"again {n}"})
         h.send({"model": "m", "messages": history}, headers={"authorization": "Bearer sk-a"})
     assert h.canon.bodies.reused == 2 and len(h.canon.bodies._scopes) == 1
+
+
+def test_a_store_given_empty_is_the_one_used() -> None:
+    # An empty MemoryStore has len 0: it must not be taken for "no store given".
+    from proxy.config import load
+    from proxy.offline import Offline
+    from proxy.store.memory import MemoryStore
+
+    store = MemoryStore(max_entries=10)
+    assert Offline(load(None, env={}), store=store).s.store is store
