@@ -126,9 +126,7 @@ class Canonicalizer:
         rules = [r for r in rules if r.name not in settings.disabled]
         self.settings = settings
         self._tools_cache: OrderedDict[tuple[str, str], tuple[bytes, ToolsId]] = OrderedDict()
-        # By id(): lists no rule writes to.  An OrderedDict: a dict whose oldest key is
-        # popped on every insert keeps its deleted slots until it resizes, and finding
-        # its first live key again walks them all (about SLOT_CACHE steps a request).
+        # By id(): kept bodies' lists, which no rule writes to (oldest popped in O(1)).
         self._tools_held: OrderedDict[int, tuple[list[Any], str, ToolsId]] = OrderedDict()
         self.histories = Histories()  # a turn hashes only the messages its previous turn did not send
         self.texts = Texts()  # system texts seen again: hashed, encoded and fingerprinted once

@@ -9,6 +9,9 @@ import orjson
 import pytest
 
 from canonicalize import CHAT, MESSAGES, Exchange
+from proxy.config import load
+from proxy.offline import Offline
+from proxy.store.memory import MemoryStore
 from tests.flows import Harness
 
 WRONG: list[Any] = [
@@ -72,9 +75,5 @@ def test_a_body_is_kept_for_parsing_by_pieces_only_in_its_tenants_scope() -> Non
 
 def test_a_store_given_empty_is_the_one_used() -> None:
     # An empty MemoryStore has len 0: it must not be taken for "no store given".
-    from proxy.config import load
-    from proxy.offline import Offline
-    from proxy.store.memory import MemoryStore
-
     store = MemoryStore(max_entries=10)
     assert Offline(load(None, env={}), store=store).s.store is store
