@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -44,6 +45,16 @@ class Listen:
 
 
 @dataclass(frozen=True)
+class Tls:
+    """``upstream.tls``: how HTTPS upstreams are verified (proxy.upstream.tls)."""
+
+    ca_file: str | None = None  # trust this CA bundle only (a private CA)
+    verify: bool = True
+    cert_file: str | None = None  # a client certificate (mutual TLS), PEM
+    key_file: str | None = None  # its key, when not in cert_file
+
+
+@dataclass(frozen=True)
 class Upstream:
     url: str = field(default="http://127.0.0.1:8080", repr=False)  # may carry a password or a key
     kind: str = "openai"
@@ -51,12 +62,16 @@ class Upstream:
     connect_timeout_s: float = 10.0
     max_connections: int = 512
     pool: tuple[str, ...] = field(default=(), repr=False)  # replicas of one model server; url unused when set
+    tls: Tls = field(default_factory=Tls)
+    # An egress proxy URL, "direct" for none; None: from HTTPS_PROXY / HTTP_PROXY / ALL_PROXY.
+    proxy: str | None = field(default=None, repr=False)  # may carry the proxy's credentials
 
     def __repr__(self) -> str:
         return (
             f"Upstream(url={redact(self.url)!r}, kind={self.kind!r}, timeout_s={self.timeout_s}, "
             f"connect_timeout_s={self.connect_timeout_s}, max_connections={self.max_connections}, "
-            f"pool={[redact(u) for u in self.pool]!r})"
+            f"pool={[redact(u) for u in self.pool]!r}, tls={self.tls!r}, "
+            f"proxy={redact(self.proxy) if self.proxy and self.proxy != 'direct' else self.proxy!r})"
         )
 
     @property
@@ -139,8 +154,43 @@ class Metrics:
 
 
 @dataclass(frozen=True)
+class Environment:
+    """What the process environment says about reaching the upstream (read here, once):
+    the egress proxies and the CA bundle every HTTP client honours.  Not config keys."""
+
+    http_proxy: str | None = field(default=None, repr=False)
+    https_proxy: str | None = field(default=None, repr=False)
+    no_proxy: tuple[str, ...] = ()
+    ssl_cert_file: str | None = None
+    ssl_cert_dir: str | None = None
+    # prometheus_client's multiprocess directory: set by the serve process for its workers
+    # (proxy.workers); /metrics then sums every process's files.
+    metrics_dir: str | None = None
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> Environment:
+        def first(*names: str) -> str | None:
+            return next((env[n].strip() for n in names if env.get(n, "").strip()), None)
+
+        every = first("all_proxy", "ALL_PROXY")
+        no_proxy = first("no_proxy", "NO_PROXY") or ""
+        return cls(
+            http_proxy=first("http_proxy", "HTTP_PROXY") or every,
+            https_proxy=first("https_proxy", "HTTPS_PROXY") or every,
+            no_proxy=tuple(p.strip() for p in no_proxy.split(",") if p.strip()),
+            ssl_cert_file=first("SSL_CERT_FILE"),
+            ssl_cert_dir=first("SSL_CERT_DIR"),
+            metrics_dir=first("PROMETHEUS_MULTIPROC_DIR"),
+        )
+
+
+@dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024  # the request line and headers (431 past it)
+    # Open client connections; 0: from the file-descriptor limit (proxy.front.server).
+    max_connections: int = 0
+    keepalive_timeout_s: float = 5.0  # an idle client connection is closed after this
     # Bodies larger than this are forwarded as sent (no parse, no lineage): per-request
     # work stays bounded, and no single huge request stalls everyone else's.
     canonicalize_max_bytes: int = 4 * 1024 * 1024
@@ -188,6 +238,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     log: Log = field(default_factory=Log)
     provider_cache: ProviderCache = field(default_factory=ProviderCache)
+    environment: Environment = field(default_factory=Environment)  # not a config key: see Environment
 
     def settings(self) -> Settings:
         """The pure core's view of this config (compiled rules and fork policy)."""
@@ -218,6 +269,9 @@ class Config:
         out["store"]["redis_url"] = _hide_password(self.store.redis_url)
         out["upstream"]["url"] = redact(self.upstream.url)
         out["upstream"]["pool"] = [redact(u) for u in self.upstream.pool]
+        proxy = self.upstream.proxy
+        out["upstream"]["proxy"] = redact(proxy) if proxy and proxy != "direct" else proxy
+        del out["environment"]
         out["provider_cache"]["prices"] = {m: _to_plain(p) for m, p in self.provider_cache.prices}
         if not self.listen.workers:
             out["listen"]["workers"] = "auto"
@@ -259,6 +313,8 @@ _POSITIVE = {
     "limits.canonicalize_max_bytes",
     "limits.header_timeout_s",
     "limits.body_timeout_s",
+    "limits.max_header_bytes",
+    "limits.keepalive_timeout_s",
     "metrics.max_models",
     "affinity.max_load",
     "affinity.retry_after_s",
@@ -370,7 +426,11 @@ def _section(name: str, cls: Any, data: Any) -> Any:
         if k not in known:
             raise ConfigError(f"{key}: unknown key (known: {', '.join(known)})")
         default = getattr(defaults, k)
-        if key == "canonicalize.rules":
+        if is_dataclass(default):
+            values[k] = _section(key, type(default), v)
+        elif key in _OPTIONAL_STR:
+            values[k] = _optional_str(key, v)
+        elif key == "canonicalize.rules":
             values[k] = _rules(v)
         elif key == "listen.workers":
             values[k] = _workers(v)
@@ -381,6 +441,18 @@ def _section(name: str, cls: Any, data: Any) -> Any:
         else:
             values[k] = _check_scalar(key, v, default)
     return replace(defaults, **values)
+
+
+# Keys whose default is null: a non-empty string or null.
+_OPTIONAL_STR = {"upstream.tls.ca_file", "upstream.tls.cert_file", "upstream.tls.key_file", "upstream.proxy"}
+
+
+def _optional_str(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key}: must be a non-empty string or null (got {value!r})")
+    return value.strip()
 
 
 def _workers(value: Any) -> int:
@@ -394,19 +466,19 @@ def _workers(value: Any) -> int:
     return value
 
 
-def from_mapping(data: Any) -> Config:
+def from_mapping(data: Any, environment: Environment | None = None) -> Config:
     """Build and validate a Config from parsed YAML (or any mapping)."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config: the top level must be a mapping (got {type(data).__name__})")
-    sections = {f.name: f for f in fields(Config)}
-    values = {}
+    sections = {f.name: f for f in fields(Config) if f.name != "environment"}
+    values: dict[str, Any] = {}
     for k, v in data.items():
         if k not in sections:
             raise ConfigError(f"{k}: unknown key (known: {', '.join(sections)})")
         values[k] = _section(k, sections[k].default_factory, v)
-    config = Config(**values)
+    config = Config(**values, environment=environment or Environment())
     validate(config)
     return config
 
@@ -430,6 +502,7 @@ def validate(config: Config) -> None:
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
     _validate_affinity(config)
+    _validate_egress(config)
     if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in ("redis", "rediss", "unix"):
         raise ConfigError("store.redis_url: must be a redis://, rediss:// or unix:// URL")
     config.settings()  # compiles user rules; raises ConfigError naming the rule
@@ -464,6 +537,11 @@ def _validate_affinity(config: Config) -> None:
         raise ConfigError(f"affinity.max_load: must be at least 1 (got {a.max_load})")
     if a.llama_slots < 0:
         raise ConfigError(f"affinity.llama_slots: must be 0 (off) or more (got {a.llama_slots})")
+    if config.listen.workers > 1 and config.store.backend != "redis":
+        raise ConfigError(
+            f"listen.workers: {config.listen.workers} processes share lineages through Redis: set store.backend: "
+            "redis (or PREFIXPIN_REDIS_URL); with the memory store each would have its own"
+        )
     if a.llama_slots and config.listen.workers > 1:
         raise ConfigError(
             f"listen.workers: must be 1 (or auto) with affinity.llama_slots: one process assigns the slots "
@@ -472,6 +550,44 @@ def _validate_affinity(config: Config) -> None:
     for i, name in enumerate(a.headers):
         if not _TOKEN.fullmatch(name):
             raise ConfigError(f"affinity.headers[{i}]: not a header name (got {name!r})")
+
+
+def _validate_egress(config: Config) -> None:
+    """The TLS files load, the proxy URLs are ones prefixpin can use."""
+    tls = config.upstream.tls
+    for key, path in (("ca_file", tls.ca_file), ("cert_file", tls.cert_file), ("key_file", tls.key_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise ConfigError(f"upstream.tls.{key}: cannot read {path!r}")
+    if tls.key_file and not tls.cert_file:
+        raise ConfigError("upstream.tls.key_file: needs upstream.tls.cert_file (the certificate it is the key of)")
+    try:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if tls.ca_file:
+            ctx.load_verify_locations(cafile=tls.ca_file)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"upstream.tls.ca_file: not a PEM CA bundle ({exc})") from None
+    try:
+        if tls.cert_file:
+            ctx.load_cert_chain(tls.cert_file, tls.key_file or None)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"upstream.tls.cert_file: the certificate and key do not load ({exc})") from None
+    env = config.environment
+    for key, url in (
+        ("upstream.proxy", None if config.upstream.proxy == "direct" else config.upstream.proxy),
+        ("HTTPS_PROXY (environment)", env.https_proxy),
+        ("HTTP_PROXY (environment)", env.http_proxy),
+    ):
+        if url is None:
+            continue
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme.lower() not in ("http", "https"):
+            raise ConfigError(f"{key}: {parts.scheme}:// proxies are not supported (use an http:// or https:// proxy)")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ConfigError(f"{key}: the port is not a number ({redact(url)})") from None
+        if not parts.hostname:
+            raise ConfigError(f"{key}: the proxy URL names no host ({redact(url)})")
 
 
 def load(
@@ -508,4 +624,4 @@ def load(
         section, _, name = key.partition(".")
         current = data.get(section)
         data[section] = {**(current if isinstance(current, Mapping) else {}), name: value}
-    return from_mapping(data)
+    return from_mapping(data, Environment.read(env))

@@ -1,4 +1,5 @@
-"""prefixpin's errors, translated from httpx / redis at one boundary each.
+"""prefixpin's errors; the upstream package and the store raise these, and
+:mod:`proxy.responses` turns each into the client's response, in one place.
 
     PrefixpinError
      ├── RequestRejected          the client's request cannot be taken (-> 4xx)
@@ -8,6 +9,8 @@
      ├── Overloaded               past limits.max_concurrency (-> 503 + Retry-After)
      ├── UpstreamError            the upstream failed us (-> 5xx with an OpenAI-style body)
      │    ├── UpstreamUnavailable refused or unreachable: the request never left (-> 502)
+     │    │    ├── UpstreamTLS    the TLS handshake failed (certificate verification, ...): never left
+     │    │    ├── UpstreamProxy  the egress proxy refused or failed the tunnel: never left
      │    │    └── UpstreamReset  the connection broke after the request was sent (-> 502, never resent)
      │    ├── UpstreamTimeout     connect or response timeout (-> 504)
      │    │    └── UpstreamConnectTimeout  the connection was never made: the request never left
@@ -18,17 +21,14 @@
 Upstream 4xx/5xx *responses* are not errors here: they pass through verbatim.
 The response for each error is built in :mod:`proxy.responses`, in the shape of
 the API the client spoke.
-Messages a client sees never name the upstream's URL ("the upstream"); what
-helps an operator goes in ``detail``, scrubbed of credentials, for the log.
+Messages a client sees never name the upstream's URL ("the upstream"; a TLS or
+proxy failure names the host it failed for, never a credential); what helps an
+operator goes in ``detail``, scrubbed of credentials, for the log.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
-
-import httpx
-
-from proxy.redact import redact, scrub
 
 
 class PrefixpinError(Exception):
@@ -86,6 +86,16 @@ class UpstreamUnavailable(UpstreamError):
     never_sent = True
 
 
+class UpstreamTLS(UpstreamUnavailable):
+    code = "upstream_tls_error"
+    metric_kind = "tls"
+
+
+class UpstreamProxy(UpstreamUnavailable):
+    code = "upstream_proxy_error"
+    metric_kind = "proxy"
+
+
 class UpstreamReset(UpstreamUnavailable):
     metric_kind = "reset"
     never_sent = False
@@ -113,24 +123,3 @@ class UpstreamStreamCut(UpstreamError):
 
 class StoreError(PrefixpinError):
     code = "store_unavailable"
-
-
-def from_httpx(exc: httpx.HTTPError, url: str) -> UpstreamError:
-    """Translate an httpx failure talking to ``url``.  The message names no URL,
-    header or key; ``detail`` (for the log) has the redacted URL and the cause."""
-    detail = f"{redact(url)}: {type(exc).__name__}: {scrub(str(exc))}"
-    if isinstance(exc, httpx.ConnectTimeout):
-        return UpstreamConnectTimeout("prefixpin timed out connecting to the upstream", detail=detail)
-    if isinstance(exc, httpx.PoolTimeout):
-        return UpstreamTimeout("prefixpin timed out connecting to the upstream", detail=detail)
-    if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail)
-    if isinstance(exc, httpx.ConnectError):
-        return UpstreamUnavailable("prefixpin could not connect to the upstream", detail=detail)
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return UpstreamReset(
-            "the upstream closed the connection after the request was sent, before responding; "
-            "prefixpin did not resend it (the upstream may have received it)",
-            detail=detail,
-        )
-    return UpstreamProtocol(f"the upstream failed: {type(exc).__name__}", detail=detail)

@@ -8,6 +8,7 @@ here; nothing about a request lives anywhere else.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ OFFLOAD_BYTES = 1 << 20
 class Flow:
     exchange: Exchange
     headers: Headers
-    query: str
+    query: bytes  # the raw query string, as the client sent it
     raw: bytes  # the body as the client sent it
     started: float  # perf_counter() when the body was in
     body: dict[str, Any] | None = None  # its parse; None when it is not a JSON object
@@ -51,6 +52,8 @@ class Flow:
     set_headers: tuple[tuple[str, str], ...] = ()  # request headers set for a router behind us
     replica: int | None = None  # the pool replica that answered (x-prefixpin-replica)
     ended: float = 0.0  # perf_counter() when the response ended (the done hooks may run later)
+    finished: bool = False  # the done hooks ran
+    recording: asyncio.Task[None] | None = None  # a shared store's write of this turn (proxy.addons.record)
 
     @property
     def big(self) -> bool:

@@ -1,12 +1,17 @@
-"""The one request flow of every wire API route (chat completions, Messages):
+"""The one request flow of every wire API route (chat completions, Messages, Responses):
 
     read the body -> Flow -> addons' request hooks (bypass, tenancy, canonicalize,
-    stream usage, fork guard) -> splice the edits into the raw bytes -> upstream
-    -> the exchange's reply machine, streamed or not -> client
-    -> addons' done hooks (measure, record)
+    stream usage, provider cache, fork guard, affinity) -> splice the edits into
+    the raw bytes -> upstream -> the exchange's reply machine, streamed or not
+    -> client -> addons' done hooks (measure, record), right after the last byte
+       (with a shared store, Redis: just before it, the turn's record awaited, so the
+       next turn finds it whichever process serves it; see proxy.store.Store.shared)
 
 Every hook runs under one :class:`proxy.addons.Runner` that fails open.  The
-response carries ``x-prefixpin-role``, ``-lineage`` and ``-rewrites``.
+response carries ``x-prefixpin-role``, ``-lineage`` and ``-rewrites``.  An error
+before the response started is answered in the API's own shape
+(:mod:`proxy.responses`); a stream the upstream cuts ends with an in-band error
+event.
 """
 
 from __future__ import annotations
@@ -14,29 +19,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterable, Callable
 
-import httpx
 import orjson
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from canonicalize import Exchange, Reply, SSESplitter
 from proxy import responses
 from proxy.addons import Runner
-from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError
+from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamError
 from proxy.flow import Flow
-from proxy.server import CORK
+from proxy.relay import relay
 from proxy.services import Services
-from proxy.upstream import client_path
-from proxy.upstream.headers import has_header, raw_request_headers, raw_response_headers
-from proxy.upstream.pool import REPLICA, Pool
+from proxy.upstream import client_path, decode
+from proxy.upstream.headers import raw_request_headers, raw_response_headers
+from proxy.upstream.message import Response
+from proxy.upstream.pool import Pool
 from proxy.watch import ClientGone, ClientWatch
 
 log = logging.getLogger("prefixpin")
-_DROP = (b"content-encoding",)  # bodies are relayed decoded
 _NO_LENGTH = frozenset({204, 304})
 
 
@@ -68,20 +70,13 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 
 
 class Handler:
-    """Serves every exchange route; holds no per-request state.
-
-    It answers through ASGI's ``send`` itself: a streamed body goes out chunk by
-    chunk from this one task, and a client that leaves cancels the upstream wait
-    or read through :class:`proxy.watch.ClientWatch` (no task group, no second
-    task per response)."""
+    """Serves every exchange route; holds no per-request state."""
 
     def __init__(self, s: Services, upstream: Pool, runner: Runner) -> None:
         self.s = s
         self.upstream = upstream
         self.runner = runner
-        # The store's records leave this process (a worker's): the done hooks run
-        # before the client's last bytes go out (held by the cork), not after.
-        self.done_first = getattr(s.store, "remote", False)
+        self.record_first = s.store.shared  # the record lands before the client's last bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         started = time.perf_counter()
@@ -100,8 +95,7 @@ class Handler:
         self, scope: Scope, receive: Receive, send: Send, exchange: Exchange, raw: bytes, started: float
     ) -> None:
         """The request, its body ``raw`` read (since ``started``)."""
-        m = self.s.metrics
-        flow = Flow(exchange, Headers(scope=scope), scope["query_string"].decode("latin-1"), raw, started)
+        flow = Flow(exchange, Headers(scope=scope), scope["query_string"], raw, started)
         await self.runner.request(flow)
         if flow.big:
             await asyncio.to_thread(self.runner.render, flow)
@@ -109,27 +103,42 @@ class Handler:
             self.runner.render(flow)
         if not flow.skip:
             flow.reply = exchange.reply(offered=flow.offered, drop_usage_chunk=flow.drop_usage_chunk)
-        m.overhead.observe(time.perf_counter() - started)
+        self.s.metrics.overhead.observe(time.perf_counter() - started)
         watch = ClientWatch(scope, receive)
         try:
             await self._forward(scope, send, flow, watch)
         except ClientGone:
             log.info("client went away before the upstream answered; upstream request cancelled")
             flow.status = 499
-            self.runner.done(flow)
             await responses.client_gone()(scope, receive, send)
-        except UpstreamError as exc:
-            m.upstream_errors.labels(exc.metric_kind).inc()
-            log.warning("upstream error on %s: %s (%s)", exchange.name, exc, exc.detail)
+        except PrefixpinError as exc:  # before the response started: the upstream failed, or the path is refused
+            if isinstance(exc, UpstreamError):
+                self.s.metrics.upstream_errors.labels(exc.metric_kind).inc()
+                log.warning("upstream error on %s: %s (%s)", exchange.name, exc, exc.detail)
             flow.status = exc.status
-            self.runner.done(flow)
-            await _tagged(responses.from_error(exc, exchange), flow)(scope, receive, send)
-        except RequestRejected as exc:  # a path the upstream must not get
-            flow.status = exc.status
-            self.runner.done(flow)
-            await _tagged(responses.from_error(exc, exchange), flow)(scope, receive, send)
+            response = responses.from_error(exc, exchange)
+            response.raw_headers = _tag(response.raw_headers, flow)
+            await response(scope, receive, send)
         finally:
             watch.close()
+            # Right after the last byte, with no await between: the memory store has
+            # the turn before this process reads the client's next request.
+            self._finish(flow)
+
+    def _finish(self, flow: Flow) -> None:
+        """The done hooks (record now, the counting a little later), once."""
+        if not flow.finished:
+            flow.finished = True
+            self.runner.done(flow, later=True)
+
+    async def _record_first(self, flow: Flow) -> None:
+        """A shared store's way: the done hooks, and the turn's record written, before
+        the client's last bytes."""
+        if flow.reply is not None and flow.status < 400 and flow.message is None:
+            flow.message = flow.reply.message()
+        self._finish(flow)
+        if flow.recording is not None:
+            await flow.recording
 
     # -- the upstream -------------------------------------------------------------------
     async def _forward(self, scope: Scope, send: Send, flow: Flow, watch: ClientWatch) -> None:
@@ -143,55 +152,72 @@ class Handler:
             asyncio.get_running_loop().call_soon(self.runner.drain)
         with watch:
             resp = await upstream.send(
-                "POST", client_path(scope), flow.query, headers, flow.out, key=flow.affinity_key, prefer=flow.home
+                "POST",
+                client_path(scope),
+                flow.query.decode("latin-1"),
+                headers,
+                flow.out,
+                key=flow.affinity_key,
+                prefer=flow.home,
             )
-        if upstream.pooled:
-            flow.replica = resp.extensions.get(REPLICA)
-        out_headers = raw_response_headers(resp.headers, drop=_DROP)
-        ctype = next((v for k, v in out_headers if k == b"content-type"), b"")
-        cork = scope["extensions"].get(CORK) if "extensions" in scope else None
-        if resp.status_code < 400 and b"text/event-stream" in ctype:
-            await self._stream(send, resp, flow, _tag(out_headers, flow), sent, watch, cork)
-            return
         try:
-            with watch:
-                content = await upstream.read(resp)
+            if upstream.pooled:
+                flow.replica = resp.replica
+            decoder = self._decoder(flow, resp)
+            out_headers = raw_response_headers(resp.headers, drop=(b"content-encoding",) if decoder else ())
+            flow.status = resp.status
+            ctype = next((v for k, v in out_headers if k == b"content-type"), b"")
+            if resp.status < 400 and b"text/event-stream" in ctype:
+                await self._stream(send, resp, flow, _tag(out_headers, flow), sent, watch, decoder)
+            else:
+                await self._whole(send, resp, flow, out_headers, sent, watch, decoder)
         finally:
-            await resp.aclose()
+            await resp.aclose()  # early (the client left): the upstream connection is closed
+
+    def _decoder(self, flow: Flow, resp: Response) -> decode.Decoder | None:
+        """A decoder for a body the upstream compressed although asked not to; one
+        prefixpin cannot undo goes to the client as it came, unread."""
+        try:
+            return decode.decoder(resp.header(b"content-encoding"))
+        except ValueError as exc:
+            log.warning("passing an upstream response through unread: %s", exc)
+            flow.reply = None
+            return None
+
+    async def _whole(
+        self,
+        send: Send,
+        resp: Response,
+        flow: Flow,
+        headers: list[tuple[bytes, bytes]],
+        sent: float,
+        watch: ClientWatch,
+        decoder: decode.Decoder | None,
+    ) -> None:
+        with watch:
+            content = await resp.read()
+        if decoder is not None:
+            content = decoder.feed(content) + decoder.flush()
         m = self.s.metrics
         m.upstream_ttft.observe(time.perf_counter() - sent)
-        status = resp.status_code
-        reply = flow.reply
-        read_after = None  # the reply, read once the client has it (nothing may change it: no guard)
+        status, reply = resp.status, flow.reply
         if status >= 400:
             m.upstream_errors.labels(f"http_{status // 100}xx").inc()
-        elif reply is not None:
-            if reply.offered is None and not self.done_first:
-                read_after = reply
-            else:
-                content = self._complete(flow, reply, content)
-        flow.status = status
+            reply = None
+        # The guard may change what the client gets: read first.  Otherwise the reply is
+        # read for the record once the client has it, unless the record goes first.
+        read_first = reply is not None and (reply.offered is not None or self.record_first)
+        if read_first:
+            assert reply is not None
+            content = self._complete(flow, reply, content)
+        if self.record_first:
+            await self._record_first(flow)
         if not (status < 200 or status in _NO_LENGTH):
-            out_headers.append((b"content-length", b"%d" % len(content)))
-        done = False
-        try:
-            if cork is not None:
-                cork(True)  # the head and the body in one write
-            await send({"type": "http.response.start", "status": status, "headers": _tag(out_headers, flow)})
-            await send({"type": "http.response.body", "body": content})
-            if self.done_first and cork is not None:
-                done = True
-                self.runner.done(flow, later=True)  # the record is on its way before the client has the answer
-        finally:
-            if cork is not None:
-                cork(False)
-            # Right after the last byte, with no await between: a store that records
-            # without waiting (memory) has the lineage before the client can send its
-            # next turn.
-            if read_after is not None:
-                self._complete(flow, read_after, content)
-            if not done:
-                self.runner.done(flow, later=True)  # counting: once the next request is on its way
+            headers.append((b"content-length", b"%d" % len(content)))
+        await send({"type": "http.response.start", "status": status, "headers": _tag(headers, flow)})
+        await send({"type": "http.response.body", "body": content})
+        if reply is not None and not read_first:
+            self._complete(flow, reply, content)
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -210,87 +236,70 @@ class Handler:
     async def _stream(
         self,
         send: Send,
-        resp: httpx.Response,
+        resp: Response,
         flow: Flow,
         headers: list[tuple[bytes, bytes]],
         sent: float,
         watch: ClientWatch,
-        cork: Callable[[bool], None] | None = None,
+        decoder: decode.Decoder | None,
     ) -> None:
         """Relay a streamed body as it arrives, through the exchange's reply machine.
         A client that leaves ends it (the upstream connection is closed); an upstream
         that cuts it gets an in-band error event and a clean end."""
-        flow.status = resp.status_code
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"", "more_body": True})  # the head goes out now
+        through = _Through(self, flow, sent, decoder)
+        before_end = (lambda: self._record_first(flow)) if self.record_first else None
         try:
-            await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
             with watch:
-                await self._relay(send, resp, flow, sent, cork if self.done_first else None)
+                await relay(send, resp.body, through, before_end=before_end)
         except ClientGone:
             pass  # counted with the upstream's status, as the relay saw it
-        finally:
-            if flow.reply is not None and flow.status < 400:
-                flow.message = flow.reply.message()
-            self.runner.done(flow, later=True)  # before any await, as for a whole body
-            if cork is not None:
-                cork(False)  # the last bytes, held by the relay when the done hooks go first
-            await resp.aclose()  # early (the client left): the upstream connection is closed
-
-    async def _relay(
-        self, send: Send, resp: httpx.Response, flow: Flow, sent: float, hold: Callable[[bool], None] | None
-    ) -> None:
-        """``hold``: the cork, to hold the last bytes until the done hooks ran."""
-        m = self.s.metrics
-        reply = flow.reply
-        splitter = SSESplitter()
-        first = True
-        chunks: AsyncIterable[bytes]
-        if isinstance(resp.stream, httpx.AsyncByteStream) and not has_header(resp.headers, b"content-encoding"):
-            chunks = resp.stream  # as received: no decoder chain to run
-        else:
-            chunks = resp.aiter_bytes()
-        # Our transport tells when the bytes just read were the last: they then end the
-        # response in the same write as the terminating chunk (one write less per stream).
-        at_end = getattr(chunks, "at_end", None)
-        ended = False
-        try:
-            async for chunk in chunks:  # read to its end even once ended: that returns the connection
-                if ended:
-                    continue
-                if reply is not None:
-                    try:
-                        out = [b for b in (reply.feed(ev) for ev in splitter.feed(chunk)) if b is not None]
-                    except Exception:
-                        # Our state machine failed: pass the rest through untouched, starting
-                        # with what the splitter was holding back.
-                        log.exception("stream processing failed; passing the rest through")
-                        m.fail_open.labels("response").inc()
-                        reply, flow.reply = None, None
-                        chunk = splitter.take() + chunk
-                    else:
-                        if first and reply.first_token:
-                            m.upstream_ttft.observe(time.perf_counter() - sent)
-                            first = False
-                        chunk = b"".join(out)
-                        if hold is not None and reply.ended:
-                            # The stream's last event: a client that stops reading there must
-                            # not be answered before the done hooks ran (workers: the record).
-                            hold(True)
-                if at_end is not None and at_end():
-                    ended = True
-                    if hold is not None:
-                        hold(True)
-                    await send({"type": "http.response.body", "body": chunk + splitter.take()})
-                elif chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if not ended:
-                if hold is not None:
-                    hold(True)
-                await send({"type": "http.response.body", "body": splitter.take()})
-        except httpx.HTTPError as exc:
-            # The upstream cut the stream: tell the client in-band and end cleanly.
-            m.upstream_errors.labels("stream_cut").inc()
+        except UpstreamError as exc:
+            self.s.metrics.upstream_errors.labels("stream_cut").inc()
+            log.warning("the upstream cut a stream on %s: %s (%s)", flow.exchange.name, exc, exc.detail)
             flow.status = 502
-            await send({"type": "http.response.body", "body": responses.stream_cut(flow.exchange, type(exc).__name__)})
+            cut = responses.stream_cut(flow.exchange, type(exc).__name__)
+            await send({"type": "http.response.body", "body": cut})
+        if flow.reply is not None and flow.status < 400:
+            flow.message = flow.reply.message()
+
+
+class _Through:
+    """A stream's pieces through the reply machine (proxy.relay.Pieces): split into SSE
+    events, each fed to the machine, which may drop or change it.  If the machine
+    fails, the rest passes through untouched (fail open), starting with what the
+    splitter held back."""
+
+    def __init__(self, handler: Handler, flow: Flow, sent: float, decoder: decode.Decoder | None) -> None:
+        self.metrics = handler.s.metrics
+        self.flow = flow
+        self.sent = sent
+        self.decoder = decoder
+        self.splitter = SSESplitter()
+        self.first = True
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self.decoder is not None:
+            chunk = self.decoder.feed(chunk)
+        reply = self.flow.reply
+        if reply is None:
+            return chunk
+        try:
+            out = [b for b in (reply.feed(ev) for ev in self.splitter.feed(chunk)) if b is not None]
+        except Exception:
+            log.exception("stream processing failed; passing the rest through")
+            self.metrics.fail_open.labels("response").inc()
+            self.flow.reply = None
+            return self.splitter.take() + chunk
+        if self.first and reply.first_token:
+            self.metrics.upstream_ttft.observe(time.perf_counter() - self.sent)
+            self.first = False
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        tail = self.feed(self.decoder.flush()) if self.decoder is not None else b""
+        return tail + self.splitter.take()
 
 
 def _tag(headers: list[tuple[bytes, bytes]], flow: Flow) -> list[tuple[bytes, bytes]]:
@@ -307,10 +316,4 @@ def _tag(headers: list[tuple[bytes, bytes]], flow: Flow) -> list[tuple[bytes, by
     if any(k.startswith(b"x-prefixpin-") for k, _ in headers):
         names = {k for k, _ in tags}
         headers = [(k, v) for k, v in headers if k not in names]
-    headers += tags
-    return headers
-
-
-def _tagged(response: Response, flow: Flow) -> Response:
-    response.raw_headers = _tag(response.raw_headers, flow)
-    return response
+    return headers + tags

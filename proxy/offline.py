@@ -82,7 +82,8 @@ class Offline:
         """One request: what would be forwarded (``flow.out``), its role and outcome;
         ``reply`` (the assistant message the client received) is recorded with it."""
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
-        flow = Flow(exchange, Headers({k.lower(): v for k, v in (headers or {}).items()}), query, raw, 0.0)
+        head = Headers({k.lower(): v for k, v in (headers or {}).items()})
+        flow = Flow(exchange, head, query.encode("utf-8", "surrogateescape"), raw, 0.0)
         await self.runner.request(flow)
         self.runner.render(flow)
         flow.message, flow.status = reply, status

@@ -7,9 +7,7 @@ Whatever prefixpin prints or logs goes through one of these first.
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Iterable
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
@@ -52,19 +50,3 @@ def redact_query(target: str, names: frozenset[str] = frozenset()) -> str:
         secret = is_secret_param(unquote_plus(name)) or unquote_plus(name).lower() in names
         out.append(f"{name}=***" if eq and secret else item)
     return f"{path}?{'&'.join(out)}"
-
-
-class AccessLogRedactor(logging.Filter):
-    """For ``uvicorn.access``: its records carry the request target as ``args[2]``
-    (``'%s - "%s %s HTTP/%s" %d'``); credential-like query values are replaced,
-    and those of ``tenancy.credential_params``."""
-
-    def __init__(self, names: Iterable[str] = ()) -> None:
-        super().__init__()
-        self.names = frozenset(n.lower() for n in names)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
-            record.args = (*args[:2], redact_query(args[2], self.names), *args[3:])
-        return True

@@ -23,11 +23,12 @@ class Services:
     metrics: Metrics
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` after the response, keeping a reference until it is done."""
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` in a task, keeping a reference until it is done."""
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait for the work spawned so far (audit between lines; shutdown)."""

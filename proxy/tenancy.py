@@ -6,7 +6,9 @@ tenant: the values of the ``tenancy.credential_headers`` (``Authorization``,
 ``tenancy.credential_params`` of the query string (``?key=``, ``?api_key=``, ...)
 are combined, each with its place, into one blake2b hash.  Two clients with
 different credentials never share a lineage, and no credential is stored or
-logged (only this one-way hash is).  The place is part of the hash: the same key
+logged (only this one-way hash is).  Credentials are hashed as the bytes the
+client sent (the header's value, the query parameter's percent-decoded bytes):
+two values that differ in any byte, valid UTF-8 or not, are two tenants.  The place is part of the hash: the same key
 sent as ``x-api-key`` and as ``?key=`` makes two tenants (a client keeps its
 place, so it loses nothing; nothing is ever shared across places).
 
@@ -27,8 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-
-from starlette.datastructures import Headers, QueryParams
+from urllib.parse import unquote_to_bytes
 
 from proxy.config import Tenancy
 from proxy.store import ISOLATED
@@ -36,22 +37,37 @@ from proxy.store import ISOLATED
 SHARED_ANONYMOUS = "anon"
 
 
-def tenant_of(headers: Headers, query: QueryParams, policy: Tenancy) -> str:
-    """The tenant of a request with these headers and query parameters."""
+def tenant_of(headers: list[tuple[bytes, bytes]], query: bytes, policy: Tenancy) -> str:
+    """The tenant of a request with these headers (ASGI's: lower-case names, raw
+    values) and this raw query string."""
     if policy.trust_header:
-        named = headers.get("x-prefixpin-tenant")
+        named = next((v for k, v in headers if k == b"x-prefixpin-tenant" and v), None)
         if named:
-            return "t" + _hash([b"tenant", named.encode("utf-8", "replace")])
+            return "t" + _hash([b"tenant", named])
     parts: list[bytes] = []
-    raw = headers.raw  # one pass per credential header over the raw pairs (``getlist`` decodes every value)
     for key, prefix in _header_keys(policy.credential_headers):
-        parts += (prefix + v.decode("latin-1").encode("utf-8", "replace") for k, v in raw if k == key and v)
+        parts += (prefix + v for k, v in headers if k == key and v)
     if query:
-        for name in policy.credential_params:
-            parts += (b"q:" + name.encode() + b"=" + v.encode("utf-8", "replace") for v in query.getlist(name) if v)
+        parts += _query_credentials(query, _param_names(policy.credential_params))
     if not parts:
         return SHARED_ANONYMOUS if policy.anonymous == "shared" else ISOLATED
     return "k" + _hash(parts)
+
+
+def _query_credentials(query: bytes, names: dict[bytes, bytes]) -> list[bytes]:
+    """Each credential parameter's value in ``query``, percent-decoded to its bytes."""
+    out = []
+    for item in query.split(b"&"):
+        name, eq, value = item.partition(b"=")
+        prefix = names.get(unquote_to_bytes(name.replace(b"+", b" ")))
+        if prefix is not None and eq and value:
+            out.append(prefix + unquote_to_bytes(value.replace(b"+", b" ")))
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _param_names(names: tuple[str, ...]) -> dict[bytes, bytes]:
+    return {n.encode(): b"q:" + n.encode() + b"=" for n in names}
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,7 +1,11 @@
 """After the response: record the lineage, its links, the reply's link and any
-new blobs (the system part and tools[] as forwarded), off the request's path
-(right after its last byte where the store's writes never wait, just before it in a
-worker, whose records go to the serve process; else in a task).
+new blobs (the system part and tools[] as forwarded).
+
+When: ``store.shared`` says (proxy.store.Store).  The memory store's writes
+never wait: the turn is recorded right after the response's last byte, before
+the event loop can read the client's next request.  A shared store's (Redis) go
+over the network in a task (``flow.recording``), which the handler awaits before
+the response's last bytes.
 A request the upstream failed is recorded too, so a retry finds its lineage.
 The record names the pool replica that answered (section 2c: every process
 sharing the store routes the lineage's next request there).
@@ -17,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import Any
 
 from canonicalize import JsonDoc, Outcome, chain
 from proxy.errors import StoreError
 from proxy.flow import Flow
-from proxy.link import run_sync
 from proxy.services import Services
 from proxy.store import ISOLATED
 
@@ -39,12 +44,10 @@ class Record:
     def done(self, flow: Flow) -> None:
         if flow.outcome is None or flow.prep is None or flow.failed or flow.tenant == ISOLATED:
             return
-        if getattr(self.s.store, "immediate", False) and not flow.big:
-            # A store whose writes never wait (memory; the serve process's, sent over
-            # the link) records now, before the client can send its next turn.
-            run_sync(self._record(flow))
+        if not self.s.store.shared and not flow.big:
+            _run_inline(self._record(flow))
         else:
-            self.s.spawn(self._record(flow))
+            flow.recording = self.s.spawn(self._record(flow))
 
     async def _record(self, flow: Flow) -> None:
         outcome, prep, s = flow.outcome, flow.prep, self.s
@@ -113,3 +116,13 @@ class Record:
             span = doc.span(exchange.tools_path(body)) if exchange.tools(body) else None
             out[rec.tools_ref] = doc.raw[span[0] : span[1]] if span else b"[]"
         return out
+
+
+def _run_inline(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that never suspends (the memory store's calls) to its end, now."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise RuntimeError("a store that records inline waited")

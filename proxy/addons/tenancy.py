@@ -3,13 +3,9 @@ never cross tenants."""
 
 from __future__ import annotations
 
-from starlette.datastructures import QueryParams
-
 from proxy.config import Tenancy as TenancyConfig
 from proxy.flow import Flow
 from proxy.tenancy import tenant_of
-
-_NO_QUERY = QueryParams("")
 
 
 class Tenancy:
@@ -21,5 +17,4 @@ class Tenancy:
     async def request(self, flow: Flow) -> None:
         if flow.skip:
             return
-        query = QueryParams(flow.query) if flow.query else _NO_QUERY  # most requests have none to parse
-        flow.tenant = tenant_of(flow.headers, query, self.policy)
+        flow.tenant = tenant_of(flow.headers.raw, flow.query, self.policy)

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import logging
-import socket
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import yaml
 
 from proxy.config import Config, ConfigError, load
-
-if TYPE_CHECKING:
-    from proxy.store import Store
-    from proxy.workers import Fleet
 
 
 def _load_or_exit(path: str | None, overrides: dict[str, object] | None = None) -> Config:
@@ -29,6 +21,7 @@ def _load_or_exit(path: str | None, overrides: dict[str, object] | None = None) 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from proxy.cli.serve import serve_here, setup_logging
     from proxy.workers import serve, worker_count
 
     config = _load_or_exit(
@@ -40,7 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "listen.workers": args.workers,
         },
     )
-    _setup_logging(config)
+    setup_logging(config)
     if config.upstream.kind == "litellm":  # fail now, with the reason, if LiteLLM is missing
         from proxy.upstream.litellm import _import_litellm
 
@@ -48,79 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = worker_count(config)
     if workers > 1:
         return serve(config, workers)
-    return run_uvicorn(config)
-
-
-def _setup_logging(config: Config) -> None:
-    logging.basicConfig(level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-
-
-def run_uvicorn(
-    config: Config,
-    *,
-    sockets: list[socket.socket] | None = None,
-    fleet: Fleet | None = None,
-    store: Store | None = None,
-    banner: bool = True,
-) -> int:
-    """Serve the app in this process (the only one, or a worker given its socket)."""
-    import uvicorn
-
-    from proxy.app import create_app
-    from proxy.redact import AccessLogRedactor, redact
-    from proxy.server import protocol
-
-    if fleet is not None:
-        _setup_logging(config)
-    app = create_app(config, store=store, fleet=fleet)
-    # Each request allocates tens of thousands of short-lived, acyclic JSON objects
-    # that reference counting frees; the default cyclic-GC threshold (700) made the
-    # collector run several times per request, scanning every long-lived object
-    # (32 connections, instant upstream: 655 -> 828 req/s from 50k to 200k).
-    gc.freeze()
-    gc.set_threshold(200_000, 50, 100)
-    if banner:
-        logging.getLogger("prefixpin").info(
-            "prefixpin serving on http://%s:%d -> %s (store: %s, packs: %s)",
-            config.listen.host,
-            config.listen.port,
-            redact(config.upstream.url),
-            config.store.backend,
-            ",".join(config.canonicalize.packs),
-        )
-    try:
-        import uvloop  # noqa: F401
-
-        loop = "uvloop"
-    except ImportError:
-        loop = "asyncio"
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.listen.host,
-            port=config.listen.port,
-            loop=loop,
-            http=protocol(config.limits.header_timeout_s),  # httptools + a header deadline
-            log_level=config.log.level,
-            access_log=config.log.access,
-            lifespan="on",
-            timeout_graceful_shutdown=10,
-            # Responses carry the upstream's own date and server headers: a second
-            # pair from uvicorn would make each appear twice.
-            server_header=False,
-            date_header=False,
-            # X-Forwarded-For / -Proto are the client's to write: nothing here trusts
-            # them (and the access log shows the real peer).
-            proxy_headers=False,
-        )
-    )
-    if fleet is not None:
-        fleet.on_lost = lambda: setattr(server, "should_exit", True)
-    # uvicorn.Config has configured its loggers by now: access lines lose query secrets.
-    logging.getLogger("uvicorn.access").addFilter(AccessLogRedactor(config.tenancy.credential_params))
-    server.run(sockets=sockets)
-    return 0 if server.started else 3
+    return serve_here(config)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -168,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8787)")
     serve.add_argument(
-        "--workers", help="worker processes sharing the port and the store: N or auto (one per CPU); default 1"
+        "--workers", help="worker processes sharing the port, lineages in Redis: N or auto (one per CPU); default 1"
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -37,6 +37,12 @@ ISOLATED = ""  # the tenant of a request that shares nothing (see proxy.tenancy)
 class Store(Protocol):
     """The storage contract; backends raise :class:`proxy.errors.StoreError`."""
 
+    # When a turn is recorded.  False (the memory store, whose writes never wait): right
+    # after its response's last byte, before this process reads the client's next
+    # request.  True (Redis: other processes read it): before the response's last bytes
+    # go out, so whichever process gets the next turn finds it (proxy.handler).
+    shared: bool
+
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup: ...
 
     async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]: ...

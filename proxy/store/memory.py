@@ -4,7 +4,6 @@ entries, never another tenant's), TTL on every entry, clock injected."""
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -41,7 +40,7 @@ class MemoryStore:
     ``bounds.tenant_max_entries`` and ``bounds.tenant_max_bytes`` per tenant (least
     recently used go first) and by ``ttl_s``."""
 
-    immediate = True  # record() and record_response() never wait (proxy.addons.record)
+    shared = False  # this process's own: record() never waits (see Store.shared)
 
     def __init__(
         self,
@@ -234,15 +233,6 @@ class MemoryStore:
 
     async def ping(self) -> None:
         return None
-
-    def dump(self) -> bytes:
-        """Everything held, for another process's copy to :meth:`load` (proxy.store.replica)."""
-        return pickle.dumps((self._data, self._bytes, self._shares), protocol=pickle.HIGHEST_PROTOCOL)
-
-    def load(self, data: bytes) -> None:
-        """Replace what is held with what :meth:`dump` gave (same bounds; the clock is
-        the machine's monotonic one, the same in every process)."""
-        self._data, self._bytes, self._shares = pickle.loads(data)
 
     async def close(self) -> None:
         self._data.clear()

@@ -166,6 +166,8 @@ return count
 
 
 class RedisStore:
+    shared = True  # every prefixpin process on this Redis reads it (see Store.shared)
+
     def __init__(
         self, url: str, *, ttl_s: int = 86400, timeout_s: float = 0.25, bounds: Bounds = DEFAULT_BOUNDS
     ) -> None:

@@ -1,7 +1,14 @@
 """Talking to the upstream.
 
-client.py       UpstreamClient: base URL, pooled transport, timeouts, at-most-once
-transport.py    HTTP/1.1 on asyncio protocols + httptools: pooled, at-most-once, httpx's responses
+message.py      Request, Response, Body, Transport: what every transport speaks
+client.py       UpstreamClient: base URL, timeouts, at-most-once sending
+transport.py    which transport, from the config (ours, LiteLLM's, a test's)
+connections.py  prefixpin's transport: pooled HTTP/1.1 connections, direct or via a proxy, plain or TLS
+http11.py       one connection: the request out, the response parsed strictly (httptools)
+tls.py          the TLS context: system CAs, SSL_CERT_FILE/DIR, a private CA, mTLS
+egress.py       egress proxies: HTTPS_PROXY / HTTP_PROXY / NO_PROXY, CONNECT tunnels
+decode.py       gzip / deflate / br bodies undone for the reply machine
+adapter.py      an httpx transport (LiteLLM's, tests') as ours: no httpx type goes further
 litellm.py      upstream.kind: litellm (provider translation), imported lazily
 target.py       the client's raw path on the upstream's base; climbing paths refused
 headers.py      hop-by-hop and own headers never cross
@@ -13,8 +20,7 @@ pool.py         one client per replica: health, in-flight load, failover before 
 from __future__ import annotations
 
 from proxy.upstream.client import UpstreamClient, upstream_url
-from proxy.upstream.headers import request_headers, response_headers
-from proxy.upstream.passthrough import passthrough
+from proxy.upstream.headers import request_headers
 from proxy.upstream.target import client_path
 
-__all__ = ["UpstreamClient", "client_path", "passthrough", "request_headers", "response_headers", "upstream_url"]
+__all__ = ["UpstreamClient", "client_path", "request_headers", "upstream_url"]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import httpx
-
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -68,37 +66,31 @@ def raw_request_headers(headers: list[tuple[bytes, bytes]], *, identity: bool = 
     return out
 
 
-def response_headers(headers: httpx.Headers, *, drop: Iterable[str] = ()) -> dict[str, str]:
-    items = headers.multi_items()
-    skip = HOP_BY_HOP | _named_in_connection(items) | {d.lower() for d in drop}
-    out: dict[str, str] = {}
-    for k, v in items:
-        lk = k.lower()
-        if lk in skip:
-            continue
-        out[lk] = f"{out[lk]}, {v}" if lk in out and lk != "set-cookie" else v
-    return out
-
-
-def raw_response_headers(headers: httpx.Headers, *, drop: Iterable[bytes] = ()) -> list[tuple[bytes, bytes]]:
-    """:func:`response_headers` as an ASGI header list: lowercase names, the values'
-    bytes as the upstream sent them (no decoding and re-encoding on the way)."""
-    raw = headers.raw
+def raw_response_headers(
+    headers: list[tuple[bytes, bytes]], *, drop: Iterable[bytes] = ()
+) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers fit for the client, as an ASGI header list:
+    hop-by-hop ones (and those ``Connection`` names) and ``drop`` removed, names
+    lower-case, values as sent, a repeated header joined into one (but
+    ``set-cookie``, which cannot be)."""
     skip = _HOP_BY_HOP_RAW.union(drop)
-    for k, v in raw:
+    for k, v in headers:
         if k.lower() == b"connection":  # rare: the names it lists are hop-by-hop too
             skip |= {t.strip().lower() for t in v.split(b",") if t.strip()}
     out: dict[bytes, bytes] = {}
-    for k, v in raw:
+    cookies: list[tuple[bytes, bytes]] = []
+    for k, v in headers:
         lk = k.lower()
         if lk in skip:
             continue
+        if lk == b"set-cookie":
+            cookies.append((lk, v))
+            continue
         prev = out.get(lk)
-        out[lk] = prev + b", " + v if prev is not None and lk != b"set-cookie" else v
-    return list(out.items())
+        out[lk] = prev + b", " + v if prev is not None else v
+    return [*out.items(), *cookies]
 
 
-def has_header(headers: httpx.Headers, name: bytes) -> bool:
-    """Is ``name`` (lowercase) among ``headers``?  (httpx's ``in`` first works out the
-    encoding of every header, and decodes what it finds: more than a look needs.)"""
-    return any(k.lower() == name for k, _ in headers.raw)
+def has_header(headers: list[tuple[bytes, bytes]], name: bytes) -> bool:
+    """Is ``name`` (lowercase) among ``headers``?"""
+    return any(k.lower() == name for k, _ in headers)

@@ -1,4 +1,4 @@
-"""``upstream.kind: litellm``: provider translation as an httpx transport.
+"""``upstream.kind: litellm``: provider translation as a transport.
 
 Chat completions are handed to ``litellm.acompletion`` (model names route to
 providers the LiteLLM way: ``anthropic/…``, ``openai/…``, ``hosted_vllm/…``), with
@@ -18,11 +18,11 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 
-from proxy.config import Upstream
+from proxy.config import Config
 from proxy.redact import scrub
+from proxy.upstream.message import Bytes, Request, Response, Transport
 
 
 def _import_litellm() -> Any:
@@ -39,25 +39,32 @@ def _import_litellm() -> Any:
     return litellm
 
 
-def _key(request: httpx.Request) -> str | None:
-    auth = request.headers.get("authorization", "")
+def _key(request: Request) -> str | None:
+    headers = {k.lower(): v for k, v in request.headers}
+    auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return headers.get("x-api-key") or None
 
 
-def _error(status: int, message: str, code: str) -> httpx.Response:
+_JSON = [(b"content-type", b"application/json")]
+
+
+def _error(status: int, message: str, code: str) -> Response:
     body = {"error": {"message": message, "type": "upstream_error", "code": code}}
-    return httpx.Response(status, content=orjson.dumps(body), headers={"content-type": "application/json"})
+    return Response(status, list(_JSON), Bytes(orjson.dumps(body)))
 
 
 def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-class _Stream(httpx.AsyncByteStream):
+class _Stream:
+    """LiteLLM's chunks as an OpenAI SSE body."""
+
     def __init__(self, chunks: Any) -> None:
         self._chunks = chunks
+        self._ended = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._chunks:
@@ -68,7 +75,11 @@ class _Stream(httpx.AsyncByteStream):
             if usage is not None:
                 # OpenAI's shape: usage rides alone on a final chunk with no choices.
                 yield _sse({**obj, "choices": [], "usage": usage})
+        self._ended = True
         yield b"data: [DONE]\n\n"
+
+    def at_end(self) -> bool:
+        return self._ended
 
     async def aclose(self) -> None:
         close = getattr(self._chunks, "aclose", None)
@@ -76,17 +87,20 @@ class _Stream(httpx.AsyncByteStream):
             await close()
 
 
-class LiteLLMTransport(httpx.AsyncBaseTransport):
-    def __init__(self, cfg: Upstream, passthrough: httpx.AsyncBaseTransport) -> None:
-        self.litellm = _import_litellm()
-        self.api_base = cfg.url.rstrip("/")
-        self.timeout = cfg.timeout_s
-        self.passthrough = passthrough
+class LiteLLMTransport:
+    """Chat completions through ``litellm.acompletion``; everything else through ``base``."""
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.method != "POST" or not request.url.path.endswith("/chat/completions"):
-            return await self.passthrough.handle_async_request(request)
-        body = orjson.loads(await request.aread())
+    def __init__(self, config: Config, base: Transport) -> None:
+        self.litellm = _import_litellm()
+        self.api_base = config.upstream.url.rstrip("/")
+        self.timeout = config.upstream.timeout_s
+        self.base = base
+
+    async def send(self, request: Request) -> Response:
+        path = request.target.partition("?")[0]
+        if request.method != "POST" or not path.endswith("/chat/completions"):
+            return await self.base.send(request)
+        body = orjson.loads(request.content)
         model = body.pop("model", None)
         messages = body.pop("messages", [])
         try:
@@ -103,12 +117,8 @@ class LiteLLMTransport(httpx.AsyncBaseTransport):
             status = status if isinstance(status, int) and 400 <= status < 600 else 502
             return _error(status, f"litellm: {type(exc).__name__}: {scrub(str(exc))}", "litellm_error")
         if body.get("stream"):
-            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Stream(result))
-        return httpx.Response(
-            200,
-            content=result.model_dump_json(exclude_none=True).encode(),
-            headers={"content-type": "application/json"},
-        )
+            return Response(200, [(b"content-type", b"text/event-stream")], _Stream(result))
+        return Response(200, list(_JSON), Bytes(result.model_dump_json(exclude_none=True).encode()))
 
     async def aclose(self) -> None:
-        await self.passthrough.aclose()
+        await self.base.aclose()

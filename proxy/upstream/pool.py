@@ -12,8 +12,8 @@ the one ``upstream.url`` and behaves exactly as that client.
   ring) and the request goes to the next replica, once.  Only then: the error
   says the request never reached the replica (``UpstreamError.never_sent``).  A
   request that was written, even partly, is never sent again.
-- The response's replica index is in ``resp.extensions["prefixpin.replica"]``; it
-  counts as in flight until its body is closed.
+- The response's replica index is ``Response.replica``; it counts as in flight
+  until its body is closed.
 """
 
 from __future__ import annotations
@@ -21,23 +21,24 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-
-import httpx
+from typing import Any
 
 from proxy.config import Config
 from proxy.errors import UpstreamError
 from proxy.metrics import Metrics
 from proxy.redact import redact
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.message import Body, Response
 from proxy.upstream.policy import Policy, Replica, RoundRobin, make_policy
+from proxy.upstream.transport import open_transport
 
-REPLICA = "prefixpin.replica"
 
-
-class _Tracked(httpx.AsyncByteStream):
+class _Tracked:
     """The response body; closing it ends the request's time in flight (once)."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
+    __slots__ = ("_inner", "_release")
+
+    def __init__(self, inner: Body, release: Callable[[], None]) -> None:
         self._inner = inner
         self._release: Callable[[], None] | None = release
 
@@ -46,17 +47,18 @@ class _Tracked(httpx.AsyncByteStream):
             yield chunk
 
     def at_end(self) -> bool:
-        """As the inner stream's (proxy.upstream.transport.Body.at_end); False if it cannot tell."""
-        at_end = getattr(self._inner, "at_end", None)
-        return bool(at_end()) if at_end is not None else False
+        return self._inner.at_end()
+
+    def _done(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()
         finally:
-            release, self._release = self._release, None
-            if release is not None:
-                release()
+            self._done()
 
 
 class Pool:
@@ -64,13 +66,15 @@ class Pool:
         self,
         config: Config,
         metrics: Metrics,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Any = None,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``transport``: an httpx transport standing in for the network (unit tests)."""
         up = config.upstream
         self.pooled = bool(up.pool)
-        self.clients = [UpstreamClient(replace(up, url=url), transport) for url in up.urls]
+        shared = open_transport(config, transport)
+        self.clients = [UpstreamClient(replace(up, url=url), shared) for url in up.urls]
         self.policy: Policy = make_policy(config.affinity, len(self.clients))
         self.passthrough_policy: Policy = RoundRobin()  # passthrough routes: any healthy replica
         self.retry_after_s = config.affinity.retry_after_s
@@ -104,7 +108,7 @@ class Pool:
         prefer: int | None = None,
         timeout: float | None = None,
         sticky: bool = True,
-    ) -> httpx.Response:
+    ) -> Response:
         """Send to the replica the policy chooses (``sticky=False``: round robin);
         once more to the next one when the first provably never got the request."""
         policy = self.policy if sticky else self.passthrough_policy
@@ -130,7 +134,7 @@ class Pool:
         headers: list[tuple[str, str]],
         content: bytes,
         timeout: float | None,
-    ) -> httpx.Response:
+    ) -> Response:
         self.in_flight[index] += 1
         try:
             resp = await self.clients[index].send(method, path, query, headers, content, timeout=timeout)
@@ -144,15 +148,12 @@ class Pool:
         def release() -> None:
             self.in_flight[index] -= 1
 
-        if resp.is_closed or not self.pooled:  # read already (mock transports), or nothing to balance
-            release()
+        if self.pooled:
+            resp.body = _Tracked(resp.body, release)
         else:
-            resp.stream = _Tracked(resp.stream, release)  # type: ignore[arg-type]
-        resp.extensions[REPLICA] = index
+            release()  # nothing to balance
+        resp.replica = index
         return resp
-
-    async def read(self, resp: httpx.Response) -> bytes:
-        return await self.clients[int(resp.extensions.get(REPLICA, 0))].read(resp)
 
     async def health(self) -> list[str | None]:
         """Each replica's problem (None when its ``/health`` answers below 500)."""
@@ -161,7 +162,7 @@ class Pool:
             try:
                 r = await client.send("GET", "/health", "", [], b"", timeout=2)
                 await r.aclose()
-                out.append(f"answered {r.status_code}" if r.status_code >= 500 else None)
+                out.append(f"answered {r.status}" if r.status >= 500 else None)
             except UpstreamError as exc:
                 if exc.never_sent and self.pooled:
                     self.down_until[i] = self.clock() + self.retry_after_s
@@ -172,11 +173,7 @@ class Pool:
         return redact(self.clients[index].base)
 
     async def aclose(self) -> None:
-        seen: set[int] = set()
-        for client in self.clients:
-            if id(client.transport) not in seen:
-                seen.add(id(client.transport))
-                await client.aclose()
+        await self.clients[0].aclose()  # the transport they share
 
 
-__all__ = ["REPLICA", "Pool"]
+__all__ = ["Pool"]

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 from starlette.types import Scope
 
 from proxy.errors import PathRefused
+from proxy.upstream.message import Origin
 
 _SEPARATORS = re.compile(r"[/\\]")
 
@@ -61,16 +62,21 @@ class Base:
     path: str
     query: str
     userinfo: tuple[str, str] | None
+    origin_parts: Origin
 
     @classmethod
     def parse(cls, url: str) -> Base:
         parts = urlsplit(url)
         host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        origin = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+        netloc = f"[{host}]" if ":" in host else host
+        if parts.port:
+            netloc += f":{parts.port}"
+        scheme = parts.scheme.lower()
         userinfo = (unquote(parts.username), unquote(parts.password or "")) if parts.username else None
-        return cls(origin, parts.path.rstrip("/"), parts.query, userinfo)
+        port = parts.port or (443 if scheme == "https" else 80)
+        return cls(
+            f"{scheme}://{netloc}", parts.path.rstrip("/"), parts.query, userinfo, Origin(scheme, host, port, netloc)
+        )
 
     def target(self, path: str, query: str = "") -> str:
         """The upstream request target for a client's path and query (``.../v1`` +

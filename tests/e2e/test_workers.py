@@ -1,5 +1,6 @@
 """Several workers on one port (``listen.workers``), end to end: real ``prefixpin
-serve`` processes in front of a real llama-server, the openai SDK as client.
+serve`` processes sharing a real redis-server, in front of a real llama-server, the
+openai SDK as client.
 
 Which worker serves a connection is the kernel's choice (SO_REUSEPORT), so each
 test opens connections until it holds one to each worker; ``/healthz`` names the
@@ -74,14 +75,15 @@ def _requests_total(http: httpx.Client) -> float:
     )
 
 
-def _workers_config(write_config: Callable[[dict[str, Any]], Path], **extra: Any) -> Path:
-    return write_config({"listen": {"workers": 2}, **extra})
+@pytest.fixture
+def workers_config(write_config: Callable[[dict[str, Any]], Path], redis_url: str) -> Path:
+    return write_config({"listen": {"workers": 2}, "store": {"backend": "redis", "redis_url": redis_url}})
 
 
 def test_a_lineage_continues_on_whichever_worker_serves_it(
-    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path], llama_server: str
+    serve: Callable[..., str], workers_config: Path, llama_server: str
 ) -> None:
-    base = serve(llama_server, _workers_config(write_config))
+    base = serve(llama_server, workers_config)
     (pid_a, a), (pid_b, b) = _one_per_worker(base).items()
     assert pid_a != pid_b
     on_a, on_b = _sdk(base, a), _sdk(base, b)
@@ -132,16 +134,16 @@ def _kill_and_await_replacements(base: str, workers: set[int]) -> None:
 
 
 def test_a_killed_worker_is_replaced_and_the_lineages_are_still_there(
-    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path], llama_server: str
+    serve: Callable[..., str], workers_config: Path, llama_server: str
 ) -> None:
-    base = serve(llama_server, _workers_config(write_config))
+    base = serve(llama_server, workers_config)
     workers = _one_per_worker(base)
     first = _sdk(base, next(iter(workers.values())))
     t1 = _turn(first, [_sys("02:30 PM"), USER1])
     _kill_and_await_replacements(base, set(workers))
     history = [USER1, _reply(t1), {"role": "user", "content": "And now the tests?"}]
     t2 = _turn(_sdk(base, _conn(base)[0]), [_sys("02:31 PM"), *history])
-    assert t2.headers["x-prefixpin-role"] == "continuation"  # the store is the serve process's
+    assert t2.headers["x-prefixpin-role"] == "continuation"  # the lineages are in Redis
     assert t2.headers["x-prefixpin-lineage"] == t1.headers["x-prefixpin-lineage"]
 
 
@@ -173,11 +175,11 @@ def _gone(pid: int) -> bool:
 
 
 def test_the_port_is_not_shared_with_a_second_prefixpin_and_sigterm_stops_every_worker(
-    tmp_path: Path, write_config: Callable[[dict[str, Any]], Path], llama_server: str
+    tmp_path: Path, workers_config: Path, llama_server: str
 ) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    config = _workers_config(write_config)
+    config = workers_config
     first = _start(port, llama_server, config, tmp_path / "first.log")
     try:
         _wait_ready(base, first)
@@ -198,11 +200,11 @@ def test_the_port_is_not_shared_with_a_second_prefixpin_and_sigterm_stops_every_
 
 
 def test_workers_stop_when_their_serve_process_is_killed(
-    tmp_path: Path, write_config: Callable[[dict[str, Any]], Path], llama_server: str
+    tmp_path: Path, workers_config: Path, llama_server: str
 ) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _start(port, llama_server, _workers_config(write_config), tmp_path / "serve.log")
+    proc = _start(port, llama_server, workers_config, tmp_path / "serve.log")
     try:
         _wait_ready(base, proc)
         workers = _pids(base)
@@ -219,12 +221,12 @@ def test_workers_stop_when_their_serve_process_is_killed(
 
 
 def test_a_streamed_turn_is_recorded_before_its_worker_can_be_killed(
-    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path], llama_server: str
+    serve: Callable[..., str], workers_config: Path, llama_server: str
 ) -> None:
-    """A worker sends its record to the serve process before the client's last bytes:
-    killed the moment the stream ends, it has lost nothing; the next turn, on the
-    worker that replaces it, continues the lineage."""
-    base = serve(llama_server, _workers_config(write_config))
+    """A worker writes its record to Redis before the client's last bytes: killed the
+    moment the stream ends, it has lost nothing; the next turn, on the worker that
+    replaces it, continues the lineage."""
+    base = serve(llama_server, workers_config)
     workers = _one_per_worker(base)
     first = _sdk(base, next(iter(workers.values())))
     with first.chat.completions.with_streaming_response.create(

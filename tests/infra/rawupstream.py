@@ -11,6 +11,7 @@ line, headers in order, body), so tests see exactly what prefixpin sent.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable
@@ -103,16 +104,21 @@ class Conn:
 
 
 class RawUpstream:
-    def __init__(self, script: Callable[[Conn], None]) -> None:
+    """``tls``: a server context: it speaks HTTPS (``url`` then names ``localhost``)."""
+
+    def __init__(self, script: Callable[[Conn], None], *, tls: ssl.SSLContext | None = None) -> None:
         self.script = script
+        self.tls = tls
         self.requests: list[RawRequest] = []
+        self.connections = 0  # accepted so far
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
         self.port: int = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://localhost:{self.port}" if tls else f"http://127.0.0.1:{self.port}"
+        self.handshake_errors: list[str] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -121,9 +127,18 @@ class RawUpstream:
                 sock, _ = self.sock.accept()
             except OSError:
                 return
+            with self.lock:
+                self.connections += 1
             threading.Thread(target=self._run, args=(sock,), daemon=True).start()
 
     def _run(self, sock: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                self.handshake_errors.append(str(exc))
+                sock.close()
+                return
         conn = Conn(sock, self)
         try:
             self.script(conn)

@@ -1,4 +1,4 @@
-"""Admission past ``limits.max_concurrency``, served by uvicorn with prefixpin's protocol:
+"""Admission past ``limits.max_concurrency``, served by prefixpin's own server:
 every route refused the same way, a 503 with Retry-After in the OpenAI shape."""
 
 from __future__ import annotations

@@ -185,22 +185,3 @@ def test_a_reply_machine_failing_mid_stream_passes_every_byte_through(monkeypatc
         assert r.status_code == 200
         assert r.content == STREAM
         assert _metric(client, 'prefixpin_fail_open_total{stage="response"}') == 1
-
-
-def test_the_hot_route_is_an_exchanges_path_once_serving_and_without_admission() -> None:
-    """proxy.server.HotCycle asks ``Front.hot``: only wire API paths, only once the
-    lifespan has opened the services, never with admission control on (it counts in ASGI)."""
-    app = create_app(load(None, env={}), transport=httpx.MockTransport(Upstream()), store=DownStore())
-    assert app.hot("/v1/chat/completions") is None  # before the lifespan
-    with TestClient(app):
-        chat, messages = app.hot("/v1/chat/completions"), app.hot("/v1/messages")
-        assert chat is not None and chat.name == "chat_completions"
-        assert messages is not None and messages.name == "messages"
-        assert app.hot("/healthz") is None and app.hot("/v1/embeddings") is None
-    limited = create_app(
-        load(None, env={}, overrides={"limits.max_concurrency": 4}),
-        transport=httpx.MockTransport(Upstream()),
-        store=DownStore(),
-    )
-    with TestClient(limited):
-        assert limited.hot("/v1/chat/completions") is None

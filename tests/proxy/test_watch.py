@@ -1,6 +1,6 @@
-"""A client that leaves: proxy.watch in isolation, then the app served by uvicorn
-with prefixpin's protocol in front of a raw-socket upstream (a real server: an
-in-process ASGI transport cannot disconnect mid-body)."""
+"""A client that leaves: proxy.watch in isolation, then the app served by prefixpin's
+server in front of a raw-socket upstream (a real server: an in-process ASGI
+transport cannot disconnect mid-body)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from proxy.app import create_app
 from proxy.config import from_mapping
-from proxy.server import protocol
 from proxy.watch import WATCH, ClientGone, ClientWatch
 from tests.infra import rawupstream as raw
-from tests.infra.procs import free_port
+from tests.infra.front import serving
 
 
 async def _never() -> dict[str, Any]:
@@ -157,32 +155,10 @@ class SlowUpstream:
 
 @contextlib.contextmanager
 def served(upstream: str, **sections: dict[str, Any]) -> Iterator[str]:
-    """The app under uvicorn with prefixpin's protocol, in a thread; one upstream connection at most."""
+    """The app on prefixpin's server, in a thread; one upstream connection at most."""
     config = from_mapping({"upstream": {"url": upstream, "max_connections": 1, "timeout_s": 5}, **sections})
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config),
-            host="127.0.0.1",
-            port=port,
-            loop="asyncio",
-            http=protocol(60),
-            ws="none",
-            lifespan="on",
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving(create_app(config)) as server:
+        yield f"http://127.0.0.1:{server.port}"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"], ids=["exchange", "passthrough"])

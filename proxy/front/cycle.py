@@ -1,0 +1,226 @@
+"""One request and its response on a client connection, as ASGI sees it.
+
+The connection (:mod:`proxy.front.connection`) hands a :class:`Cycle` a request
+whose head and whole body have arrived; the cycle runs the ASGI app on it and
+writes what the app sends:
+
+- ``receive()`` returns the whole body in one message, then waits until the
+  client leaves (``http.disconnect``).
+- ``send()``: the response head is held until the first body message, so a
+  whole response goes out in one write (one wake-up of the client, not two).
+  A body without ``content-length`` is chunked (close-delimited for an HTTP/1.0
+  client); a response to ``HEAD``, a 1xx, 204 or 304 has none.
+- An app that fails before its response started gets a 500; after, the
+  connection is aborted (no terminating chunk), which is how a client learns
+  that a body was cut.
+- ``scope["extensions"]["prefixpin.watch"](callback)`` registers a callback
+  called once if the client's connection is lost (at once if it already is):
+  :mod:`proxy.watch` turns it into the cancellation of the request's waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Scope
+
+from proxy.watch import WATCH
+
+if TYPE_CHECKING:
+    from proxy.front.connection import Connection
+
+log = logging.getLogger("prefixpin")
+_NO_BODY = frozenset({204, 304})
+_UNSAFE = (b"\r", b"\n", b"\0")
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_500 = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
+
+
+class Cycle:
+    """One request/response; :meth:`run` serves it with an ASGI app."""
+
+    __slots__ = (
+        "_gone",
+        "_head",
+        "_watch",
+        "body",
+        "chunked",
+        "complete",
+        "conn",
+        "discard",
+        "keep_alive",
+        "lost",
+        "remaining",
+        "scope",
+        "started",
+        "status",
+    )
+
+    def __init__(self, conn: Connection, scope: Scope, body: bytes, *, keep_alive: bool) -> None:
+        self.conn = conn
+        self.scope = scope
+        self.body: bytes | None = body
+        self.keep_alive = keep_alive
+        self.started = False
+        self.complete = False
+        self.status = 0
+        self.lost = False
+        self.chunked = False
+        self.discard = False  # HEAD, 1xx, 204, 304: no body goes out
+        self.remaining = -1  # content-length still to send (-1: not framed by a length)
+        self._head: bytes | None = None  # held until the first body message
+        self._gone: asyncio.Future[None] | None = None
+        # The hook in the scope is its own object: a bound method of the cycle there
+        # would be a cycle (scope -> hook -> cycle -> scope), each request's scope left
+        # to the garbage collector, whose passes stall the event loop.
+        self._watch = _Watch()
+        scope["extensions"] = {WATCH: self._watch}
+
+    # -- the client -------------------------------------------------------------------
+    def connection_lost(self) -> None:
+        self.lost = True
+        gone = self._gone
+        if gone is not None and not gone.done():
+            gone.set_result(None)
+        self._watch.lost()
+
+    async def receive(self) -> Message:
+        body, self.body = self.body, None
+        if body is not None:
+            return {"type": "http.request", "body": body, "more_body": False}
+        if not self.lost:
+            if self._gone is None:
+                self._gone = asyncio.get_running_loop().create_future()
+            await self._gone
+        return {"type": "http.disconnect"}
+
+    # -- serving ----------------------------------------------------------------------
+    async def run(self, app: ASGIApp) -> None:
+        try:
+            await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            if not self.started:
+                log.error("the app failed before answering %s", self.scope.get("path"), exc_info=exc)
+                self._fail()
+            elif not self.complete:
+                self.conn.abort()  # the body is cut: the client must be able to tell
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not self.complete and not self.lost:
+                if not self.started:
+                    log.error("the app returned without answering %s", self.scope.get("path"))
+                    self._fail()
+                else:
+                    self.conn.abort()
+        finally:
+            self.conn.cycle_done(self)
+
+    def _fail(self) -> None:
+        self.keep_alive = False
+        self.status = 500
+        self.conn.write(_500 + b"connection: close\r\n\r\nInternal Server Error")
+        self.complete = True
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.started:
+                raise RuntimeError("the response had started already")
+            self.started = True
+            self._start(message["status"], message.get("headers", ()))
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if not self.started or self.complete:
+            raise RuntimeError("a response body sent before its start or after its end")
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        if self.lost:
+            if not more:
+                self.complete = True
+            return
+        out = self._frame(body, more)
+        head, self._head = self._head, None
+        if head is not None:
+            out = head + out
+        if out:
+            self.conn.write(out)
+        if not more:
+            self.complete = True
+
+    def _start(self, status: int, headers: Any) -> None:
+        self.status = status
+        parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+        length: int | None = None
+        for name, value in headers:
+            if any(c in name or c in value for c in _UNSAFE):
+                raise RuntimeError("a response header holds a line break")
+            name = name.lower()
+            if name == b"content-length":
+                length = int(value)
+                continue  # written below, once
+            if name in (b"transfer-encoding", b"connection"):
+                if name == b"connection" and b"close" in value.lower():
+                    self.keep_alive = False
+                continue  # the framing and the connection are ours to write, below
+            parts += (name, b": ", value, b"\r\n")
+        self.discard = self.scope["method"] == "HEAD" or status < 200 or status in _NO_BODY
+        if length is not None:
+            parts.append(b"content-length: %d\r\n" % length)
+            self.remaining = length
+        elif not self.discard:
+            if self.scope["http_version"] == "1.1":
+                self.chunked = True
+                parts.append(b"transfer-encoding: chunked\r\n")
+            else:  # HTTP/1.0 has no chunks: the body ends with the connection
+                self.keep_alive = False
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        self._head = b"".join(parts)
+
+    def _frame(self, body: bytes, more: bool) -> bytes:
+        if self.discard:
+            return b""
+        if self.chunked:
+            if body:
+                return b"%x\r\n%b\r\n%b" % (len(body), body, b"" if more else b"0\r\n\r\n")
+            return b"" if more else b"0\r\n\r\n"
+        if self.remaining >= 0:
+            if len(body) > self.remaining:
+                raise RuntimeError("the response body is longer than its content-length")
+            self.remaining -= len(body)
+            if not more and self.remaining:
+                raise RuntimeError("the response body is shorter than its content-length")
+        return body
+
+
+class _Watch:
+    """``scope["extensions"]["prefixpin.watch"]``: registers the callback to call once
+    when the client's connection is lost (at once if it already is)."""
+
+    __slots__ = ("gone", "on_lost")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.on_lost: Callable[[], None] | None = None
+
+    def __call__(self, on_lost: Callable[[], None]) -> None:
+        if self.gone:
+            on_lost()
+        else:
+            self.on_lost = on_lost
+
+    def lost(self) -> None:
+        self.gone = True
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+
+__all__ = ["Cycle"]
