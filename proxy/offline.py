@@ -1,5 +1,6 @@
-"""The proxy's request flow without sockets: the real addons and runner on an
-embedded store, a request in, the flow out.  ``prefixpin audit`` replays traces
+"""The proxy's request flow without sockets: the real addons (the app's tuple, less
+the ones a live upstream needs) and runner on an embedded store, a request in, the
+flow out.  ``prefixpin audit`` replays traces
 through it, and tests drive lineage, pins and forks through it: there is no
 second implementation of the request path or of the store's semantics.
 """
@@ -14,14 +15,8 @@ import orjson
 from starlette.datastructures import Headers
 
 from canonicalize import CHAT, Canonicalizer, Exchange, Settings
+from proxy import addons
 from proxy.addons import Runner
-from proxy.addons.bypass import Bypass
-from proxy.addons.canonicalize import Canonicalize
-from proxy.addons.fork_guard import ForkGuard
-from proxy.addons.provider_cache import ProviderCache
-from proxy.addons.record import Record
-from proxy.addons.stream_usage import StreamUsage
-from proxy.addons.tenancy import Tenancy
 from proxy.config import Config
 from proxy.flow import Flow
 from proxy.metrics import Metrics
@@ -58,16 +53,7 @@ class Offline:
         )
         counter = itertools.count(1)
         ids = new_id or (lambda: f"L{next(counter):04d}")
-        addons = (
-            Bypass(),
-            Tenancy(config.tenancy),
-            Canonicalize(self.s, new_id=ids),
-            StreamUsage(),
-            ProviderCache(self.s),
-            ForkGuard(),
-            Record(self.s),
-        )
-        self.runner = Runner(addons, self.s.metrics)
+        self.runner = Runner(addons.build(self.s, new_id=ids, offline=True), self.s.metrics)
 
     async def send(
         self,

@@ -2,15 +2,17 @@
 
     ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ProviderCache, ForkGuard, Affinity, Measure, Record)
 
-The tuple *is* the execution order.  Each addon may implement
+The tuple *is* the execution order.  An addon implements one or both hooks, each a
+typed protocol:
 
-- ``async request(flow)``: before the upstream, decides what goes out;
-- ``done(flow)``: after the response ended (streamed or not), counts and records.
-  An addon whose done hook only counts (``counts_only = True``: measure, provider
-  cache) may have it run a little later, off the next request's critical path:
-  :meth:`Runner.done` with ``later=True`` queues it, and :meth:`Runner.drain` runs
-  the queue (the handler calls it while a request waits on the upstream, a timer
-  within ``DRAIN_S`` when nothing does, ``/metrics`` before it answers).
+- :class:`RequestHook` ``async request(flow)``: before the upstream, decides what
+  goes out;
+- :class:`DoneHook` ``done(flow)``: after the response ended (streamed or not),
+  counts and records.  A done hook that only counts (``counts_only = True``:
+  measure, provider cache) may run a little later, off the next request's critical
+  path: :meth:`Runner.done` with ``later=True`` queues it, and :meth:`Runner.drain`
+  runs the queue (the handler calls it while a request waits on the upstream, a
+  timer within ``DRAIN_S`` when nothing does, ``/metrics`` before it answers).
 
 One :class:`Runner` runs every hook.  A hook that raises fails open: the flow
 forwards what the client sent (``x-prefixpin-role: fail-open``) and
@@ -25,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from canonicalize import render
 from proxy.addons.affinity import Affinity
@@ -46,16 +48,36 @@ T = TypeVar("T")
 DRAIN_S = 0.005  # the longest the counting hooks wait when no request drains them first
 
 
-class Addon(Protocol):
+@runtime_checkable
+class RequestHook(Protocol):
+    """Before the upstream: reads the flow, decides (edits, role, routing)."""
+
+    name: str  # the stage in prefixpin_fail_open_total{stage}
+
+    async def request(self, flow: Flow) -> None: ...
+
+
+@runtime_checkable
+class DoneHook(Protocol):
+    """After the response: counts or records; never changes what the client got."""
+
     name: str
+    counts_only: bool  # True: may run a little later (Runner.done)
+
+    def done(self, flow: Flow) -> None: ...
 
 
-def build(s: Services) -> tuple[Addon, ...]:
-    """The addons of one app, in execution order."""
-    return (
+Addon = RequestHook | DoneHook
+
+
+def build(s: Services, *, new_id: Callable[[], str] | None = None, offline: bool = False) -> tuple[Addon, ...]:
+    """The addons of one app, in execution order.  ``offline`` (``prefixpin audit``,
+    proxy.offline: no upstream): without the ones that place a request on the
+    upstream or count a live one (affinity, measure).  ``new_id``: lineage ids."""
+    addons: tuple[Addon, ...] = (
         Bypass(),
         Tenancy(s.config.tenancy),
-        Canonicalize(s),
+        Canonicalize(s, new_id=new_id),
         StreamUsage(),
         ProviderCache(s),
         ForkGuard(),
@@ -63,6 +85,9 @@ def build(s: Services) -> tuple[Addon, ...]:
         Measure(s.metrics),
         Record(s),
     )
+    if offline:
+        return tuple(a for a in addons if not isinstance(a, Affinity | Measure))
+    return addons
 
 
 class Runner:
@@ -71,10 +96,10 @@ class Runner:
     def __init__(self, addons: tuple[Addon, ...], metrics: Metrics) -> None:
         self.addons = addons
         self.metrics = metrics
-        self._request = tuple(a for a in addons if hasattr(a, "request"))
-        self._done = tuple(a for a in addons if hasattr(a, "done"))
-        self._now = tuple(a for a in self._done if not getattr(a, "counts_only", False))
-        self._later = tuple(a for a in self._done if getattr(a, "counts_only", False))
+        self._request = tuple(a for a in addons if isinstance(a, RequestHook))
+        self._done = tuple(a for a in addons if isinstance(a, DoneHook))
+        self._now = tuple(a for a in self._done if not a.counts_only)
+        self._later = tuple(a for a in self._done if a.counts_only)
         self.pending: list[Flow] = []  # flows whose counting hooks wait for drain()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -107,7 +132,7 @@ class Runner:
             for addon in self._later:
                 self._run_done(addon, flow)
 
-    def _run_done(self, addon: Any, flow: Flow) -> None:
+    def _run_done(self, addon: DoneHook, flow: Flow) -> None:
         try:
             addon.done(flow)
         except Exception:
@@ -136,4 +161,4 @@ class Runner:
         flow.fail_open()
 
 
-__all__ = ["Addon", "Runner", "build"]
+__all__ = ["Addon", "DoneHook", "RequestHook", "Runner", "build"]

@@ -36,6 +36,7 @@ WRITTEN = 4096  # (tenant, ref) pairs remembered as written
 
 class Record:
     name = "record"
+    counts_only = False  # the next turn's lookup needs it: right at the response's end
 
     def __init__(self, s: Services) -> None:
         self.s = s

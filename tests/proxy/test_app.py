@@ -34,6 +34,8 @@ class Upstream:
 
 
 class DownStore:
+    shared = False
+
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
         raise StoreError("down")
 

@@ -23,8 +23,7 @@ class _Hook:
     def __init__(self, name: str, log: list[tuple[str, int]], *, counts_only: bool = False) -> None:
         self.name = name
         self.log = log
-        if counts_only:
-            self.counts_only = True
+        self.counts_only = counts_only
 
     def done(self, flow: Flow) -> None:
         self.log.append((self.name, int(flow.query)))
