@@ -37,7 +37,17 @@ FAIL_OPEN_STAGES = (
     "provider_cache",
     "response",
 )
-UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "stream_cut", "http_4xx", "http_5xx")
+UPSTREAM_ERROR_KINDS = (
+    "connect",
+    "reset",
+    "timeout",
+    "tls",
+    "proxy",
+    "protocol",
+    "stream_cut",
+    "http_4xx",
+    "http_5xx",
+)
 FORK_ACTIONS = ("repaired", "continued", "missing_parent", "disabled")
 LINEAGE_REWRITES = ("lineage.tools", "fork.system", "fork.tools", "fork.params")
 # prefixpin_cache_verdicts_total{agree}: our break cause against the provider's own diagnostics.
