@@ -29,9 +29,9 @@ from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString
 from canonicalize.histories import Histories
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, Role, Signals, classify
-from canonicalize.memo import Texts
 from canonicalize.packs import PACKS, Pack
 from canonicalize.rules import Rule
+from canonicalize.texts import Texts
 from canonicalize.wire.base import Exchange, Slot
 
 HEAD_CHARS = 256

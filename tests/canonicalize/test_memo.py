@@ -12,8 +12,8 @@ import pytest
 from canonicalize import CHAT, MESSAGES, RESPONSES, Settings, compile_rule
 from canonicalize.bodies import Bodies
 from canonicalize.histories import Histories
-from canonicalize.memo import HEAD, TAIL, Texts
 from canonicalize.pipeline import Canonicalizer
+from canonicalize.texts import HEAD, TAIL, Texts
 from tests import hermes
 from tests.flows import Harness, Sent
 
