@@ -30,9 +30,10 @@ blocks); assistant and tool messages and ``tools`` are shared.  Rules of scope
 ``tools`` or ``all`` write into those: with any, bodies are parsed whole.
 
 Per tenant (``scope``), so one tenant's bodies are never compared with, nor can
-time, another's.  Bounded in bodies per tenant and in remembered bytes.  Not
-thread-safe: the proxy calls it on its event loop only (a big body is parsed on
-a worker thread, whole).
+time, another's.  Bounded in bodies per tenant (``PER_SCOPE``) and in remembered
+bytes (``MAX_BYTES``).  Not thread-safe: the proxy calls it on its event loop
+only (a big body is parsed on a worker thread, whole).  ``Bodies(enabled=False)``
+remembers nothing: every body is parsed whole.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ Span = tuple[int, int]
 
 
 class _Body:
-    """One remembered body: its bytes, its parse (kept, never handed out) and the
-    layout of its item array, found on first use (``layout``)."""
+    """One remembered body: its bytes, its parse (kept, never handed out), the layout
+    of its item array, found on first use (``layout``), and what the pipeline found
+    of it (``hist``)."""
 
     __slots__ = (
         "base",
@@ -140,9 +142,10 @@ class _Body:
 class Bodies:
     """The recent bodies of each tenant (see the module docstring)."""
 
-    def __init__(self, *, per_scope: int = PER_SCOPE, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, *, per_scope: int = PER_SCOPE, max_bytes: int = MAX_BYTES, enabled: bool = True) -> None:
         self.per_scope = per_scope
         self.max_bytes = max_bytes
+        self.enabled = enabled
         self._scopes: OrderedDict[str, list[_Body]] = OrderedDict()
         self._bytes = 0
         self.reused = 0  # bodies parsed from a remembered one (tests, benchmarks)
@@ -155,9 +158,11 @@ class Bodies:
         names the item array.  With ``remember`` False (rules of scope ``tools`` or
         ``all`` edit tools[] and any message in place), the body is parsed whole and
         nothing is kept."""
+        if not (remember and self.enabled):
+            return _whole(raw)
         recent = self._scopes.get(scope)
         body = None
-        if recent is not None and remember:
+        if recent is not None:
             self._scopes.move_to_end(scope)
             # The bodies whose first item this one starts with first (the same session,
             # as a rule), then the others (a system prompt that changed).
@@ -177,16 +182,12 @@ class Bodies:
                 self.reused += 1
                 break
         if body is None:
-            try:
-                top = orjson.loads(raw)
-            except orjson.JSONDecodeError:
+            whole = _whole(raw)
+            if whole is None:
                 return None
-            try:
-                doc = JsonDoc(raw)
-            except ValueError:
-                return None
-            if not isinstance(top, dict) or not isinstance(top.get(key), list) or not remember:
-                return top, doc, None
+            top, doc, _ = whole
+            if not isinstance(top, dict) or not isinstance(top.get(key), list):
+                return whole
             body = _Body(raw, top, key, doc)
             body.writable = _writable(body.items, 0)
         self._remember(scope, body)
@@ -209,6 +210,19 @@ class Bodies:
 
     def _forget(self, recent: list[_Body], n: int) -> None:
         self._bytes -= len(recent.pop(n).raw)
+
+
+def _whole(raw: bytes) -> tuple[Any, JsonDoc, None] | None:
+    """``raw`` parsed whole, nothing kept; None when it is not JSON."""
+    try:
+        top = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    try:
+        doc = JsonDoc(raw)
+    except ValueError:
+        return None
+    return top, doc, None
 
 
 def shared_prefix(body: _Body, start: int, base: _Body, base_start: int, most: int) -> int:

@@ -66,11 +66,11 @@ def test_a_body_is_kept_for_parsing_by_pieces_only_in_its_tenants_scope() -> Non
     for n in range(3):
         history.append({"role": "user", "content": f"turn {n}"})
         h.send({"model": "m", "messages": history}, headers={})
-    assert h.canon.bodies.reused == 0 and not h.canon.bodies._scopes
+    assert h.canon.memos.bodies.reused == 0 and not h.canon.memos.bodies._scopes
     for n in range(3):
         history.append({"role": "user", "content": f"again {n}"})
         h.send({"model": "m", "messages": history}, headers={"authorization": "Bearer sk-a"})
-    assert h.canon.bodies.reused == 2 and len(h.canon.bodies._scopes) == 1
+    assert h.canon.memos.bodies.reused == 2 and len(h.canon.memos.bodies._scopes) == 1
 
 
 def test_a_store_given_empty_is_the_one_used() -> None:

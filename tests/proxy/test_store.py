@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from canonicalize import LineageRecord
-from canonicalize.pipeline import LINKS_PER_KEY
+from canonicalize.lineage import LINKS_PER_KEY
 from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
