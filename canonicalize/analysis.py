@@ -55,7 +55,7 @@ class Prepared:
     spans: list[pins.Span]
     links: list[bytes]
     sizes: list[int]  # canonical byte size of each history message (prefix prediction)
-    signals: Signals  # at depth 0 until classify sets the lookup's
+    signals: Signals  # what the request says of itself (at depth 0: the lookup's is the outcome's)
     tools: ToolsId | None
     originals: dict[Path, tuple[Slot, str]]  # every string a rule may change, as sent
     offset: int = 0  # chain links before the body's own history (1: a previous response's tip)

@@ -52,6 +52,7 @@ class Outcome:
     fork_action: str | None = None  # forks_total{action}
     parent_fp: Fingerprint | None = None
     fork_signal: str | None = None
+    depth: int = 0  # how many of the request's links were recorded (the prefix its parent shares)
 
 
 @dataclass(slots=True)
@@ -270,6 +271,7 @@ def _outcome(
         fork_action=applied.fork_action,
         parent_fp=applied.parent_fp,
         fork_signal=decision.signal if repaired_now else None,
+        depth=lookup.depth,
     )
 
 

@@ -101,12 +101,11 @@ class Canonicalizer:
     def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
         """Step 2: root, continuation or fork, given what the store found for the
         request's chain.  A request naming a previous response continues its lineage."""
-        prep.signals = prep.signals.at_depth(lookup.depth)
         if prep.continues is not None:  # named by previous_response_id: no guessing
             for rec in lookup.candidates:
                 if rec.id == prep.continues:
                     return Decision("continuation", rec)
-        return classify(prep.signals, lookup, self.rules.fork)
+        return classify(prep.signals.at_depth(lookup.depth), lookup, self.rules.fork)
 
     def blobs_needed(self, prep: Prepared, decision: Decision) -> tuple[str, ...]:
         """The recorded blobs :meth:`finalize` needs for ``decision``."""
