@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from canonicalize import chain
 from canonicalize.analysis import Prepared
+from canonicalize.bodies import Kept
 from canonicalize.edits import AddMember, Op, render
 from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
@@ -48,6 +49,7 @@ __all__ = [
     "Fingerprint",
     "ForkPolicy",
     "JsonDoc",
+    "Kept",
     "LineageRecord",
     "Lookup",
     "Memos",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from canonicalize import chain, pins
-from canonicalize.bodies import shared_prefix
+from canonicalize.bodies import Kept, shared_prefix
 from canonicalize.histories import Histories
 from canonicalize.identity import ToolsId, hash_text
 from canonicalize.jsonspan import JsonDoc, Path
@@ -86,7 +86,7 @@ def prepare(
     headers: Mapping[str, str] | None = None,
     previous: tuple[str, bytes] | None = None,
     scope: str = "",
-    kept: Any = None,
+    kept: Kept | None = None,
 ) -> Prepared:
     """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``);
     ``scope`` (the tenant) is the only part of the memos this request uses;
@@ -265,7 +265,7 @@ def _chain(
     history: list[Any],
     tip: bytes | None,
     scope: str,
-    kept: Any,
+    kept: Kept | None,
 ) -> tuple[list[bytes], list[int]]:
     """The history's links and message sizes: those of the body this one was parsed
     from for the items it shares (:func:`_kept_links`), else from the histories memo."""
@@ -281,7 +281,7 @@ def _chain(
 
 
 def _kept_links(
-    kept: Any, start: int | None, exchange: Exchange, history: list[Any]
+    kept: Kept, start: int | None, exchange: Exchange, history: list[Any]
 ) -> tuple[list[bytes], list[int]] | None:
     """The history's links when the body was parsed from its session's previous one:
     that body's links for the history items it shares, the same objects from the

@@ -35,6 +35,7 @@ from typing import Any
 
 from canonicalize import analysis, chain, finalize, identity
 from canonicalize.analysis import Prepared
+from canonicalize.bodies import Kept
 from canonicalize.finalize import Outcome
 from canonicalize.identity import ToolsId
 from canonicalize.jsonspan import JsonDoc
@@ -64,7 +65,7 @@ class Canonicalizer:
 
     def parse(
         self, raw: bytes, exchange: Exchange, scope: str, *, remember: bool = True
-    ) -> tuple[Any, JsonDoc, Any] | None:
+    ) -> tuple[Any, JsonDoc, Kept | None] | None:
         """``raw``'s parse (for this request to edit), doc and what is kept of it (for
         ``prepare``), by pieces of the tenant's recent bodies where the bytes are equal
         (:mod:`canonicalize.bodies`); None: not JSON.  ``remember`` False: parsed whole,
@@ -82,7 +83,7 @@ class Canonicalizer:
         headers: Mapping[str, str] | None = None,
         previous: tuple[str, bytes] | None = None,
         scope: str = "",
-        kept: Any = None,
+        kept: Kept | None = None,
     ) -> Prepared:
         """Step 1: :func:`canonicalize.analysis.prepare` (its arguments are this one's)."""
         return analysis.prepare(
