@@ -33,14 +33,15 @@ Per tenant (``scope``), so one tenant's bodies are never compared with, nor can
 time, another's.  Bounded in bodies per tenant (``PER_SCOPE``) and in remembered
 bytes (``MAX_BYTES``).  What is kept of a body (:class:`Kept`) goes with its
 request to :func:`canonicalize.analysis.prepare`, which takes from it the links
-of the history the body shares with the one it was parsed from.  Not
-thread-safe: the proxy calls it on its event loop only (a big body is parsed on
-a worker thread, whole).  ``Bodies(enabled=False)`` remembers nothing: every
-body is parsed whole.
+of the history the body shares with the one it was parsed from.  The memo
+changes under its lock (the proxy parses by pieces on its event loop only; a big
+body is parsed whole on a worker thread, without the memo).
+``Bodies(enabled=False)`` remembers nothing: every body is parsed whole.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from itertools import islice, takewhile
@@ -151,6 +152,7 @@ class Bodies:
         self.enabled = enabled
         self._scopes: OrderedDict[str, list[Kept]] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()
         self.reused = 0  # bodies parsed from a remembered one (tests, benchmarks)
 
     def parse(
@@ -163,6 +165,10 @@ class Bodies:
         nothing is kept."""
         if not (remember and self.enabled):
             return _whole(raw)
+        with self._lock:
+            return self._parse(raw, key, scope)
+
+    def _parse(self, raw: bytes, key: str, scope: str) -> tuple[Any, JsonDoc, Kept | None] | None:
         recent = self._scopes.get(scope)
         body = None
         if recent is not None:

@@ -26,10 +26,16 @@ an object the memo holds), and is the answer computed afresh.  Every memo is
 keyed by scope (the tenant) where what it holds came from a request, so one
 tenant's requests never find, nor can time, another's.  :meth:`Memos.off` is the
 no-memo form: every answer computed afresh; the tests compare the two.
+
+Every memo is safe to share between threads: big bodies are prepared and
+finalized on worker threads while the event loop serves the others.  What one
+thread may change while another reads is changed under the memo's lock, or is
+immutable and replaced whole.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +62,7 @@ class ToolIds:
         # By id(): kept bodies' lists, which no rule writes to; the entry holds the list,
         # so the id stays its own (oldest popped in O(1)).
         self._held: OrderedDict[int, tuple[list[Any], str, ToolsId]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def identify(self, exchange: Exchange, tool_list: list[Any], *, hold: bool, shared: bool) -> ToolsId | None:
         """What identifies ``tool_list`` (None: it cannot be hashed, see
@@ -63,7 +70,8 @@ class ToolIds:
         lists of kept bodies, so a list held before is answered by its identity.
         ``hold``: the list is a kept body's, which the session's next body may share."""
         if shared and self.enabled:
-            held = self._held.get(id(tool_list))
+            with self._lock:
+                held = self._held.get(id(tool_list))
             if held is not None and held[0] is tool_list and held[1] == exchange.name:
                 return held[2]
         form = tools_form(tool_list)
@@ -78,26 +86,29 @@ class ToolIds:
         if hold and shared and self.enabled:
             # Only a kept body's list: any other is never seen again, and holding it would
             # only move the freeing of its parse to a later request, its memory gone cold.
-            self._held[id(tool_list)] = (tool_list, exchange.name, found)
-            if len(self._held) > self.max_entries:
-                self._held.popitem(last=False)
+            with self._lock:
+                self._held[id(tool_list)] = (tool_list, exchange.name, found)
+                if len(self._held) > self.max_entries:
+                    self._held.popitem(last=False)
         return found  # frozen: the same object serves every request that sends these bytes
 
     def _find(self, key: tuple[str, str], form: bytes) -> ToolsId | None:
         if not self.enabled:
             return None
-        hit = self._by_form.get(key)
-        if hit is None or hit[0] != form:
-            return None
-        self._by_form.move_to_end(key)
-        return hit[1]
+        with self._lock:
+            hit = self._by_form.get(key)
+            if hit is None or hit[0] != form:
+                return None
+            self._by_form.move_to_end(key)
+            return hit[1]
 
     def _remember(self, key: tuple[str, str], form: bytes, found: ToolsId) -> None:
         if not self.enabled:
             return
-        self._by_form[key] = (form, found)
-        if len(self._by_form) > self.max_entries:
-            self._by_form.popitem(last=False)
+        with self._lock:
+            self._by_form[key] = (form, found)
+            if len(self._by_form) > self.max_entries:
+                self._by_form.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ randomness (the new lineage id is passed in).  What to forward is a list of
 edits (:mod:`canonicalize.edits`) against the raw bytes: the string values a
 rule changed, and the structural replacements a fork or the lineage's tools[]
 make.  ``Prepared.body`` (the parse) is updated to match, for hashing and
-fingerprints.
+fingerprints.  Big bodies are prepared and finalized on worker threads: the
+memos are safe to share between threads.
 """
 
 from __future__ import annotations
