@@ -7,13 +7,27 @@ come in as arguments.  Nothing here imports from ``proxy``.
 from __future__ import annotations
 
 from canonicalize import chain
+from canonicalize.analysis import Prepared
+from canonicalize.bodies import Kept
 from canonicalize.edits import AddMember, Op, render
+from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
-from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup
+from canonicalize.lineage import (
+    CANDIDATES,
+    LINKS_PER_KEY,
+    SCAN_UP,
+    Decision,
+    Fingerprint,
+    ForkPolicy,
+    LineageRecord,
+    Lookup,
+)
+from canonicalize.memo import Memos
 from canonicalize.packs import PACKS, Pack
-from canonicalize.pipeline import CANDIDATES, LINKS_PER_KEY, SCAN_UP, Canonicalizer, Outcome, Prepared, Settings
+from canonicalize.pipeline import Canonicalizer
 from canonicalize.predict import Prediction, predict
 from canonicalize.rules import Rule, RuleError, compile_rule
+from canonicalize.ruleset import Settings
 from canonicalize.sse import Event, SSESplitter, encode
 from canonicalize.usage import Usage, UsageAccumulator, parse_usage
 from canonicalize.wire import CHAT, EXCHANGES, MESSAGES, RESPONSES, Exchange, Reply, match
@@ -35,8 +49,10 @@ __all__ = [
     "Fingerprint",
     "ForkPolicy",
     "JsonDoc",
+    "Kept",
     "LineageRecord",
     "Lookup",
+    "Memos",
     "Op",
     "Outcome",
     "Pack",

@@ -30,13 +30,18 @@ blocks); assistant and tool messages and ``tools`` are shared.  Rules of scope
 ``tools`` or ``all`` write into those: with any, bodies are parsed whole.
 
 Per tenant (``scope``), so one tenant's bodies are never compared with, nor can
-time, another's.  Bounded in bodies per tenant and in remembered bytes.  Not
-thread-safe: the proxy calls it on its event loop only (a big body is parsed on
-a worker thread, whole).
+time, another's.  Bounded in bodies per tenant (``PER_SCOPE``) and in remembered
+bytes (``MAX_BYTES``).  What is kept of a body (:class:`Kept`) goes with its
+request to :func:`canonicalize.analysis.prepare`, which takes from it the links
+of the history the body shares with the one it was parsed from.  The memo
+changes under its lock (the proxy parses by pieces on its event loop only; a big
+body is parsed whole on a worker thread, without the memo).
+``Bodies(enabled=False)`` remembers nothing: every body is parsed whole.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from itertools import islice, takewhile
@@ -57,9 +62,10 @@ SHARED = frozenset({"assistant", "tool"})
 Span = tuple[int, int]
 
 
-class _Body:
-    """One remembered body: its bytes, its parse (kept, never handed out) and the
-    layout of its item array, found on first use (``layout``)."""
+class Kept:
+    """One remembered body: its bytes, its parse (kept, never handed out), the layout
+    of its item array, found on first use (``layout``), and what the pipeline found
+    of it (``hist``)."""
 
     __slots__ = (
         "base",
@@ -91,7 +97,7 @@ class _Body:
         # The body this one was parsed from (its items reused are the same objects), until
         # the pipeline took what it needs of it; and what the pipeline found of this one:
         # where its history starts in ``items``, the history's links and sizes.
-        self.base: _Body | None = None
+        self.base: Kept | None = None
         self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
 
@@ -140,24 +146,32 @@ class _Body:
 class Bodies:
     """The recent bodies of each tenant (see the module docstring)."""
 
-    def __init__(self, *, per_scope: int = PER_SCOPE, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, *, per_scope: int = PER_SCOPE, max_bytes: int = MAX_BYTES, enabled: bool = True) -> None:
         self.per_scope = per_scope
         self.max_bytes = max_bytes
-        self._scopes: OrderedDict[str, list[_Body]] = OrderedDict()
+        self.enabled = enabled
+        self._scopes: OrderedDict[str, list[Kept]] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()
         self.reused = 0  # bodies parsed from a remembered one (tests, benchmarks)
 
     def parse(
         self, raw: bytes, key: str, scope: str, *, remember: bool = True
-    ) -> tuple[Any, JsonDoc, _Body | None] | None:
+    ) -> tuple[Any, JsonDoc, Kept | None] | None:
         """The parse of ``raw`` (a copy the caller may edit), its :class:`JsonDoc` and
         what is kept of it (None: nothing); None when ``raw`` is not JSON.  ``key``
         names the item array.  With ``remember`` False (rules of scope ``tools`` or
         ``all`` edit tools[] and any message in place), the body is parsed whole and
         nothing is kept."""
+        if not (remember and self.enabled):
+            return _whole(raw)
+        with self._lock:
+            return self._parse(raw, key, scope)
+
+    def _parse(self, raw: bytes, key: str, scope: str) -> tuple[Any, JsonDoc, Kept | None] | None:
         recent = self._scopes.get(scope)
         body = None
-        if recent is not None and remember:
+        if recent is not None:
             self._scopes.move_to_end(scope)
             # The bodies whose first item this one starts with first (the same session,
             # as a rule), then the others (a system prompt that changed).
@@ -167,7 +181,7 @@ class Bodies:
                 if found is None:
                     continue
                 top, doc, layout, writable = found
-                body = _Body(raw, top, key, doc)
+                body = Kept(raw, top, key, doc)
                 body.writable = writable
                 if layout is not None:
                     body.open, body.close, body.head, body.tail = old.open, layout[0], old.head, old.tail
@@ -177,22 +191,18 @@ class Bodies:
                 self.reused += 1
                 break
         if body is None:
-            try:
-                top = orjson.loads(raw)
-            except orjson.JSONDecodeError:
+            whole = _whole(raw)
+            if whole is None:
                 return None
-            try:
-                doc = JsonDoc(raw)
-            except ValueError:
-                return None
-            if not isinstance(top, dict) or not isinstance(top.get(key), list) or not remember:
-                return top, doc, None
-            body = _Body(raw, top, key, doc)
+            top, doc, _ = whole
+            if not isinstance(top, dict) or not isinstance(top.get(key), list):
+                return whole
+            body = Kept(raw, top, key, doc)
             body.writable = _writable(body.items, 0)
         self._remember(scope, body)
         return _handout(top, key, body.writable), doc, body
 
-    def _remember(self, scope: str, body: _Body) -> None:
+    def _remember(self, scope: str, body: Kept) -> None:
         recent = self._scopes.get(scope)
         if recent is None:
             recent = self._scopes[scope] = []
@@ -207,11 +217,24 @@ class Bodies:
             if not oldest:
                 self._scopes.popitem(last=False)
 
-    def _forget(self, recent: list[_Body], n: int) -> None:
+    def _forget(self, recent: list[Kept], n: int) -> None:
         self._bytes -= len(recent.pop(n).raw)
 
 
-def shared_prefix(body: _Body, start: int, base: _Body, base_start: int, most: int) -> int:
+def _whole(raw: bytes) -> tuple[Any, JsonDoc, None] | None:
+    """``raw`` parsed whole, nothing kept; None when it is not JSON."""
+    try:
+        top = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    try:
+        doc = JsonDoc(raw)
+    except ValueError:
+        return None
+    return top, doc, None
+
+
+def shared_prefix(body: Kept, start: int, base: Kept, base_start: int, most: int) -> int:
     """How many items from ``start`` on are ``base``'s from ``base_start`` on, the same
     objects (reused from it), ``most`` at most."""
     new, old = body.items, base.items
@@ -221,7 +244,7 @@ def shared_prefix(body: _Body, start: int, base: _Body, base_start: int, most: i
 
 
 def _reuse(
-    old: _Body, raw: bytes, key: str
+    old: Kept, raw: bytes, key: str
 ) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int]] | None:
     """``raw``'s parse, doc and layout (its close and item spans, when all are known)
     as ``old``'s items where the bytes are equal, or None."""
@@ -317,7 +340,7 @@ def _reuse(
     return top, doc, ((close, new_spans) if known else None), writable
 
 
-def _candidates(recent: list[_Body], raw: bytes) -> Iterator[int]:
+def _candidates(recent: list[Kept], raw: bytes) -> Iterator[int]:
     """The remembered bodies worth trying for ``raw``, best first, found as they are
     tried: those it starts with up to the end of their first item (the same session,
     as a rule; that item's last bytes compared first), then those whose second item it
@@ -410,7 +433,7 @@ def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: lis
     return True
 
 
-def _carry(old: _Body, doc: JsonDoc, moves: list[tuple[int, int, int, int, int]], close: int) -> None:
+def _carry(old: Kept, doc: JsonDoc, moves: list[tuple[int, int, int, int, int]], close: int) -> None:
     """The spans the old doc located in the head, the tail or a reused item, at their
     new offsets (and items' new indices): the same bytes in the same structure, so
     what proved them there proves them here."""
@@ -459,4 +482,4 @@ def _handout(top: dict[str, Any], key: str, writable: list[int]) -> dict[str, An
     return body
 
 
-__all__ = ["Bodies", "shared_prefix"]
+__all__ = ["Bodies", "Kept", "shared_prefix"]

@@ -13,9 +13,11 @@ Equal bytes of ``orjson.dumps`` mean equal messages (orjson writes every value
 one way: ``1`` and ``1.0`` differ, key order is kept), so a reused link is
 exactly the link :func:`canonicalize.chain.links` computes: the memo is a pure
 function of content, verified byte for byte on every hit, and kept per tenant
-(one tenant's requests never find, nor time, another's histories).  It is bounded in histories and
-in bytes; a history seen again replaces the entry it extends, and the entry of
-the same turn with another last message.
+(one tenant's requests never find, nor time, another's histories).  It is bounded in histories
+(``MAX_ENTRIES``), in bytes (``MAX_BYTES``) and in histories per first message
+(``PER_KEY``); a history seen again replaces the entry it extends, and the entry
+of the same turn with another last message.  ``Histories(enabled=False)``
+remembers nothing: every answer is ``chain.links``.
 """
 
 from __future__ import annotations
@@ -61,7 +63,15 @@ class Histories:
     """A bounded memo of hashed histories (see the module docstring); safe to share
     between threads (a big body is hashed on a worker thread)."""
 
-    def __init__(self, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES, per_key: int = PER_KEY) -> None:
+    def __init__(
+        self,
+        *,
+        max_entries: int = MAX_ENTRIES,
+        max_bytes: int = MAX_BYTES,
+        per_key: int = PER_KEY,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.per_key = per_key
@@ -83,7 +93,7 @@ class Histories:
     ) -> tuple[list[bytes], list[int]]:
         """What ``chain.links(exchange, history, prev)`` returns, hashing only the
         messages past the longest prefix remembered in ``scope``."""
-        if len(history) < MIN_MESSAGES:
+        if len(history) < MIN_MESSAGES or not self.enabled:
             return chain.links(exchange, history, prev)
         try:
             text = orjson.dumps(history)

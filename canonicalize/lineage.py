@@ -198,6 +198,12 @@ def _replica(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+# The store's lookup, bounded (every store answers within these):
+LINKS_PER_KEY = 8  # lineages remembered per link (sessions sharing a history)
+CANDIDATES = 8  # lineages a lookup returns at most
+SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
+
+
 @dataclass(frozen=True, slots=True)
 class Lookup:
     """What the store found for a request's chain.

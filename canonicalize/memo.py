@@ -1,131 +1,126 @@
-"""Big texts seen again, found without hashing them, and what was derived from them.
+"""Every memo of the core, in one object: :class:`Memos`.
 
-An agent sends the same system prompt turn after turn, each time as a new ``str``
-parsed from the request.  Python hashes a ``str`` on its first use as a dict key
-(a pass over the whole text) and encodes it to UTF-8 on its first serialization;
-both are cached *in the object*, so they are paid again by every request's new
-copy.  :class:`Texts` keeps one object per distinct text and hands it back for
-an equal one: a request whose slots hold the kept object then finds it in other
-memos, serializes and hashes it at the cost of a lookup.  Each kept text also
-carries values derived from it (its fingerprint blocks), computed once.
+An agent sends the same system prompt, tools and history turn after turn, each
+time as new bytes.  Each memo remembers one kind of answer about them, so that a
+request pays only for what is new in it:
 
-A text is found by a cheap key (its length, its first and its last characters)
-and verified by comparing it whole with the kept one: a text that merely shares
-the key is a miss, never another text.  The kept object itself (which the caller
-got from here and put back in a request) is found by identity, in O(1).  The memo is keyed by scope (the tenant)
-as well, so one tenant's requests never find, nor can time, another's texts.  It
-is bounded in texts and in characters.
+=============  ====================================================  =========================================
+memo           remembers                                             bound
+=============  ====================================================  =========================================
+``texts``      big system texts, one object per distinct text, and   512 texts, 16 Mi characters (with what
+               what was derived from each: its rule analysis, pin    was derived), 4 texts per key, 8 sets of
+               spans, restored pins, fingerprint blocks, system ref  restored pins per text
+               (:mod:`canonicalize.texts`)
+``histories``  hashed histories, as their JSON and their links       4,096 histories, 32 MiB, 8 per first
+               (:mod:`canonicalize.histories`)                       message
+``bodies``     a tenant's recent bodies and their parse, to parse    8 bodies per tenant, 8 MiB of bodies
+               the next one by pieces (:mod:`canonicalize.bodies`)
+``tools``      the :class:`~canonicalize.identity.ToolsId` of a      256 lists by their bytes, 256 lists held
+               tools[] by its bytes, and by the identity of a kept   by identity
+               body's list (:class:`ToolIds`)
+=============  ====================================================  =========================================
+
+Every memo is a pure function of content: an answer found is verified against
+the content it stands for (compared whole, byte for byte, or by the identity of
+an object the memo holds), and is the answer computed afresh.  Every memo is
+keyed by scope (the tenant) where what it holds came from a request, so one
+tenant's requests never find, nor can time, another's.  :meth:`Memos.off` is the
+no-memo form: every answer computed afresh; the tests compare the two.
+
+Every memo is safe to share between threads: big bodies are prepared and
+finalized on worker threads while the event loop serves the others.  What one
+thread may change while another reads is changed under the memo's lock, or is
+immutable and replaced whole.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
-Key = tuple[str, int, str, str]  # scope, length, head, tail
-MAX_ENTRIES = 512
-MAX_CHARS = 16 * 2**20
-PER_KEY = 4  # distinct texts kept per key (a prompt whose minute changes keeps its length, head and tail)
-HEAD = 64  # characters of the start that go into the key
-TAIL = 256  # and of the end (where an agent's prompt keeps what changes: a date, a session)
+from canonicalize import chain
+from canonicalize.bodies import Bodies
+from canonicalize.histories import Histories
+from canonicalize.identity import ToolsId, identify_tools, tools_form
+from canonicalize.texts import Texts
+from canonicalize.wire.base import Exchange
+
+TOOL_LISTS = 256  # tool lists whose identity is remembered by their bytes, and lists held by identity
 
 
-class Entry:
-    """A kept text and what was derived from it (by the caller, by name)."""
+class ToolIds:
+    """The bounded memo of tool lists' identities (see the module docstring)."""
 
-    __slots__ = ("derived", "extra", "kept", "key", "text")
-
-    def __init__(self, key: Key, text: str) -> None:
-        self.key = key  # (scope, ...): see Texts.entry
-        self.text = text
-        self.derived: dict[Any, Any] = {}
-        self.extra = 0  # characters ``derived`` holds (Texts.charge)
-        self.kept = False  # in the memo, counted in its bounds
-
-
-class Texts:
-    """The bounded memo of big texts (see the module docstring); safe to share between
-    threads (a big body is finalized on a worker thread)."""
-
-    def __init__(self, *, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS, per_key: int = PER_KEY) -> None:
+    def __init__(self, *, max_entries: int = TOOL_LISTS, enabled: bool = True) -> None:
         self.max_entries = max_entries
-        self.max_chars = max_chars
-        self.per_key = per_key
-        self._buckets: OrderedDict[Key, list[Entry]] = OrderedDict()
-        # id() of each kept text: valid while its entry holds the object (ids are reused only after a free)
-        self._ids: dict[int, Entry] = {}
-        self._entries = 0
-        self._chars = 0
+        self.enabled = enabled
+        # Keyed by the wire API and the digest (cheap to hash), verified against the bytes
+        # (a digest collision is a miss, never another list's meaning).
+        self._by_form: OrderedDict[tuple[str, str], tuple[bytes, ToolsId]] = OrderedDict()
+        # By id(): kept bodies' lists, which no rule writes to; the entry holds the list,
+        # so the id stays its own (oldest popped in O(1)).
+        self._held: OrderedDict[int, tuple[list[Any], str, ToolsId]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        return self._entries
-
-    @property
-    def chars(self) -> int:
-        """Characters held."""
-        return self._chars
-
-    def entry(self, scope: str, text: str) -> Entry:
-        """The entry of ``text`` in ``scope``: the kept one if an equal text is kept, else
-        a new one (kept unless it is too big to)."""
-        found = self._ids.get(id(text))
-        if found is not None and found.text is text and found.key[0] == scope:
+    def identify(self, exchange: Exchange, tool_list: list[Any], *, hold: bool, shared: bool) -> ToolsId | None:
+        """What identifies ``tool_list`` (None: it cannot be hashed, see
+        :func:`~canonicalize.identity.tools_form`).  ``shared``: no rule writes to the
+        lists of kept bodies, so a list held before is answered by its identity.
+        ``hold``: the list is a kept body's, which the session's next body may share."""
+        if shared and self.enabled:
             with self._lock:
-                if found.key in self._buckets:
-                    self._buckets.move_to_end(found.key)
-            return found  # the kept object itself: nothing to compare
-        key = (scope, len(text), text[:HEAD], text[-TAIL:])
+                held = self._held.get(id(tool_list))
+            if held is not None and held[0] is tool_list and held[1] == exchange.name:
+                return held[2]
+        form = tools_form(tool_list)
+        if form is None:
+            return None
+        ref = chain.digest(form)
+        key = (exchange.name, ref)
+        found = self._find(key, form)
+        if found is None:
+            found = identify_tools(exchange, tool_list, form, ref)
+            self._remember(key, form, found)
+        if hold and shared and self.enabled:
+            # Only a kept body's list: any other is never seen again, and holding it would
+            # only move the freeing of its parse to a later request, its memory gone cold.
+            with self._lock:
+                self._held[id(tool_list)] = (tool_list, exchange.name, found)
+                if len(self._held) > self.max_entries:
+                    self._held.popitem(last=False)
+        return found  # frozen: the same object serves every request that sends these bytes
+
+    def _find(self, key: tuple[str, str], form: bytes) -> ToolsId | None:
+        if not self.enabled:
+            return None
         with self._lock:
-            bucket = self._buckets.get(key)
-            if bucket is not None:
-                for i, found in enumerate(bucket):
-                    if found.text == text:
-                        if i:
-                            bucket.insert(0, bucket.pop(i))
-                        self._buckets.move_to_end(key)
-                        return found
-            entry = Entry(key, text)
-            cost = len(text) + len(scope)
-            if cost > self.max_chars // 8:
-                return entry  # used once, not kept
-            if bucket is None:
-                bucket = self._buckets[key] = []
-            else:
-                self._buckets.move_to_end(key)
-            bucket.insert(0, entry)
-            self._ids[id(text)] = entry
-            entry.kept = True
-            self._entries += 1
-            self._chars += cost
-            while len(bucket) > self.per_key:
-                self._forget(key, bucket.pop())
-            self._shrink()
-            return entry
+            hit = self._by_form.get(key)
+            if hit is None or hit[0] != form:
+                return None
+            self._by_form.move_to_end(key)
+            return hit[1]
 
-    def _shrink(self) -> None:
-        while self._buckets and (self._entries > self.max_entries or self._chars > self.max_chars):
-            old_key, old_bucket = self._buckets.popitem(last=False)
-            for old in old_bucket:
-                self._forget(old_key, old)
-
-    def charge(self, entry: Entry, chars: int) -> None:
-        """Count ``chars`` more held by ``entry`` (what was derived from it) in the bound."""
+    def _remember(self, key: tuple[str, str], form: bytes, found: ToolsId) -> None:
+        if not self.enabled:
+            return
         with self._lock:
-            entry.extra += chars
-            if not entry.kept:
-                return  # not kept (or forgotten): it goes with its request
-            self._chars += chars
-            self._shrink()
+            self._by_form[key] = (form, found)
+            if len(self._by_form) > self.max_entries:
+                self._by_form.popitem(last=False)
 
-    def intern(self, scope: str, text: str) -> str:
-        """The kept object equal to ``text`` (``text`` itself when new)."""
-        return self.entry(scope, text).text
 
-    def _forget(self, key: Key, entry: Entry) -> None:
-        if self._ids.get(id(entry.text)) is entry:
-            del self._ids[id(entry.text)]
-        entry.kept = False
-        self._entries -= 1
-        self._chars -= len(entry.text) + len(key[0]) + entry.extra
+@dataclass(frozen=True, slots=True)
+class Memos:
+    """The core's memos (see the module docstring); one per canonicalizer."""
+
+    texts: Texts = field(default_factory=Texts)
+    histories: Histories = field(default_factory=Histories)
+    bodies: Bodies = field(default_factory=Bodies)
+    tools: ToolIds = field(default_factory=ToolIds)
+
+    @classmethod
+    def off(cls) -> Memos:
+        """Memos that remember nothing: every answer is computed afresh."""
+        return cls(Texts(enabled=False), Histories(enabled=False), Bodies(enabled=False), ToolIds(enabled=False))

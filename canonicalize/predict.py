@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from canonicalize.identity import BLOCK_BYTES
 from canonicalize.lineage import Fingerprint
-from canonicalize.pipeline import BLOCK_BYTES
 
 CAUSES = ("model_changed", "system_changed", "tools_changed", "params_changed", "history_rewritten")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from canonicalize import Exchange, JsonDoc, Op, Outcome, Prepared, Reply
+from canonicalize import Exchange, JsonDoc, Kept, Op, Outcome, Prepared, Reply
 
 # Bodies from 1 MiB up are parsed, hashed, spliced and recorded on a worker thread,
 # so one huge request never stalls the event loop (and /healthz) for the others.
@@ -30,7 +30,7 @@ class Flow:
     started: float  # perf_counter() when the body was in
     body: dict[str, Any] | None = None  # its parse; None when it is not a JSON object
     doc: JsonDoc | None = None
-    kept: Any = None  # what canonicalize.bodies kept of this body (prepare reuses its session's links)
+    kept: Kept | None = None  # what canonicalize.bodies kept of this body (prepare reuses its session's links)
     role: str = "root"  # x-prefixpin-role and the ``role`` label
     skip: bool = False  # bypass, or a body that is not ours to judge: forward untouched
     failed: bool = False  # an addon failed: forward what the client sent, edit nothing more

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from starlette.datastructures import Headers
 
-from canonicalize import CHAT, Canonicalizer, Exchange, Settings
+from canonicalize import CHAT, Canonicalizer, Exchange, Memos, Settings
 from proxy import addons
 from proxy.addons import Runner
 from proxy.config import Config
@@ -41,9 +41,11 @@ class Offline:
         settings: Settings | None = None,
         store: Store | None = None,
         new_id: Callable[[], str] | None = None,
+        memos: Memos | None = None,
     ) -> None:
-        """``settings`` replaces the config's packs, rules and fork policy (tests)."""
-        canon = Canonicalizer(settings or config.settings())
+        """``settings`` replaces the config's packs, rules and fork policy, ``memos`` the
+        canonicalizer's memos (tests: ``Memos.off()`` remembers nothing)."""
+        canon = Canonicalizer(settings or config.settings(), memos=memos)
         self.s = Services(
             config=config,
             canon=canon,

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize import CHAT, Exchange, LineageRecord, Outcome, Settings
+from canonicalize import CHAT, Exchange, LineageRecord, Memos, Outcome, Settings
 from proxy.config import Config, load
 from proxy.flow import Flow
 from proxy.offline import Offline
@@ -64,8 +64,10 @@ KEY = {"authorization": "Bearer sk-test"}  # one tenant: a request without a key
 
 
 class Harness:
-    def __init__(self, settings: Settings | None = None, *, config: Config | None = None) -> None:
-        self.offline = Offline(config or load(None, env={}), settings=settings)
+    def __init__(
+        self, settings: Settings | None = None, *, config: Config | None = None, memos: Memos | None = None
+    ) -> None:
+        self.offline = Offline(config or load(None, env={}), settings=settings, memos=memos)
         self.canon = self.offline.s.canon
 
     def send(

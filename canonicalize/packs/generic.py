@@ -6,7 +6,7 @@
   datetime that belongs to changed content (a new line) is left alone.
 
 tools[] are never re-serialized: the lineage forwards the bytes it first sent for
-tools that mean the same (see :mod:`canonicalize.pipeline`).
+tools that mean the same (see :mod:`canonicalize.finalize`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class Measure:
         if outcome.fork_action:
             m.forks.labels(outcome.fork_action).inc()
         if outcome.parent_fp is not None and outcome.record.fingerprint is not None:
-            p = predict(outcome.record.fingerprint, outcome.parent_fp, prep.signals.depth, prep.sizes)
+            p = predict(outcome.record.fingerprint, outcome.parent_fp, outcome.depth, prep.sizes)
             m.predicted_prefix_ratio.observe(p.ratio)
             if p.cause is not None:
                 m.prefix_breaks.labels(p.cause).inc()

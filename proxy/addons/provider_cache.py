@@ -102,6 +102,6 @@ class ProviderCache:
             return
         if outcome.parent_fp is None or outcome.record.fingerprint is None:
             return  # a root: prefixpin has nothing it compared with
-        ours = predict(outcome.record.fingerprint, outcome.parent_fp, prep.signals.depth, prep.sizes).cause
+        ours = predict(outcome.record.fingerprint, outcome.parent_fp, outcome.depth, prep.sizes).cause
         agree = (ours or NO_BREAK) == theirs
         self.s.metrics.cache_verdicts.labels("yes" if agree else "no").inc()

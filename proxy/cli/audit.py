@@ -122,7 +122,7 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
             lin = lineages[rec.id] = Lineage(rec.id, rec.kind, rec.parent)
         repaired_fork = outcome.role == "fork" and outcome.fork_action == "repaired"
         parent_lin = lineages.get(rec.parent or "") if repaired_fork else lin
-        fp_after, depth = rec.fingerprint, prep.signals.depth
+        fp_after, depth = rec.fingerprint, outcome.depth
         before = after = 0
         cause_before = cause_after = None
         if outcome.parent_fp is not None and fp_after is not None:

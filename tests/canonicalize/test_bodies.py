@@ -1,6 +1,7 @@
-"""Bodies parsed by pieces of a tenant's recent bodies: every parse is orjson's parse
-of the whole body, every span carried over is the one a fresh document finds, and
-the kept parse never changes whatever a request does to its copy."""
+"""Bodies parsed by pieces of a tenant's recent bodies: every parse is the one the
+no-memo form gives (orjson's parse of the whole body), every span carried over is
+the one a fresh document finds, and the kept parse never changes whatever a
+request does to its copy."""
 
 from __future__ import annotations
 
@@ -77,14 +78,18 @@ def _compact(body: Any) -> bytes:
     return orjson.dumps(body)
 
 
+OFF = Bodies(enabled=False)  # remembers nothing: every body parsed whole
+
+
 def _check(bodies: Bodies, raw: bytes, scope: str = "t") -> dict[str, Any]:
     found = bodies.parse(raw, "messages", scope)
     assert found is not None
     body, doc, _ = found
-    assert body == orjson.loads(raw)
-    fresh = JsonDoc(raw)
+    fresh = OFF.parse(raw, "messages", scope)
+    assert fresh is not None and fresh[2] is None
+    assert body == fresh[0] == orjson.loads(raw)
     for path, span in doc._quick.items():
-        assert fresh.span(path) == span, path
+        assert fresh[1].span(path) == span, path
     for i, msg in enumerate(body["messages"]):  # through the item spans the doc knows, or its own search
         for path in [("messages", i), *((("messages", i, k) for k in msg) if isinstance(msg, dict) else ())]:
             assert doc.span(path) == JsonDoc(raw).span(path), path

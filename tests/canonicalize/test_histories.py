@@ -1,5 +1,5 @@
-"""The memo of hashed histories: every answer is exactly ``chain.links``, whatever
-was remembered before, and it stays within its bounds."""
+"""The memo of hashed histories: every answer is exactly the no-memo form's
+(``chain.links``), whatever was remembered before, and it stays within its bounds."""
 
 from __future__ import annotations
 
@@ -26,8 +26,19 @@ def conversation(n: int, tag: str = "") -> list[dict[str, Any]]:
     return out
 
 
+OFF = Histories(enabled=False)  # remembers nothing
+
+
 def check(memo: Histories, history: list[Any], prev: bytes = chain.ROOT, exchange: Any = CHAT) -> None:
-    assert memo.links(exchange, history, prev) == chain.links(exchange, history, prev)
+    assert memo.links(exchange, history, prev) == OFF.links(exchange, history, prev)
+
+
+def test_the_no_memo_form_is_chain_links_and_remembers_nothing() -> None:
+    history = conversation(20)
+    assert OFF.links(CHAT, history) == chain.links(CHAT, history)
+    counting, hashed = hashing()
+    OFF.links(counting, history)
+    assert hashed == history and len(OFF) == 0
 
 
 def hashing() -> tuple[Any, list[Any]]:

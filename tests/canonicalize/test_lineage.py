@@ -300,7 +300,7 @@ def test_prediction_of_continuation_and_break() -> None:
     second = h.send(turn2(minute="02:59 PM"))
     prep = second.flow.prep
     assert prep is not None
-    p = predict(second.record.fingerprint, first.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
+    p = predict(second.record.fingerprint, first.record.fingerprint, second.outcome.depth, prep.sizes)  # type: ignore[arg-type]
     assert p.cause is None and p.ratio > 0.8
     third = h.send(
         hermes.request(
@@ -311,7 +311,7 @@ def test_prediction_of_continuation_and_break() -> None:
     )
     prep = third.flow.prep
     assert prep is not None
-    p = predict(third.record.fingerprint, second.record.fingerprint, prep.signals.depth, prep.sizes)  # type: ignore[arg-type]
+    p = predict(third.record.fingerprint, second.record.fingerprint, third.outcome.depth, prep.sizes)  # type: ignore[arg-type]
     assert p.cause == "system_changed"
     assert 0 < p.ratio < 0.5
 

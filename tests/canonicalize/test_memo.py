@@ -1,5 +1,5 @@
 """The memo of big texts, and the pipeline's memos built on it: every answer is the
-one a canonicalizer that remembers nothing gives."""
+one a canonicalizer that remembers nothing (``Memos.off()``) gives."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 
 from canonicalize import CHAT, MESSAGES, RESPONSES, Settings, compile_rule
-from canonicalize.bodies import Bodies
-from canonicalize.histories import Histories
-from canonicalize.memo import HEAD, TAIL, Texts
+from canonicalize.memo import Memos
 from canonicalize.pipeline import Canonicalizer
+from canonicalize.texts import HEAD, TAIL, Texts
 from tests import hermes
 from tests.flows import Harness, Sent
 
@@ -109,14 +108,9 @@ def test_only_a_kept_bodys_tools_list_is_held_by_identity() -> None:
     assert canon.tools_id(CHAT, tools) is first  # answered by identity now
 
 
-def forgetful(h: Harness) -> None:
-    """Make ``h``'s canonicalizer forget everything it memoised."""
-    canon = h.canon
-    canon.texts = Texts()
-    canon.histories = Histories()
-    canon.bodies = Bodies()
-    canon._tools_cache.clear()
-    canon._tools_held.clear()
+def forgetful(settings: Settings | None = None) -> Harness:
+    """A harness whose canonicalizer remembers nothing: every answer computed afresh."""
+    return Harness(settings, memos=Memos.off())
 
 
 def same(a: Sent, b: Sent) -> None:
@@ -137,7 +131,7 @@ def test_memoised_requests_match_a_canonicalizer_that_remembers_nothing(seed: in
     date on, and two tenants sending the same prompts: the forwarded bytes, the role,
     the rewrites and what is recorded are those of a canonicalizer with no memo."""
     rnd = random.Random(seed)
-    memo, cold = Harness(), Harness()
+    memo, cold = Harness(), forgetful()
     sessions = [f"20260513_2045{i:02d}_d02a5d" for i in range(3)]
     keys = [{"authorization": "Bearer sk-a"}, {"authorization": "Bearer sk-b"}]
     turns: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -159,13 +153,12 @@ def test_memoised_requests_match_a_canonicalizer_that_remembers_nothing(seed: in
         )
         body = hermes.request(system, list(history), hermes.tools_full())
         reply = {"role": "assistant", "content": f"answer {n}"}
-        forgetful(cold)
         a = memo.send(body, reply=reply, headers=keys[k])
         b = cold.send(body, reply=reply, headers=keys[k])
         same(a, b)
         if a.flow.role != "fork":
             history.append(reply)
-    assert memo.canon.bodies.reused > 0  # most bodies parsed by pieces of the previous one
+    assert memo.canon.memos.bodies.reused > 0  # most bodies parsed by pieces of the previous one
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -174,7 +167,7 @@ def test_dates_notes_and_two_system_messages_match_a_canonicalizer_that_remember
     system messages (one of them in text parts): pins restored, notes appended."""
     rnd = random.Random(seed)
     settings = Settings(packs=("generic", "opencode"))
-    memo, cold = Harness(settings), Harness(settings)
+    memo, cold = Harness(settings), forgetful(settings)
     history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
     for n in range(30):
         if rnd.random() < 0.3 and len(history) > 1:
@@ -189,7 +182,6 @@ def test_dates_notes_and_two_system_messages_match_a_canonicalizer_that_remember
         ]
         body = {"model": "m", "messages": messages}
         reply = {"role": "assistant", "content": f"answer {n}"}
-        forgetful(cold)
         same(memo.send(body, reply=reply), cold.send(body, reply=reply))
         history.append(reply)
 
@@ -211,19 +203,18 @@ def test_what_an_entry_holds_counts_in_the_bound() -> None:
 
 
 def test_the_pipelines_memos_stay_within_the_text_bound() -> None:
-    h = Harness()
-    h.canon.texts = Texts(max_chars=200_000)
+    h = Harness(memos=Memos(texts=Texts(max_chars=200_000)))
     for i in range(40):  # 40 sessions' prompts, each with its analysis, restored pins and blocks
         system = hermes.system_prompt(session=f"20260513_2045{i:02d}_d02a5d", filler=60)
         h.send(hermes.request(system, [{"role": "user", "content": "hi"}], hermes.tools_full()))
         h.send(hermes.request(system.replace("02:30", "02:31"), [{"role": "user", "content": "hi"}]))
-        assert 0 < h.canon.texts.chars <= 200_000
+        assert 0 < h.canon.memos.texts.chars <= 200_000
 
 
 def test_turns_are_those_three_searches_find() -> None:
     """The first / last assistant and last user indices, in one pass each way."""
     from canonicalize import RESPONSES
-    from canonicalize.pipeline import _TIP, _turns
+    from canonicalize.analysis import _TIP, _turns
 
     rnd = random.Random(5)
     kinds = [
@@ -310,7 +301,7 @@ def test_rules_that_edit_history_or_tools_match_a_canonicalizer_that_remembers_n
     rnd = random.Random(seed)
     rule = compile_rule("user.mask", r"secret-\d+", "mask", scope)
     settings = Settings(rules=(rule,))
-    memo, cold = Harness(settings), Harness(settings)
+    memo, cold = Harness(settings), forgetful(settings)
     history: list[dict[str, Any]] = [{"role": "user", "content": "start secret-1"}]
     tools = hermes.tools_full()
     tools[0]["function"]["description"] += " secret-7"
@@ -322,10 +313,9 @@ def test_rules_that_edit_history_or_tools_match_a_canonicalizer_that_remembers_n
         system = hermes.system_prompt(minute=f"02:{rnd.choice([30, 31])} PM", session="20260513_204500_d02a5d")
         body = hermes.request(system, list(history), tools)
         reply = {"role": "assistant", "content": f"answer {n} secret-{n}"}
-        forgetful(cold)
         same(memo.send(body, reply=reply), cold.send(body, reply=reply))
         history.append(reply)
-    assert memo.canon.bodies.reused == 0  # edited in place: parsed whole
+    assert memo.canon.memos.bodies.reused == 0  # edited in place: parsed whole
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -335,7 +325,7 @@ def test_messages_and_responses_bodies_match_a_canonicalizer_that_remembers_noth
     (``instructions``, ``input`` items): bodies parsed by pieces of the previous one, a
     system text that moves on, retries: the same bytes, role, rewrites and records."""
     rnd = random.Random(seed)
-    memo, cold = Harness(), Harness()
+    memo, cold = Harness(), forgetful()
     exchange = MESSAGES if api == "messages" else RESPONSES
     history: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "start"}]}]
     for n in range(30):
@@ -350,7 +340,43 @@ def test_messages_and_responses_bodies_match_a_canonicalizer_that_remembers_noth
         else:
             body = {"model": "m", "instructions": system, "input": list(history), "tools": hermes.tools_full()}
         reply = {"role": "assistant", "content": [{"type": "text", "text": f"answer {n}"}]}
-        forgetful(cold)
         same(memo.send(body, reply=reply, exchange=exchange), cold.send(body, reply=reply, exchange=exchange))
         history.append(reply)
-    assert memo.canon.bodies.reused > 0
+    assert memo.canon.memos.bodies.reused > 0
+
+
+def test_a_value_derived_twice_is_kept_and_counted_once() -> None:
+    memo = Texts()
+    entry = memo.entry("t", "a" * 100)
+    assert memo.derive(entry, "k", "first", 10) == "first"
+    assert memo.derive(entry, "k", "second", 10) == "first"  # another thread stored it first
+    assert memo.chars == 101 + 10
+
+
+def test_a_derived_list_keeps_its_newest_within_its_bound() -> None:
+    memo = Texts()
+    entry = memo.entry("t", "a" * 100)
+    for i in range(5):
+        assert memo.derive_among(entry, "r", i, f"v{i}", 10, most=3) == f"v{i}"
+    assert memo.derive_among(entry, "r", 4, "again", 10, most=3) == "v4"
+    assert [memo.found_among(entry, "r", i) for i in range(5)] == [None, None, "v2", "v3", "v4"]
+    assert memo.chars == 101 + 30
+
+
+def test_the_no_memo_form_remembers_nothing() -> None:
+    off, on = Memos.off(), Memos()
+    text = "x" * 5000
+    off.texts.entry("t", text).derived["n"] = 1
+    assert off.texts.entry("t", text).derived == {} and len(off.texts) == 0
+    assert off.texts.intern("t", text) is text
+    tools = hermes.tools_full()
+    before = sys.getrefcount(tools)
+    found = off.tools.identify(CHAT, tools, hold=True, shared=True)
+    assert found == on.tools.identify(CHAT, tools, hold=False, shared=True)
+    assert sys.getrefcount(tools) == before  # not held
+    assert off.tools.identify(CHAT, tools, hold=True, shared=True) is not found  # computed afresh
+    raw = b'{"messages":[{"role":"user","content":"hi"}]}'
+    for _ in range(2):
+        parsed = off.bodies.parse(raw, "messages", "t")
+        assert parsed is not None and parsed[2] is None
+    assert off.bodies.reused == 0

@@ -3,6 +3,7 @@ prefixpin's own fails, and what goes upstream is the client's bytes."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -12,6 +13,7 @@ from canonicalize import CHAT, MESSAGES, Exchange
 from proxy.config import load
 from proxy.offline import Offline
 from proxy.store.memory import MemoryStore
+from tests.arrivals import VARIANTS, Arrivals, switching_often
 from tests.flows import Harness
 
 WRONG: list[Any] = [
@@ -66,14 +68,41 @@ def test_a_body_is_kept_for_parsing_by_pieces_only_in_its_tenants_scope() -> Non
     for n in range(3):
         history.append({"role": "user", "content": f"turn {n}"})
         h.send({"model": "m", "messages": history}, headers={})
-    assert h.canon.bodies.reused == 0 and not h.canon.bodies._scopes
+    assert h.canon.memos.bodies.reused == 0 and not h.canon.memos.bodies._scopes
     for n in range(3):
         history.append({"role": "user", "content": f"again {n}"})
         h.send({"model": "m", "messages": history}, headers={"authorization": "Bearer sk-a"})
-    assert h.canon.bodies.reused == 2 and len(h.canon.bodies._scopes) == 1
+    assert h.canon.memos.bodies.reused == 2 and len(h.canon.memos.bodies._scopes) == 1
 
 
 def test_a_store_given_empty_is_the_one_used() -> None:
     # An empty MemoryStore has len 0: it must not be taken for "no store given".
     store = MemoryStore(max_entries=10)
     assert Offline(load(None, env={}), store=store).s.store is store
+
+
+def test_big_bodies_offloaded_while_the_loop_serves_small_ones_never_fail_open() -> None:
+    """Every fourth body is big (prepared and finalized on a worker thread) while the
+    loop serves the small ones, sixteen requests in flight: none fails open.  (The
+    core's own test, tests/canonicalize/test_threads.py, is the one that finds a race
+    within a second; this one runs the proxy's own offloading.)"""
+    offline = Offline(load(None, env={}))
+    arrivals = Arrivals(2 * VARIANTS)
+    roles: list[str] = []
+
+    async def send_all() -> None:
+        slots = asyncio.Semaphore(16)
+
+        async def one(n: int) -> None:
+            async with slots:
+                raw = arrivals.body(n, big=n % 4 == 0)
+                flow = await offline.send(raw, headers={"authorization": f"Bearer sk-{n % 3}"})
+                roles.append(flow.role)
+
+        await asyncio.gather(*(one(n) for n in range(arrivals.requests)))
+
+    with switching_often():
+        asyncio.run(send_all())
+    assert len(roles) == arrivals.requests and "fail-open" not in roles
+    registry = offline.s.metrics.registry
+    assert not registry.get_sample_value("prefixpin_fail_open_total", {"stage": "canonicalize"})

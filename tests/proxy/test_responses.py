@@ -151,7 +151,7 @@ def test_previous_response_id_continues_from_the_responses_tip() -> None:
     nxt = req([OUT], key="", previous_response_id="resp_1")
     two = h.send(nxt, exchange=RESPONSES, reply={"role": "assistant", "id": "resp_2", "output": [MSG]})
     assert two.role == "continuation" and two.record.id == one.record.id
-    assert two.flow.prep is not None and two.flow.prep.signals.depth == 1
+    assert two.flow.outcome is not None and two.flow.outcome.depth == 1
     three = h.send(req([TASK], key="", previous_response_id="resp_2"), exchange=RESPONSES)
     assert three.role == "continuation" and three.record.id == one.record.id
     # Another tenant naming the same id shares nothing.

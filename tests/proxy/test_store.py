@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from canonicalize import LineageRecord
-from canonicalize.pipeline import LINKS_PER_KEY
+from canonicalize.lineage import LINKS_PER_KEY
 from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
@@ -285,7 +285,7 @@ def test_a_long_conversation_keeps_continuing(bounded: Store) -> None:
     async def go() -> None:
         """Turn after turn (3 messages each) well past max_links_per_request and the
         tenant's entry bound, each turn records from the deepest link it found on, as
-        canonicalize.pipeline does, and the next turn finds it."""
+        canonicalize.finalize does, and the next turn finds it."""
         history = _chain(9, 1)
         await bounded.record("A", LineageRecord(id="c"), history, {}, [])
         for turn in range(60):

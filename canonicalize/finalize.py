@@ -1,0 +1,348 @@
+"""Step 3, :func:`finalize`: the classified request as edits, and what to record.
+
+Each role has its function:
+
+- :func:`_root` starts a lineage: its record holds the request's pin values,
+  identity and skeleton as they are;
+- :func:`_continuation` extends a root lineage: pinned spans get the lineage's
+  recorded values back, date notes go where the lineage put them, tools[] that
+  mean what the lineage's mean are forwarded as the lineage's recorded bytes;
+- :func:`_fork` forwards a new fork, or a fork's own later request, with its
+  parent's system part, tools[] and params (:mod:`canonicalize.repair`).
+
+:func:`_outcome` then turns what the role decided into an :class:`Outcome`: the
+edits (each string that differs from what was sent, and the structural
+replacements), the refs of the system part and tools[] as forwarded, the
+fingerprint, and the record evolved once with all of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from canonicalize import identity, notes, pins
+from canonicalize.analysis import Prepared
+from canonicalize.edits import Op, SetString, SetValue
+from canonicalize.lineage import Decision, Fingerprint, LineageRecord, Lookup, Role
+from canonicalize.memo import Memos
+from canonicalize.repair import branch, repair_fork, set_tools
+from canonicalize.ruleset import RuleSet
+from canonicalize.texts import Texts
+
+TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
+RESTORED_PER_TEXT = 8  # sets of pinned values remembered restored per system text
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The result: what to forward, what to record, what to count."""
+
+    ops: list[Op]
+    role: Role
+    rewrites: list[str]
+    record: LineageRecord
+    links: list[bytes]  # links the lineage now owns (stores prepend its id)
+    touch: list[str]  # blob refs that already exist and must stay alive
+    new_blobs: tuple[str, ...]  # "system" / "tools": the forwarded bytes to store after sending
+    offered: frozenset[str] | None  # fork tool guard: tools the request itself offered
+    fork_action: str | None = None  # forks_total{action}
+    parent_fp: Fingerprint | None = None
+    fork_signal: str | None = None
+    depth: int = 0  # how many of the request's links were recorded (the prefix its parent shares)
+
+
+@dataclass(slots=True)
+class _Applied:
+    """What a role's function decided, before the forwarded parts are recorded."""
+
+    role: Role
+    record: LineageRecord  # the lineage's record before this request
+    changes: dict[str, Any] = field(default_factory=dict)  # to the record, applied once
+    structural: list[Op] = field(default_factory=list)  # edits beyond the strings a rule changed
+    fork_action: str | None = None
+    offered: frozenset[str] | None = None
+    parent_fp: Fingerprint | None = None
+    repaired: bool = False  # forwards a fork parent's system part and tools[]
+
+
+def blobs_needed(prep: Prepared, decision: Decision) -> tuple[str, ...]:
+    """The recorded blobs finalizing ``decision`` needs: a fork's parent's system
+    and tools[]; a continuation's recorded tools[] when the request's tools mean
+    the same but are written differently."""
+    parent = decision.parent
+    if parent is None:
+        return ()
+    if decision.role == "fork" or parent.kind == "fork":
+        if parent.system_ref is None or parent.tools_ref is None:
+            return ()
+        return parent.system_ref, parent.tools_ref
+    if _recorded_tools(prep, parent) and parent.tools_ref is not None:
+        return (parent.tools_ref,)
+    return ()
+
+
+def finalize(
+    rules: RuleSet,
+    memos: Memos,
+    prep: Prepared,
+    lookup: Lookup,
+    decision: Decision,
+    *,
+    new_id: str,
+    blobs: dict[str, bytes],
+) -> Outcome:
+    """Pins, date notes, the lineage's tools[] and fork repair, as edits, and what
+    to record.  A fork (or a fork's own later request) whose parent's blobs are
+    missing is forwarded as a new root, never half-repaired."""
+    rewrites = list(prep.rewrites)
+    parent = decision.parent
+    fork_action = "disabled" if decision.fork_disabled else None
+    if decision.role == "root" or parent is None:
+        applied = _root(prep, new_id, fork_action)
+    elif decision.role == "fork" or parent.kind == "fork":
+        if all(ref in blobs for ref in blobs_needed(prep, decision)):
+            applied = _fork(rules, prep, lookup, decision.role, parent, new_id, blobs, rewrites)
+        else:
+            applied = _root(prep, new_id, "missing_parent")
+    else:
+        applied = _continuation(memos.texts, prep, lookup, parent, blobs, rewrites, fork_action)
+    return _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
+
+
+def _root(prep: Prepared, new_id: str, fork_action: str | None) -> _Applied:
+    """A new lineage, recorded as the request is."""
+    sig, tools = prep.signals, prep.tools
+    own_tools = tools.names if tools else ()
+    record = LineageRecord(
+        id=new_id,
+        root=new_id,
+        identity=sig.identity,
+        skeleton=sig.skeleton,
+        head=sig.head,
+        pins=_first_values(prep.spans),
+        tool_order=own_tools,
+        own_tools=own_tools,
+        tools_meaning=tools.meaning if tools else "",
+    )
+    return _Applied("root", record, fork_action=fork_action)
+
+
+def _continuation(
+    texts: Texts,
+    prep: Prepared,
+    lookup: Lookup,
+    parent: LineageRecord,
+    blobs: dict[str, bytes],
+    rewrites: list[str],
+    fork_action: str | None,
+) -> _Applied:
+    """The next request of a root lineage: its pins, notes and tools[] as recorded."""
+    sig, tools = prep.signals, prep.tools
+    own_tools = tools.names if tools else ()
+    changed = _restore(texts, prep, parent.pins)
+    rewrites.extend(n for n in changed if n not in rewrites)
+    merged = dict(_first_values(prep.spans))
+    merged.update(parent.pins)
+    added = notes.new_notes(prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth)
+    changes: dict[str, Any] = {
+        "identity": sig.identity or parent.identity,
+        "skeleton": sig.skeleton,
+        "head": sig.head,
+        "pins": merged,
+        "own_tools": own_tools,
+        "notes": parent.notes + tuple(added),
+    }
+    _apply_notes(prep, changes["notes"], rewrites)
+    structural: list[Op] = []
+    if _recorded_tools(prep, parent) and parent.tools_ref in blobs:
+        blob = blobs[parent.tools_ref]
+        structural.append(SetValue(prep.exchange.tools_path(prep.body), blob))
+        set_tools(prep.exchange, prep.body, orjson.loads(blob))
+        rewrites.append(TOOLS_RULE)
+    elif tools is not None and tools.meaning != parent.tools_meaning:
+        changes.update(tools_meaning=tools.meaning, tool_order=own_tools)
+    return _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
+
+
+def _fork(
+    rules: RuleSet,
+    prep: Prepared,
+    lookup: Lookup,
+    role: Role,
+    parent: LineageRecord,
+    new_id: str,
+    blobs: dict[str, bytes],
+    rewrites: list[str],
+) -> _Applied:
+    """A new fork of ``parent`` (``role`` fork), or a fork's own later request (a
+    continuation of the fork ``parent``): forwarded as the parent."""
+    sig = prep.signals
+    own_tools = prep.tools.names if prep.tools else ()
+    if role == "fork":
+        record = LineageRecord(
+            id=new_id,
+            kind="fork",
+            parent=parent.id,
+            root=parent.root_id,
+            identity=sig.identity,
+            skeleton=sig.skeleton,
+            head=sig.head,
+            own_tools=own_tools,
+            tool_order=parent.tool_order,
+            system_ref=parent.system_ref,
+            tools_ref=parent.tools_ref,
+            tools_meaning=parent.tools_meaning,
+            params=dict(parent.params),
+            notes=parent.notes,
+            branch=branch(prep, lookup),
+            replica=parent.replica,  # a fork goes where its parent's prefix is cached
+        )
+        action = "repaired"
+    else:
+        record, action = parent, "continued"
+    _apply_notes(prep, record.notes, rewrites)
+    structural = repair_fork(rules.fork.inherit_params, prep, record, blobs, rewrites)
+    offered = frozenset(own_tools) if rules.fork.guard_tools else None
+    return _Applied("fork", record, {}, structural, action, offered, parent.fingerprint, repaired=True)
+
+
+def _outcome(
+    rules: RuleSet,
+    texts: Texts,
+    prep: Prepared,
+    lookup: Lookup,
+    decision: Decision,
+    applied: _Applied,
+    rewrites: list[str],
+) -> Outcome:
+    """The edits, the refs and fingerprint of what is forwarded, and the record."""
+    body, exchange, record = prep.body, prep.exchange, applied.record
+    if not applied.repaired:
+        # The system texts as forwarded, as the objects kept for them: an equal text,
+        # so nothing forwarded changes, whose hash and UTF-8 are already known.
+        for slot in prep.system_slots:
+            slot.set(texts.intern(prep.scope, slot.get()))
+    ops: list[Op] = [SetString(path, slot.get()) for path, (slot, text) in prep.originals.items() if slot.get() != text]
+    ops += applied.structural
+    # What the lineage forwarded: refs by the parse, bytes stored after sending.
+    system_ref = identity.system_ref(texts, exchange.system_value(body), prep.scope)
+    tools_ref = _forwarded_tools_ref(rules, prep)
+    new_blobs: list[str] = []
+    touch: list[str] = []
+    for name, ref, had in (("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)):
+        if ref == had:
+            touch.append(ref)
+        else:
+            new_blobs.append(name)
+    fingerprint = identity.fingerprint(
+        texts,
+        rules.fork.inherit_params,
+        body,
+        exchange,
+        tools_ref=tools_ref,
+        tools_len=prep.tools.size if prep.tools else 0,
+        n_messages=len(prep.links),
+        # A repaired fork forwards its parent's system messages; otherwise they are the
+        # request's own, found once by prepare (their texts as edited since).
+        system_slots=exchange.system_slots(body) if applied.repaired else prep.system_slots,
+        scope=prep.scope,
+    )
+    changes = applied.changes
+    if applied.role != "fork":
+        changes["params"] = _params(rules.fork.inherit_params, prep)
+    record = record.evolve(
+        **changes, system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
+    )
+    repaired_now = applied.fork_action == "repaired"
+    start = branch(prep, lookup) if repaired_now else max(lookup.depth - 1, 0)
+    return Outcome(
+        ops=ops,
+        role=applied.role,
+        rewrites=rewrites,
+        record=record,
+        links=prep.links[start:],
+        touch=touch,
+        new_blobs=tuple(new_blobs),
+        offered=applied.offered,
+        fork_action=applied.fork_action,
+        parent_fp=applied.parent_fp,
+        fork_signal=decision.signal if repaired_now else None,
+        depth=lookup.depth,
+    )
+
+
+def _restore(texts: Texts, prep: Prepared, recorded: dict[str, str]) -> list[str]:
+    """``pins.restore(prep.slots, prep.spans, recorded)``, each system slot's result
+    kept with its text (by the recorded values of its spans, which with the text
+    determine it): a lineage's turns restore the same values into the same prompt,
+    and get the same text object back, whose UTF-8 and fingerprint are known."""
+    changed: list[str] = []
+    n = len(prep.system_slots)
+    for i, slot in enumerate(prep.system_slots):
+        mine = [s for s in prep.spans if s.slot == i]
+        if not mine:
+            continue
+        values = tuple([recorded.get(s.key) for s in mine])
+        entry = texts.entry(prep.scope, slot.get())
+        hit: tuple[str, tuple[str, ...]] | None = texts.found_among(entry, "restored", values)
+        if hit is None:
+            names = pins.restore(prep.slots, mine, recorded)
+            hit = texts.intern(prep.scope, slot.get()), tuple(names)
+            hit = texts.derive_among(entry, "restored", values, hit, len(hit[0]), most=RESTORED_PER_TEXT)
+        slot.set(hit[0])
+        changed += [name for name in hit[1] if name not in changed]
+    rest = [s for s in prep.spans if s.slot >= n]
+    if rest:
+        changed += [name for name in pins.restore(prep.slots, rest, recorded) if name not in changed]
+    return changed
+
+
+def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str]) -> None:
+    """The lineage's date notes, each on the user message it was first added to."""
+    for index, line in recorded:
+        slot = prep.exchange.note_slot(prep.body, index - prep.offset) if index >= prep.offset else None
+        if slot is None:
+            continue
+        prep.originals.setdefault(slot.path, (slot, slot.get()))
+        slot.set(notes.appended(slot.get(), line))
+        name = next((s.rule.name for s in prep.spans if s.rule.action == "date"), "date")
+        if name not in rewrites:
+            rewrites.append(name)
+
+
+def _params(inherit_params: Sequence[str], prep: Prepared) -> dict[str, str]:
+    """The inherit_params the request carries, as written (raw JSON text)."""
+    out: dict[str, str] = {}
+    for p in inherit_params:
+        if p in prep.body:
+            span = prep.doc.span((p,))
+            if span is not None:
+                out[p] = prep.doc.raw[span[0] : span[1]].decode("utf-8", "surrogatepass")
+    return out
+
+
+def _forwarded_tools_ref(rules: RuleSet, prep: Prepared) -> str:
+    """The ref of the tools[] forwarded: the one prepare computed, unless the tools
+    were replaced since (a fork's parent's, the lineage's recorded bytes) or a pin
+    rule may have edited a description in place."""
+    tools = prep.tools
+    if tools is not None and not rules.pin_tools and prep.exchange.tools(prep.body) is prep.tool_list:
+        return tools.form
+    return identity.tools_ref(prep.exchange, prep.body)
+
+
+def _recorded_tools(prep: Prepared, parent: LineageRecord) -> bool:
+    """The request's tools[] mean the lineage's but are written otherwise."""
+    t = prep.tools
+    return t is not None and t.meaning == parent.tools_meaning and t.form != parent.tools_ref
+
+
+def _first_values(spans: Sequence[pins.Span]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for span in spans:
+        out.setdefault(span.key, span.value)
+    return out
