@@ -19,6 +19,7 @@ byte for byte, and the events' bytes, then ``take()``, are the stream as receive
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -135,3 +136,26 @@ def loads_or_none(data: bytes) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
+
+
+def read(data: bytes) -> tuple[Any, bool]:
+    """An event's JSON payload as the most lenient client reads it, and whether orjson
+    read it (True) or only the standard library's ``json`` on the text with invalid
+    UTF-8 replaced (False: NaN, Infinity, 1e400, a lone surrogate, invalid UTF-8 — the
+    openai SDK reads events with ``json``, a browser replaces bad UTF-8).  A guard
+    must judge what the client will see, so it reads with this.  Raises ValueError
+    when neither reads it."""
+    try:
+        return orjson.loads(data), True
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(data.decode("utf-8", "replace")), False
+    except RecursionError as exc:  # nested deeper than the interpreter's stack: unreadable
+        raise ValueError("JSON nested too deep") from exc
+
+
+def dumps(obj: Any, strict: bool) -> bytes:
+    """``obj`` as JSON: orjson for what orjson read, the standard library (ASCII, NaN
+    kept) for what only it read."""
+    return orjson.dumps(obj) if strict else json.dumps(obj).encode()
