@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from canonicalize import Exchange, Reply, SSESplitter
+from canonicalize.sse import dumps, read
 from proxy import responses
 from proxy.addons import Runner
 from proxy.errors import BodyTooLarge, RequestRejected, UpstreamError
@@ -195,13 +196,14 @@ class Handler:
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
-            obj = orjson.loads(content)
-        except orjson.JSONDecodeError:
+            # A guard reads the body as the most lenient client does (NaN, bad UTF-8 …).
+            obj, strict = read(content) if reply.offered is not None else (orjson.loads(content), True)
+        except ValueError:
             return content
         try:
             changed = reply.complete(obj)
             flow.message = reply.message()
-            return orjson.dumps(obj) if changed else content
+            return dumps(obj, strict) if changed else content
         except Exception:
             log.exception("response processing failed; passing the response through")
             self.s.metrics.fail_open.labels("response").inc()
@@ -234,6 +236,19 @@ class Handler:
             if cork is not None:
                 cork(False)  # the last bytes, held by the relay when the done hooks go first
             await resp.aclose()  # early (the client left): the upstream connection is closed
+
+    def _last(self, reply: Reply | None, splitter: SSESplitter) -> bytes:
+        """The stream's last bytes: what the splitter held (an unterminated event) through
+        the reply machine, which also gives up the events it held for a verdict."""
+        tail = splitter.take()
+        if reply is None:
+            return tail
+        try:
+            return reply.close(tail)
+        except Exception:
+            log.exception("stream processing failed at its end; passing the tail through")
+            self.s.metrics.fail_open.labels("response").inc()
+            return tail
 
     async def _relay(
         self, send: Send, resp: httpx.Response, flow: Flow, sent: float, hold: Callable[[bool], None] | None
@@ -279,13 +294,13 @@ class Handler:
                     ended = True
                     if hold is not None:
                         hold(True)
-                    await send({"type": "http.response.body", "body": chunk + splitter.take()})
+                    await send({"type": "http.response.body", "body": chunk + self._last(reply, splitter)})
                 elif chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if not ended:
                 if hold is not None:
                     hold(True)
-                await send({"type": "http.response.body", "body": splitter.take()})
+                await send({"type": "http.response.body", "body": self._last(reply, splitter)})
         except httpx.HTTPError as exc:
             # The upstream cut the stream: tell the client in-band and end cleanly.
             m.upstream_errors.labels("stream_cut").inc()
