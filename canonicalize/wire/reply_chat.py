@@ -405,9 +405,11 @@ class ChatReply:
                 self._saw_choice = True
                 if isinstance(msg.get("content"), str):
                     self._content = [msg["content"]]
-                for i, c in enumerate(msg.get("tool_calls") or ()):
+                calls = msg.get("tool_calls")
+                for i, c in enumerate(calls if isinstance(calls, list) else ()):
                     if isinstance(c, dict):
-                        fn = c.get("function") or {}
+                        fn = c.get("function")
+                        fn = fn if isinstance(fn, dict) else {}
                         self._tool_calls[i] = {
                             "id": c.get("id"),
                             "type": c.get("type", "function"),

@@ -73,6 +73,8 @@ class MessagesReply:
             return event.raw
         self.usage.feed(obj)
         kind = obj.get("type")
+        if type(kind) is not str:
+            kind = None  # (a list or a dict would not even look up in a set)
         changed = False
         if kind == "message_stop":
             self.ended = True
@@ -110,7 +112,8 @@ class MessagesReply:
                 changed = True
             if kind == "content_block_delta":
                 self.first_token = True
-                self._collect(new, obj.get("delta") or {})
+                delta = obj.get("delta")
+                self._collect(new, delta if isinstance(delta, dict) else {})
         elif kind == "message_delta" and self.offered is not None:
             delta = obj.get("delta")
             if isinstance(delta, dict) and delta.get("stop_reason") == "tool_use" and self._kept_tool_use == 0:
@@ -151,11 +154,11 @@ class MessagesReply:
         block = self._blocks.setdefault(index, {"type": "text", "text": ""})
         dtype = delta.get("type")
         if dtype == "text_delta":
-            block["text"] = block.get("text", "") + str(delta.get("text", ""))
+            block["text"] = _text(block, "text") + str(delta.get("text", ""))
         elif dtype == "input_json_delta":
             self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
         elif dtype == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+            block["thinking"] = _text(block, "thinking") + str(delta.get("thinking", ""))
         elif dtype == "signature_delta":
             block["signature"] = str(delta.get("signature", ""))
 
@@ -191,3 +194,8 @@ class MessagesReply:
                 block["input"] = loads_or_none("".join(self._json[i]).encode() or b"{}")
             blocks.append(block)
         return {"role": "assistant", "content": blocks}
+
+
+def _text(block: dict[str, Any], key: str) -> str:
+    text = block.get(key)
+    return text if isinstance(text, str) else ""

@@ -134,6 +134,8 @@ class ResponsesReply:
             return event.raw
         self.usage.feed(obj)
         kind = obj.get("type")
+        if type(kind) is not str:
+            kind = None  # (a list or a dict would not even look up in a set)
         if kind in _ENDS:
             self.ended = True
         if kind in _FIRST_TOKEN:
