@@ -131,9 +131,7 @@ class ChatReply:
                 if isinstance(choice, dict):
                     self._read(choice)
         if self.drop_usage_chunk and "usage" in obj and obj["usage"] is None:
-            edits = Edits(JsonDoc(event.data))
-            edits.delete_member((), "usage")
-            return encode(edits.apply())
+            return _without_usage(event, obj, True, False)
         return event.raw
 
     def close(self, tail: bytes) -> bytes:
@@ -147,8 +145,8 @@ class ChatReply:
         return (out or b"") + (self._drain() or b"")
 
     def _read(self, choice: dict[str, Any]) -> None:
-        """An unguarded choice: the message as received; the first token."""
-        primary = choice.get("index", 0) in (0, None)
+        """A choice nothing changes: the message as received; the first token."""
+        primary = (choice.get("index") or 0) == 0
         self._saw_choice |= primary
         delta = choice.get("delta")
         if isinstance(delta, dict):
@@ -182,12 +180,20 @@ class ChatReply:
         choices = obj.get("choices")
         if self.drop_usage_chunk and choices == [] and obj.get("usage") is not None:
             return None
-        held = _Held(event, obj, strict, False, [])
         if isinstance(choices, list):
+            if not self._held and all(_plain(c) for c in choices):
+                # Most chunks: text, nothing held, no call, no finish: as unguarded.
+                for choice in choices:
+                    self._read(choice)
+                if self.drop_usage_chunk and "usage" in obj and obj["usage"] is None:
+                    return _without_usage(event, obj, strict, False)
+                return event.raw
+            held = _Held(event, obj, strict, False, [])
             for choice in choices:
                 if isinstance(choice, dict):
                     held.changed |= self._arrive(choice, held.waits)
-        return self._queue(held)
+            return self._queue(held)
+        return self._queue(_Held(event, obj, strict, False, []))
 
     def _arrive(self, choice: dict[str, Any], waits: list[_Call]) -> bool:
         """Record a choice's calls and name pieces; decide the calls that ended.  True
@@ -316,13 +322,7 @@ class ChatReply:
                 if isinstance(choice, dict):
                     changed |= self._apply(choice)
         if self.drop_usage_chunk and "usage" in obj and obj["usage"] is None:
-            if changed or not held.strict:
-                del obj["usage"]
-                changed = True
-            else:
-                edits = Edits(JsonDoc(held.event.data or b""))
-                edits.delete_member((), "usage")
-                return encode(edits.apply())
+            return _without_usage(held.event, obj, held.strict, changed)
         return encode(dumps(obj, held.strict)) if changed else held.event.raw
 
     def _apply(self, choice: dict[str, Any]) -> bool:
@@ -467,6 +467,25 @@ class ChatReply:
                 for _, c in sorted(self._tool_calls.items())
             ]
         return msg
+
+
+def _without_usage(event: Event, obj: dict[str, Any], strict: bool, changed: bool) -> bytes:
+    """A chunk without the ``"usage": null`` asking for usage put in it: cut from its
+    bytes (nothing else of it changes), or re-encoded if it changed anyway."""
+    if changed or not strict:
+        del obj["usage"]
+        return encode(dumps(obj, strict))
+    edits = Edits(JsonDoc(event.data or b""))
+    edits.delete_member((), "usage")
+    return encode(edits.apply())
+
+
+def _plain(choice: Any) -> bool:
+    """A choice with no call, no whole message and no finish_reason: nothing to guard."""
+    if not isinstance(choice, dict) or choice.get("finish_reason") is not None or "message" in choice:
+        return False
+    delta = choice.get("delta")
+    return not isinstance(delta, dict) or ("tool_calls" not in delta and "function_call" not in delta)
 
 
 def _key(d: dict[str, Any]) -> Any:
