@@ -46,8 +46,10 @@ client runs.
 Under the guard an event is read as the most lenient client reads it
 (:func:`canonicalize.sse.read`: NaN, a lone surrogate or invalid UTF-8 make
 orjson refuse what the openai SDK accepts); one that no JSON reader takes is
-forwarded as received, since no client reads a call from it.  Without a guard nothing is held, and events are
-read exactly as before the guard existed.
+forwarded as received, since no client reads a call from it.  A chunk with no
+call and no ``finish_reason``, while nothing is held, goes the unguarded way:
+one pass, its raw bytes.  Without a guard nothing is held and events are read
+with orjson alone.
 """
 
 from __future__ import annotations
