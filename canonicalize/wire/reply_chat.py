@@ -63,7 +63,7 @@ from canonicalize.usage import UsageAccumulator
 
 _NAMED = ("function", "custom")  # where a tool call's name sits
 _CALL_ENDS = ("tool_calls", "function_call")  # finish reasons that say "run the calls"
-_UNPLACED = object()  # the key of deltas whose index is not an integer
+_UNPLACED = object()  # the key of deltas and choices whose index is not an integer
 
 
 @dataclass(slots=True)
@@ -83,6 +83,7 @@ class _Choice:
     legacy: _Call | None = None  # delta.function_call
     next: int = 0  # the next client index
     kept: int = 0  # calls let through (tool calls and the legacy one)
+    unplaced: bool = False  # its index is not an integer: clients place it differently, no call is offered
 
 
 @dataclass(slots=True)
@@ -104,7 +105,7 @@ class ChatReply:
         self.blocked = 0
         self.first_token = False  # a content/tool delta came from the upstream
         self.ended = False
-        self._choices: dict[int, _Choice] = {}  # guard state per choice (``n`` > 1 streams several)
+        self._choices: dict[Any, _Choice] = {}  # guard state per choice (``n`` > 1 streams several)
         self._held: list[_Held] = []  # events waiting for a verdict, in order
         self._content: list[str] = []
         self._tool_calls: dict[int, dict[str, Any]] = {}
@@ -201,8 +202,10 @@ class ChatReply:
         """Record a choice's calls and name pieces; decide the calls that ended.  True
         if the choice was changed (a late name piece, a whole message, finish_reason)."""
         assert self.offered is not None
-        ci = choice.get("index") or 0
-        st = self._choices.setdefault(ci if isinstance(ci, int) else -1, _Choice())
+        key = _choice_key(choice)
+        st = self._choices.get(key)
+        if st is None:
+            st = self._choices[key] = _Choice(unplaced=key is _UNPLACED)
         changed = False
         delta = choice.get("delta")
         if isinstance(delta, dict):
@@ -215,7 +218,7 @@ class ChatReply:
                         changed |= self._arrive_call(st, d, waits)
             if isinstance(delta.get("function_call"), dict):
                 if st.legacy is None:
-                    st.legacy = _Call()
+                    st.legacy = _Call(poisoned=st.unplaced)
                 self.first_token = True
                 changed |= self._pieces(st.legacy, delta, ("function_call",))
                 if st.legacy.allowed is None:
@@ -239,7 +242,7 @@ class ChatReply:
         if call is None:  # a new call: the one before it can no longer grow
             if st.open is not None:
                 self._decide(st, st.open, tool=True)
-            call = st.calls[key] = st.open = _Call(poisoned=key is _UNPLACED)
+            call = st.calls[key] = st.open = _Call(poisoned=key is _UNPLACED or st.unplaced)
         changed = self._pieces(call, d, _NAMED)
         if call.allowed is None:
             waits.append(call)
@@ -330,9 +333,8 @@ class ChatReply:
     def _apply(self, choice: dict[str, Any]) -> bool:
         """Apply the verdicts to a choice's deltas (blocked calls out, kept ones at their
         client index); the message as the client receives it.  True if changed."""
-        ci = choice.get("index") or 0
-        st = self._choices[ci if isinstance(ci, int) else -1]
-        primary = ci == 0
+        st = self._choices[_choice_key(choice)]
+        primary = (choice.get("index") or 0) == 0
         self._saw_choice |= primary
         delta = choice.get("delta")
         if not isinstance(delta, dict):
@@ -488,6 +490,12 @@ def _plain(choice: Any) -> bool:
         return False
     delta = choice.get("delta")
     return not isinstance(delta, dict) or ("tool_calls" not in delta and "function_call" not in delta)
+
+
+def _choice_key(choice: dict[str, Any]) -> Any:
+    """A choice's index (missing or null: 0), or one key for every index that is not an integer."""
+    index = choice.get("index") or 0
+    return index if isinstance(index, int) else _UNPLACED
 
 
 def _key(d: dict[str, Any]) -> Any:

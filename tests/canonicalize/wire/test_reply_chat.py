@@ -297,3 +297,14 @@ def test_random_streams_reach_the_sdk_with_offered_names_only() -> None:
             assert b"".join(out) == stream  # nothing to change: every byte as received
         unguarded = ChatReply()
         assert b"".join(feed_all(unguarded, stream, cuts)) == stream
+
+
+def test_calls_in_a_choice_whose_index_is_not_an_integer_are_removed() -> None:
+    # Two such choices must not join their name pieces into one offered name.
+    halves = [
+        {**chunk(), "choices": [{"index": "a", "delta": {"tool_calls": [call_delta(0, id="x", name="mem")]}}]},
+        {**chunk(), "choices": [{"index": "b", "delta": {"tool_calls": [call_delta(0, name="ory")]}}]},
+    ]
+    reply = ChatReply(offered=OFFERED)
+    out = feed_all(reply, b"".join(data(c) for c in halves) + DONE)
+    assert b"mem" not in b"".join(out) and b"ory" not in b"".join(out) and reply.blocked == 1
