@@ -30,14 +30,16 @@ tool the fork did not offer is removed wherever it appears, and counted once:
 - with every event about it: by ``output_index``, or by ``item_id`` (the
   arguments and custom-input deltas).
 
-Later items are renumbered so the client sees a dense ``output`` list.  Not
-guarded: the tools the provider runs itself (``web_search_call``,
-``file_search_call``, ``code_interpreter_call``, ``image_generation_call``,
-``mcp_call``, ``mcp_list_tools``, ``mcp_approval_request``, a server
-``tool_search_call``): they have run before the reply arrives, so removing
-them would hide what happened without preventing it, and their results are
-part of the answer.  A ``tool_search_call`` runs no tool of the client; the
-calls to what it finds are guarded by name like any other.
+Later items are renumbered so the client sees a dense ``output`` list (without a
+guard nothing is renumbered).  Not guarded: the tools the provider runs itself
+(``web_search_call``, ``file_search_call``, ``code_interpreter_call``,
+``image_generation_call``, ``mcp_call``, ``mcp_list_tools``): they have run
+before the reply arrives, so removing them would hide what happened without
+preventing it, and their results are part of the answer.  Nor
+``mcp_approval_request``, which asks the client to approve such a run (the
+client decides), nor ``tool_search_call``, which loads tool definitions and runs
+no tool of the client (calls to what it finds are guarded by name like any
+other).
 """
 
 from __future__ import annotations
