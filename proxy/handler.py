@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from canonicalize import Exchange, Reply, SSESplitter
+from canonicalize.sse import dumps, read
 from proxy import responses
 from proxy.addons import Runner
 from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamError
@@ -221,13 +222,14 @@ class Handler:
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
-            obj = orjson.loads(content)
-        except orjson.JSONDecodeError:
+            # A guard reads the body as the most lenient client does (NaN, bad UTF-8, ...).
+            obj, strict = read(content) if reply.offered is not None else (orjson.loads(content), True)
+        except ValueError:
             return content
         try:
             changed = reply.complete(obj)
             flow.message = reply.message()
-            return orjson.dumps(obj) if changed else content
+            return dumps(obj, strict) if changed else content
         except Exception:
             log.exception("response processing failed; passing the response through")
             self.s.metrics.fail_open.labels("response").inc()
@@ -298,8 +300,20 @@ class _Through:
         return b"".join(out)
 
     def end(self) -> bytes:
-        tail = self.feed(self.decoder.flush()) if self.decoder is not None else b""
-        return tail + self.splitter.take()
+        """The stream's last bytes: what the decoder and the splitter held (an
+        unterminated event), through the reply machine, which also gives up the events
+        it held for a verdict (a call whose name could still grow)."""
+        out = self.feed(self.decoder.flush()) if self.decoder is not None else b""
+        tail = self.splitter.take()
+        reply = self.flow.reply
+        if reply is None:
+            return out + tail
+        try:
+            return out + reply.close(tail)
+        except Exception:
+            log.exception("stream processing failed at its end; passing the tail through")
+            self.metrics.fail_open.labels("response").inc()
+            return out + tail
 
 
 def _tag(headers: list[tuple[bytes, bytes]], flow: Flow) -> list[tuple[bytes, bytes]]:

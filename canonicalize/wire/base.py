@@ -37,7 +37,15 @@ class Reply(Protocol):
     offered: frozenset[str] | None  # the fork guard's tools; None: ``complete`` never changes a body
 
     def feed(self, event: Event) -> bytes | None:
-        """Bytes to forward for a streamed ``event`` (its raw bytes if unchanged), None to drop it."""
+        """Bytes to forward for a streamed ``event`` (its raw bytes if unchanged), after any
+        held events it releases; None: nothing to forward now (dropped, or held until
+        the guard can judge the call it carries)."""
+        ...
+
+    def close(self, tail: bytes) -> bytes:
+        """The stream ended; ``tail``: what the splitter still held (an unterminated event,
+        or nothing).  The bytes still to forward: the events held for a verdict, decided
+        now, then the tail, guarded like any event."""
         ...
 
     def complete(self, obj: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 
 import pytest
@@ -163,3 +164,159 @@ def test_empty_chunks_are_harmless() -> None:
 def test_encode_is_one_data_event() -> None:
     assert encode(b'{"a":1}') == b'data: {"a":1}\n\n'
     assert split([encode(b"x") + encode(b"y")]) == [Event(b"data: x\n\n", b"x"), Event(b"data: y\n\n", b"y")]
+
+
+# -- line ends as the WHATWG standard defines them ------------------------------------------
+# A line ends at CRLF, LF or CR; an event ends at an empty line, whatever ended the line
+# before it.  The probe's stream: an event ended by "\n\r\n" must not swallow the next one.
+# (CR then LF is one line end, CRLF: not a pair.)
+@pytest.mark.parametrize(
+    ("first", "blank"),
+    [(a, b) for a in (b"\n", b"\r\n", b"\r") for b in (b"\n", b"\r\n", b"\r") if a + b != b"\r\n"],
+)
+def test_every_pair_of_line_ends_ends_an_event(first: bytes, blank: bytes) -> None:
+    one = b"data: a" + first + blank
+    stream = one + b"data: b\n\n"
+    expected = [Event(one, b"a"), Event(b"data: b\n\n", b"b")]
+    assert split([stream]) == expected
+    assert split(stream[i : i + 1] for i in range(len(stream))) == expected
+
+
+def test_an_event_ended_by_lf_crlf_is_not_merged_with_the_next() -> None:
+    stream = b'data: {"a": 1}\n\r\ndata: {"b": 2}\n\n'
+    assert list(SSESplitter().feed(stream)) == [
+        Event(b'data: {"a": 1}\n\r\n', b'{"a": 1}'),
+        Event(b'data: {"b": 2}\n\n', b'{"b": 2}'),
+    ]
+
+
+def test_a_cr_that_ends_a_chunk_waits_for_its_possible_lf() -> None:
+    splitter = SSESplitter()
+    assert list(splitter.feed(b"data: a\r\r")) == []  # the second CR may be half of a CRLF
+    assert list(splitter.feed(b"\ndata: b\r\r")) == [Event(b"data: a\r\r\n", b"a")]
+    assert list(splitter.feed(b"d")) == [Event(b"data: b\r\r", b"b")]
+    assert splitter.flush() == Event(b"d", None)
+
+
+def test_flush_gives_an_event_held_for_its_cr() -> None:
+    splitter = SSESplitter()
+    assert list(splitter.feed(b"data: a\r\n\r")) == []
+    assert splitter.flush() == Event(b"data: a\r\n\r", b"a")
+
+
+def test_a_data_line_without_a_colon_is_an_empty_data_line() -> None:
+    assert split([b"data\n\n"]) == [Event(b"data\n\n", b"")]
+    assert split([b"data: a\ndata\n\n"]) == [Event(b"data: a\ndata\n\n", b"a\n")]
+    assert split([b"datax\n\n"]) == [Event(b"datax\n\n", None)]
+
+
+def test_an_empty_line_after_an_event_is_its_own_empty_event() -> None:
+    assert split([b"data: a\n\n\n"]) == [Event(b"data: a\n\n", b"a"), Event(b"\n", None)]
+    assert split([b"\r\ndata: a\n\n"]) == [Event(b"\r\n", None), Event(b"data: a\n\n", b"a")]
+
+
+def test_a_byte_order_mark_opens_only_the_stream() -> None:
+    bom = b"\xef\xbb\xbf"
+    assert split([bom + b"data: a\n\n" + bom + b"data: b\n\n"]) == [
+        Event(bom + b"data: a\n\n", b"a"),
+        Event(bom + b"data: b\n\n", None),  # a field named "\ufeffdata": ignored
+    ]
+    assert split([bom + b"\ndata: a\n\n"]) == [Event(bom + b"\n", None), Event(b"data: a\n\n", b"a")]
+    assert split([bom[:1], bom[1:] + b"\r", b"\ndata: a\n\n"]) == [
+        Event(bom + b"\r\n", None),
+        Event(b"data: a\n\n", b"a"),
+    ]
+
+
+def test_a_caller_that_stops_midway_takes_the_tail_as_it_was() -> None:
+    # The handler's fail-open path: events of a chunk half consumed, then take() + chunk.
+    splitter = SSESplitter()
+    list(splitter.feed(b"data: a\n\ndata: b"))
+    chunk = b"\n\ndata: c\n\ndata: d"
+    events = splitter.feed(chunk)
+    next(events)
+    assert splitter.take() + chunk == b"data: b\n\ndata: c\n\ndata: d"
+
+
+# -- any split of a valid stream gives the same events ------------------------------------------
+def reference(stream: bytes) -> tuple[list[Event], bytes]:
+    """The events of a whole stream, parsed line by line as the standard says (no chunks,
+    so a CR is never ambiguous), and the unterminated tail."""
+    events: list[Event] = []
+    start = pos = 0
+    data: list[bytes] = []
+    first = True
+    n = len(stream)
+    while pos < n:
+        end = pos
+        while end < n and stream[end] not in b"\r\n":
+            end += 1
+        if end == n:
+            break
+        line = stream[pos:end]
+        term = 2 if stream[end : end + 2] == b"\r\n" else 1
+        if first and start == 0 and pos == 0 and line.startswith(b"\xef\xbb\xbf"):
+            line = line[3:]
+        pos = end + term
+        if line == b"":
+            events.append(Event(stream[start:pos], b"\n".join(data) if data else None))
+            start, data = pos, []
+            first = False
+            continue
+        name, colon, value = line.partition(b":")
+        if name == b"data":
+            data.append(value[1:] if colon and value.startswith(b" ") else value)
+    return events, stream[start:]
+
+
+_PIECES = (
+    b"data: ",
+    b"data:",
+    b"data",
+    b"event: x",
+    b": comment",
+    b"id: 7",
+    b"retry: 10",
+    b"database: no",
+    b'{"choices":[{"delta":{"content":"\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80"}}]}',
+    b"[DONE]",
+    b"  spaced",
+    b":",
+)
+_ENDS = (b"\n", b"\r\n", b"\r")
+
+
+def random_stream(rng: random.Random) -> bytes:
+    out = [b"\xef\xbb\xbf"] if rng.random() < 0.1 else []
+    for _ in range(rng.randint(0, 8)):
+        for _ in range(rng.randint(0, 4)):
+            line = b"".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 3)))
+            out.append(line + rng.choice(_ENDS))
+        out.append(rng.choice(_ENDS))  # the empty line that ends the event
+    if rng.random() < 0.3:
+        out.append(rng.choice(_PIECES))  # an unterminated tail
+    return b"".join(out)
+
+
+def check_split(stream: bytes, chunks: list[bytes]) -> None:
+    expected, tail = reference(stream)
+    splitter = SSESplitter()
+    events = [e for c in chunks for e in splitter.feed(c)]
+    rest = splitter.take()
+    # An event whose empty line ends with a CR at the stream's end is held for a
+    # possible LF: take() returns it, byte for byte.
+    if events != expected:
+        assert events == expected[:-1] and rest == expected[-1].raw and tail == b"", (stream, chunks)
+    else:
+        assert rest == tail, (stream, chunks)
+    assert b"".join(e.raw for e in events) + rest == stream
+
+
+def test_random_streams_split_anywhere_give_the_standards_events() -> None:
+    rng = random.Random(20260518)
+    for k in range(3000):
+        stream = random_stream(rng)
+        cuts = sorted(rng.randint(0, len(stream)) for _ in range(rng.randint(0, 6)))
+        check_split(stream, [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)])
+        if k % 5 == 0:
+            check_split(stream, [stream[i : i + 1] for i in range(len(stream))])

@@ -261,21 +261,19 @@ def test_stream_guard_removes_calls_to_tools_not_offered(size: int) -> None:
     assert out[-1] == DONE
 
 
-def test_stream_guard_holds_deltas_until_the_name_is_known() -> None:
+def test_stream_guard_holds_a_calls_deltas_until_the_call_ends() -> None:
+    # A name may grow until its call ends, so nothing of call 1 goes out before then (this
+    # test once expected one merged delta as soon as a first name piece came: the bypass);
+    # then its deltas go out as they came, renumbered to 0.
     reply = ChatReply(offered=OFFERED)
-    events = [data(c) for c in GUARDED[3:6]]
+    events = [data(c) for c in [*GUARDED[3:7], chunk({}, "tool_calls")]]
     forwarded = [reply.feed(next(SSESplitter().feed(e))) for e in events]
-    seen = [payloads([f])[0]["choices"][0]["delta"].get("tool_calls") for f in forwarded if f is not None]
-    # nothing of call 1 went out before its name; then one merged delta, renumbered to 0
-    assert seen[:2] == [None, None]
-    assert seen[2] == [
-        {
-            "index": 0,
-            "id": "call_m",
-            "type": "function",
-            "function": {"name": "memory", "arguments": '{"action": "add", '},
-        }
-    ]
+    assert forwarded[:4] == [None] * 4
+    released = payloads([forwarded[4]])  # type: ignore[list-item]
+    assert [p["choices"][0]["delta"].get("tool_calls") for p in released] == [
+        [{**d, "index": 0} for d in c["choices"][0]["delta"]["tool_calls"]] for c in GUARDED[3:7]
+    ] + [None]
+    assert released[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_stream_guard_only_blocked_calls_turns_finish_into_stop() -> None:
