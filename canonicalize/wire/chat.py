@@ -122,6 +122,9 @@ class ChatExchange(RoleMessages):
             fn = tool.get("function")
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 return str(fn["name"])
+            custom = tool.get("custom")  # {"type": "custom", "custom": {"name": ...}}
+            if isinstance(custom, dict) and isinstance(custom.get("name"), str):
+                return str(custom["name"])
             if isinstance(tool.get("name"), str):
                 return str(tool["name"])
         return None

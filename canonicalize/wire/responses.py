@@ -41,6 +41,10 @@ TOOLS_ITEM = "additional_tools"
 VOLATILE = frozenset({"id", "status"})
 _PATH = re.compile(r"(?:/v1)?/responses/?")
 
+# Built-in tools the client itself runs, which have no name: each is named by its type
+# (canonicalize.wire.reply_responses judges their calls by the same names).
+_CLIENT_BUILT_INS = frozenset({"local_shell", "shell", "apply_patch", "computer", "computer_use_preview"})
+
 
 def _input(body: dict[str, Any]) -> list[Any]:
     items = body.get("input")
@@ -180,6 +184,8 @@ class ResponsesExchange:
             fn = tool.get("function")  # chat-style tools some clients send here too
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 return str(fn["name"])
+            if tool.get("type") in _CLIENT_BUILT_INS:  # named by its type (the fork guard judges its calls so)
+                return str(tool["type"])
         return None
 
     def tool_slots(self, body: dict[str, Any]) -> list[Slot]:

@@ -240,3 +240,10 @@ def test_reply_extends_the_next_turns_chain() -> None:
 
 def test_error_body_is_openai_shaped() -> None:
     assert RESPONSES.error_body("m", "upstream_error", "upstream_error")["error"]["message"] == "m"
+
+
+def test_built_in_tools_the_client_runs_are_named_by_their_type() -> None:
+    """The fork guard judges a ``local_shell_call`` by its tool's type: a fork that
+    offered the tool keeps its calls."""
+    tools = [{"type": "local_shell"}, {"type": "computer_use_preview", "display_width": 1024}, {"type": "web_search"}]
+    assert [RESPONSES.tool_name(t) for t in tools] == ["local_shell", "computer_use_preview", None]
