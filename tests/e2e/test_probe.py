@@ -383,3 +383,67 @@ def test_bare_lf_request_is_400(serve: Any, upstream: Any) -> None:
         head, _ = read_response(sock, bytearray())
     assert head.startswith(b"HTTP/1.1 400")
     assert up.requests == []
+
+
+# -- the groups that held, and the fork guard's variants ---------------------------------------------
+
+USER1 = {"role": "user", "content": "List the files in the repo, please."}
+PARENT_REPLY = {"role": "assistant", "content": "Sure."}
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None, *, end: bytes = b"\n\n") -> bytes:
+    obj = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    obj["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return b"data: " + orjson.dumps(obj) + end
+
+
+def _piece(name: str | None = None, args: str = "") -> dict[str, Any]:
+    fn: dict[str, Any] = {"arguments": args}
+    if name is not None:
+        fn["name"] = name
+    call: dict[str, Any] = {"index": 0, "function": fn}
+    if name is not None:
+        call.update(id="call_1", type="function")
+    return {"tool_calls": [call]}
+
+
+FORK_STREAMS = {
+    # a name in pieces whose first piece is an offered tool's name
+    "name-in-pieces": [_chunk(_piece("memory")), _chunk(_piece("_purge_all", '{"all":')), _chunk(_piece(None, "1}"))],
+    # events ended by \n\r\n (valid SSE), the call in the second
+    "crlf-event-end": [_chunk({"content": "ok"}, end=b"\n\r\n") + _chunk(_piece("terminal", "{}"), end=b"\n\r\n")],
+    # the legacy function_call
+    "legacy-function-call": [_chunk({"function_call": {"name": "terminal", "arguments": "{}"}})],
+}
+
+
+@pytest.mark.parametrize("variant", list(FORK_STREAMS))
+def test_a_forks_stream_never_carries_a_call_to_a_tool_it_did_not_offer(
+    serve: Any, upstream: Any, variant: str
+) -> None:
+    from tests import hermes
+
+    events = FORK_STREAMS[variant]
+
+    def script(conn: raw.Conn) -> None:
+        while (req := conn.read_request()) is not None:
+            if b'"stream":true' not in req.body:
+                reply = {"id": "p", "choices": [{"index": 0, "message": PARENT_REPLY, "finish_reason": "stop"}]}
+                conn.send(raw.json_response(orjson.dumps(reply)))
+                continue
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            tail = _chunk({}, "tool_calls") + b"data: [DONE]\n\n"
+            conn.send(head + b"".join(raw.chunk(e) for e in [*events, tail]) + b"0\r\n\r\n")
+
+    base = serve(upstream(script).url)
+    key = {"authorization": "Bearer sk-guard"}
+    parent = hermes.request(hermes.system_prompt(), [USER1], hermes.tools_full())
+    assert httpx.post(base + "/v1/chat/completions", json=parent, headers=key, timeout=10).status_code == 200
+    system = hermes.system_prompt(minute="02:31 PM", session="20260513_204511_9e319e", skills=hermes.SKILLS_REVIEW)
+    history = [USER1, PARENT_REPLY, {"role": "user", "content": hermes.REVIEW_PROMPT}]
+    fork = hermes.request(system, history, hermes.tools_review(), stream=True)
+    r = httpx.post(base + "/v1/chat/completions", json=fork, headers=key, timeout=10)
+    assert r.headers["x-prefixpin-role"] == "fork", r.headers
+    assert b"terminal" not in r.content and b"_purge_all" not in r.content
+    assert b"data: [DONE]" in r.content
+    assert "prefixpin_blocked_tool_calls_total 1.0" in _metrics(base)
