@@ -146,7 +146,9 @@ def test_a_wrong_ca_is_a_502_that_names_tls_and_no_secret(
         assert SECRET not in r.text
     metrics = httpx.get(base + "/metrics", timeout=10).text
     assert 'prefixpin_upstream_errors_total{kind="tls"} 3.0' in metrics
-    assert SECRET not in metrics + proc.log_tail(400)
+    ready = httpx.get(base + "/readyz", timeout=10)
+    assert ready.status_code == 503 and "TLS certificate verification failed" in ready.text
+    assert SECRET not in metrics + ready.text + proc.log_tail(400)
     assert https_upstream.requests == []
 
 
