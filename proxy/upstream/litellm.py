@@ -225,7 +225,9 @@ class LiteLLMTransport:
         except Exception:  # a model LiteLLM cannot place: acompletion says so
             provider = None
         if provider in _OPENAI_SDK:
-            return {"client": self._openai(api_key=key, base_url=self.api_base, http_client=self.http)}
+            # max_retries=0: the SDK would send a POST again after a reset (prefixpin sends at most once)
+            client = self._openai(api_key=key, base_url=self.api_base, http_client=self.http, max_retries=0)
+            return {"client": client}
         if provider in _HANDLER:
             return {"client": self.handler}
         return {}
