@@ -41,8 +41,10 @@ class Offline:
         settings: Settings | None = None,
         store: Store | None = None,
         new_id: Callable[[], str] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        """``settings`` replaces the config's packs, rules and fork policy (tests)."""
+        """``settings`` replaces the config's packs, rules and fork policy (tests);
+        ``clock``: the time each request comes at (audit: the trace's)."""
         canon = Canonicalizer(settings or config.settings())
         self.s = Services(
             config=config,
@@ -51,6 +53,8 @@ class Offline:
             guard=StoreGuard(),
             metrics=Metrics(rules=canon.rule_names),
         )
+        if clock is not None:
+            self.s.clock = clock
         counter = itertools.count(1)
         ids = new_id or (lambda: f"L{next(counter):04d}")
         self.runner = Runner(addons.build(self.s, new_id=ids, offline=True), self.s.metrics)

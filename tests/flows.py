@@ -4,6 +4,7 @@ addons on its own memory store) from synchronous tests."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +65,14 @@ KEY = {"authorization": "Bearer sk-test"}  # one tenant: a request without a key
 
 
 class Harness:
-    def __init__(self, settings: Settings | None = None, *, config: Config | None = None) -> None:
-        self.offline = Offline(config or load(None, env={}), settings=settings)
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        config: Config | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.offline = Offline(config or load(None, env={}), settings=settings, clock=clock)
         self.canon = self.offline.s.canon
 
     def send(
