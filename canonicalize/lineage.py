@@ -99,6 +99,13 @@ class LineageRecord:
     # lineage there while it is healthy (section 2c), so a lineage the load bound or
     # a failover moved stays where its prefix is now cached.
     replica: int | None = None
+    # provider_cache (section 2b): when the lineage's last request came (the proxy's
+    # wall clock, seconds) and its recent pauses over 5 minutes (whole seconds, the
+    # newest last), which decide ``anthropic_ttl: auto``; the id of its last Messages
+    # response (``diagnostics.previous_message_id``).  Set only when those are on.
+    at: float | None = None
+    pauses: tuple[int, ...] = ()
+    message_id: str | None = None
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -122,8 +129,21 @@ class LineageRecord:
                 "n": self.requests,
                 "b": self.branch,
                 "rp": self.replica,
+                **self._provider_json(),
             }
         )
+
+    def _provider_json(self) -> dict[str, Any]:
+        """The provider_cache fields that are set (absent otherwise: records of those not
+        using them stay as they were, and older records read as unset)."""
+        out: dict[str, Any] = {}
+        if self.at is not None:
+            out["at"] = self.at
+        if self.pauses:
+            out["ps"] = list(self.pauses)
+        if self.message_id is not None:
+            out["mi"] = self.message_id
+        return out
 
     @classmethod
     def from_bytes(cls, raw: bytes | str) -> LineageRecord:
@@ -149,6 +169,9 @@ class LineageRecord:
             requests=int(d.get("n", 0)),
             branch=int(d.get("b", 0)),
             replica=_replica(d.get("rp")),
+            at=_at(d.get("at")),
+            pauses=tuple(p for p in d.get("ps", ()) if isinstance(p, int) and not isinstance(p, bool)),
+            message_id=d["mi"] if isinstance(d.get("mi"), str) else None,
         )
 
     @property
@@ -202,6 +225,11 @@ def _replica(value: Any) -> int | None:
 LINKS_PER_KEY = 8  # lineages remembered per link (sessions sharing a history)
 CANDIDATES = 8  # lineages a lookup returns at most
 SCAN_UP = 32  # links a lookup walks up past the deepest recorded one
+
+
+def _at(value: Any) -> float | None:
+    """A recorded time; absent (records written before the field existed) is None."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, slots=True)

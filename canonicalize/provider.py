@@ -7,7 +7,12 @@
 - :func:`breakpoints`: Anthropic ``cache_control`` markers at the stable points
   of a ``/v1/messages`` request (the end of system+tools, the newest message
   before the last user turn), as byte-preserving edits; :func:`chat_breakpoints`
-  the same on a chat-completions request LiteLLM translates to Anthropic.
+  the same on a chat-completions request LiteLLM translates to Anthropic.  The
+  first may carry ``"ttl": "1h"`` (``provider_cache.anthropic_ttl``, see
+  :mod:`canonicalize.ttl`); the second never does, so no 1-hour breakpoint ever
+  follows a 5-minute one (Anthropic rejects that order).
+- :func:`diagnostics` / :func:`with_beta`: the member and the ``anthropic-beta``
+  value that ask Anthropic why a request missed its cache.
 - :func:`provider_cause`: the break cause a provider's own cache diagnostics
   name, in prefixpin's cause vocabulary (section 6), to compare with ours.
 
@@ -17,7 +22,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -26,6 +31,8 @@ from canonicalize.edits import AddMember, DeleteMember, Op, SetItems, SetMember,
 from canonicalize.jsonspan import JsonDoc, Path
 
 EPHEMERAL = b'{"type":"ephemeral"}'
+EPHEMERAL_1H = b'{"type":"ephemeral","ttl":"1h"}'
+DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"  # Anthropic's beta for diagnostics.previous_message_id
 KEY_PREFIX = "pp-"
 MAX_BREAKPOINTS = 4  # Anthropic's limit per request
 # Blocks Anthropic refuses a cache_control on (or that are never part of a stable prefix).
@@ -37,6 +44,24 @@ def cache_key(tenant: str, root_id: str) -> str:
     key = hashlib.blake2b(tenant.encode(), digest_size=32).digest()
     digest = hashlib.blake2b(root_id.encode(), key=key, digest_size=12, person=b"prefixpin.pck").hexdigest()
     return KEY_PREFIX + digest
+
+
+def marker(ttl: str) -> bytes:
+    """The ``cache_control`` value of a breakpoint with this TTL (``5m``: Anthropic's default, no ``ttl``)."""
+    return EPHEMERAL_1H if ttl == "1h" else EPHEMERAL
+
+
+def diagnostics(previous_message_id: str) -> bytes:
+    """The ``diagnostics`` member's value asking Anthropic to compare this request's
+    cache use with the request that answered ``previous_message_id``."""
+    return b'{"previous_message_id":' + orjson.dumps(previous_message_id) + b"}"
+
+
+def with_beta(values: Sequence[str]) -> str:
+    """The ``anthropic-beta`` header with the diagnosis beta added to the client's
+    (comma-separated; every value it sent kept, in order; not added twice)."""
+    names = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    return ",".join(names if DIAGNOSIS_BETA in names else [*names, DIAGNOSIS_BETA])
 
 
 def sent_breakpoints(raw: bytes) -> bool:
@@ -61,29 +86,33 @@ def has_cache_control(node: Any) -> bool:
     return False
 
 
-def breakpoints(doc: JsonDoc, body: dict[str, Any]) -> list[Op]:
+def breakpoints(doc: JsonDoc, body: dict[str, Any], *, ttl: str = "5m") -> list[Op]:
     """Edits adding ``cache_control`` breakpoints to an Anthropic Messages request.
 
     ``body`` is the parse of ``doc`` as it will be forwarded (rules and repairs
     applied); combine the result with the edits already decided with :func:`place`.
     The caller leaves a request with breakpoints of its own alone (:func:`sent_breakpoints`).
 
-    1. The end of system+tools: the last tool if there are tools, else the last
-       system block (a string ``system`` becomes one text block carrying it).
+    1. The end of system+tools, with ``ttl``: Anthropic's prefix is tools, then
+       system, then messages, so that is the last system block (a string
+       ``system`` becomes one text block carrying it), or the last tool when
+       there is no system to mark.
     2. The newest message before the last user turn: its last cacheable block
-       (a string content becomes one text block).
+       (a string content becomes one text block), at the default 5 minutes.
     """
     out: list[Op] = []
     tools = body.get("tools")
     system = body.get("system")
-    if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
-        out.append(SetMember(("tools", len(tools) - 1), "cache_control", EPHEMERAL))
-    elif isinstance(system, str) and system:
-        out.append(SetValue(("system",), _text_block(doc, ("system",), system)))
+    first: Op | None = None
+    mark = marker(ttl)
+    if isinstance(system, str) and system:
+        first = SetValue(("system",), _text_block(doc, ("system",), system, mark))
     elif isinstance(system, list):
-        op = _on_last_block(doc, ("system",), system)
-        if op is not None:
-            out.append(op)
+        first = _on_last_block(doc, ("system",), system, mark)
+    if first is None and isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+        first = SetMember(("tools", len(tools) - 1), "cache_control", mark)
+    if first is not None:
+        out.append(first)
     messages = body.get("messages")
     if isinstance(messages, list):
         last_user = max(
@@ -96,29 +125,38 @@ def breakpoints(doc: JsonDoc, body: dict[str, Any]) -> list[Op]:
     return out[:MAX_BREAKPOINTS]
 
 
-def chat_breakpoints(body: dict[str, Any]) -> list[Op]:
+def chat_breakpoints(body: dict[str, Any], *, ttl: str = "5m") -> list[Op]:
     """The same two breakpoints on a chat-completions request LiteLLM translates to
-    Anthropic, as ``cache_control`` members LiteLLM carries over (on the last tool,
-    a system message, a message with string content, a tool call, a content part):
-    members added, no value converted.  The last user turn is the final run of
-    ``user`` / ``tool`` messages (tool results are user turns in Anthropic's shape)."""
+    Anthropic, as ``cache_control`` members LiteLLM carries over (``ttl`` included:
+    on a system message or its text part, the last tool, a message with string
+    content, a tool call, a content part): members added, no value converted.
+    The end of system+tools is the last system message (its last text part when
+    its content is a list), else the last tool.  The last user turn is the final
+    run of ``user`` / ``tool`` messages (tool results are user turns in Anthropic's shape)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return []
     out: list[Op] = []
+    mark = marker(ttl)
+    first: Op | None = None
+    system = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+    if system:
+        content = messages[system[-1]].get("content")
+        if isinstance(content, str) and content:
+            first = SetMember(("messages", system[-1]), "cache_control", mark)
+        elif isinstance(content, list):
+            first = _on_text_part(("messages", system[-1], "content"), content, mark)
     tools = body.get("tools")
-    if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
-        out.append(SetMember(("tools", len(tools) - 1), "cache_control", EPHEMERAL))
-    else:
-        system = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") in ("system", "developer")]
-        if system and isinstance(messages[system[-1]].get("content"), str):
-            out.append(SetMember(("messages", system[-1]), "cache_control", EPHEMERAL))
+    if first is None and isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+        first = SetMember(("tools", len(tools) - 1), "cache_control", mark)
+    if first is not None:
+        out.append(first)
     turn = len(messages)
     while turn > 0 and isinstance(messages[turn - 1], dict) and messages[turn - 1].get("role") in ("user", "tool"):
         turn -= 1
     if 0 < turn < len(messages) and isinstance(messages[turn - 1], dict):
         op = _on_chat_message(turn - 1, messages[turn - 1])
-        if op is not None:
+        if op is not None and (first is None or _target(op) != _target(first)):  # not the system message again
             out.append(op)
     return out
 
@@ -130,30 +168,35 @@ def _on_chat_message(index: int, msg: dict[str, Any]) -> Op | None:
     if isinstance(content, str) and content:
         return SetMember(("messages", index), "cache_control", EPHEMERAL)
     if isinstance(content, list):
-        for j in range(len(content) - 1, -1, -1):
-            part = content[j]
-            if isinstance(part, dict) and part.get("type") == "text" and part.get("text"):
-                return SetMember(("messages", index, "content", j), "cache_control", EPHEMERAL)
+        return _on_text_part(("messages", index, "content"), content, EPHEMERAL)
     return None
 
 
-def _text_block(doc: JsonDoc, path: Path, text: str) -> bytes:
+def _on_text_part(path: Path, parts: list[Any], mark: bytes) -> Op | None:
+    for j in range(len(parts) - 1, -1, -1):
+        part = parts[j]
+        if isinstance(part, dict) and part.get("type") == "text" and part.get("text"):
+            return SetMember((*path, j), "cache_control", mark)
+    return None
+
+
+def _text_block(doc: JsonDoc, path: Path, text: str, mark: bytes = EPHEMERAL) -> bytes:
     """``[{"type":"text","text":<the string as written>,"cache_control":...}]``."""
     span = doc.span(path)
     raw = doc.raw[span[0] : span[1]] if span is not None else b""
     if not raw or orjson.loads(raw) != text:  # a rule changed it: its new value
         raw = orjson.dumps(text)
-    return b'[{"type":"text","text":' + raw + b',"cache_control":' + EPHEMERAL + b"}]"
+    return b'[{"type":"text","text":' + raw + b',"cache_control":' + mark + b"}]"
 
 
-def _on_last_block(doc: JsonDoc, path: Path, blocks: list[Any]) -> Op | None:
+def _on_last_block(doc: JsonDoc, path: Path, blocks: list[Any], mark: bytes = EPHEMERAL) -> Op | None:
     for j in range(len(blocks) - 1, -1, -1):
         block = blocks[j]
         if not isinstance(block, dict) or block.get("type") in _UNCACHEABLE:
             continue
         if block.get("type") == "text" and not block.get("text"):
             continue  # Anthropic rejects cache_control on an empty text block
-        return SetMember((*path, j), "cache_control", EPHEMERAL)
+        return SetMember((*path, j), "cache_control", mark)
     return None
 
 
@@ -178,13 +221,37 @@ def _target(op: Op) -> Path:
 
 
 def place(ops: Sequence[Op], added: Sequence[Op]) -> list[Op]:
-    """``ops`` with the breakpoint edits ``added``: an edit inside a value an earlier
-    edit replaces whole (a fork's recorded system, the lineage's recorded tools[])
-    is made inside that edit's bytes instead; one inside a deleted value is dropped."""
-    out = list(ops)
+    """``ops`` with the breakpoint edits ``added``.
+
+    - An edit inside a value an earlier edit replaces whole (a fork's recorded
+      system, the lineage's recorded tools[]) is made inside that edit's bytes
+      instead; one inside a deleted value is dropped.
+    - Items an earlier edit put in an array (a chat fork's recorded system
+      messages) are counted as the forwarded body counts them: an edit inside one
+      is made in its bytes, one past them goes to the client's own index.
+    - Recorded bytes lose the ``cache_control`` members they were recorded with
+      (the parent's breakpoints, perhaps at another place or TTL): the request
+      carries exactly the breakpoints ``added``, so never more than 4 nor a
+      1-hour one after a 5-minute one."""
+    out = [_unmarked(op) for op in ops]
     for op in added:
         path = _target(op)
         for i, prior in enumerate(out):
+            if isinstance(prior, SetItems):
+                n = len(prior.array)
+                index = path[n] if len(path) > n and path[:n] == prior.array else None
+                if not isinstance(index, int):
+                    continue
+                k = index - prior.start
+                if 0 <= k < len(prior.items):
+                    items = list(prior.items)
+                    items[k] = render(JsonDoc(items[k]), [_relative(op, n + 1)])
+                    out[i] = SetItems(prior.array, prior.start, prior.stop, tuple(items))
+                    break
+                if k >= len(prior.items):  # past the recorded run: where the client has it
+                    op = _moved(op, n, prior.stop - prior.start - len(prior.items))
+                    path = _target(op)
+                continue
             whole = _replaced(prior)
             if whole is None or path[: len(whole)] != whole:
                 continue
@@ -196,6 +263,53 @@ def place(ops: Sequence[Op], added: Sequence[Op]) -> list[Op]:
         else:
             out.append(op)
     return out
+
+
+_MARK = b'"cache_control"'
+
+
+def unmarked(raw: bytes) -> bytes:
+    """``raw`` (a JSON value) without its ``cache_control`` members, every other byte as it was."""
+    if _MARK not in raw:
+        return raw
+    paths = list(_marked(orjson.loads(raw), ()))
+    return render(JsonDoc(raw), [DeleteMember(p, "cache_control") for p in paths]) if paths else raw
+
+
+def _marked(node: Any, path: Path) -> Iterator[Path]:
+    """The paths of the objects under ``node`` that carry a ``cache_control``."""
+    if isinstance(node, dict):
+        if "cache_control" in node:
+            yield path
+        for key, value in node.items():
+            yield from _marked(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _marked(value, (*path, i))
+
+
+def _unmarked(op: Op) -> Op:
+    if isinstance(op, SetItems):
+        if any(_MARK in item for item in op.items):
+            return SetItems(op.array, op.start, op.stop, tuple(unmarked(item) for item in op.items))
+        return op
+    raw = _raw(op)
+    return _with_raw(op, unmarked(raw)) if raw is not None and _MARK in raw else op
+
+
+def _moved(op: Op, depth: int, delta: int) -> Op:
+    """``op`` with the array index at ``depth`` of its path moved by ``delta``."""
+
+    def move(path: Path) -> Path:
+        index = path[depth]
+        assert isinstance(index, int)
+        return (*path[:depth], index + delta, *path[depth + 1 :])
+
+    if isinstance(op, SetMember):
+        return SetMember(move(op.obj), op.key, op.raw)
+    if isinstance(op, SetValue):
+        return SetValue(move(op.path), op.raw)
+    raise TypeError(op)
 
 
 def _replaced(op: Op) -> Path | None:
@@ -266,13 +380,19 @@ def provider_cause(diagnostics: Any) -> str | None:
 
 
 __all__ = [
+    "DIAGNOSIS_BETA",
     "EPHEMERAL",
+    "EPHEMERAL_1H",
     "NO_BREAK",
     "breakpoints",
     "cache_key",
     "chat_breakpoints",
+    "diagnostics",
     "has_cache_control",
+    "marker",
     "place",
     "provider_cause",
     "sent_breakpoints",
+    "unmarked",
+    "with_beta",
 ]

@@ -10,7 +10,9 @@ shape calls it, so ``cached / prompt`` is the hit ratio everywhere:
 - Anthropic: ``input_tokens`` *excludes* ``cache_read_input_tokens`` and
   ``cache_creation_input_tokens``, so the prompt is their sum (LiteLLM's
   OpenAI-shaped usage carries the same two fields next to a ``prompt_tokens``
-  that already includes them);
+  that already includes them); the writes at the 1-hour TTL (priced higher) are
+  ``cache_creation.ephemeral_1h_input_tokens`` (LiteLLM:
+  ``prompt_tokens_details.cache_creation_token_details``);
 - DeepSeek: ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``;
 - Responses API: ``input_tokens`` and ``input_tokens_details.cached_tokens``.
 
@@ -20,6 +22,9 @@ The accumulator's ``completion`` is ``completion_tokens`` (OpenAI shapes) or
 :class:`UsageAccumulator` is fed every event of a stream and reports once: later
 values of a field replace earlier ones (Anthropic repeats cumulative counts in
 ``message_delta``; OpenAI sends one final chunk), so nothing is counted twice.
+It also keeps what a provider said about its cache beside the counts: its cache
+diagnostics, and the Anthropic message id (the next turn names it in
+``diagnostics.previous_message_id``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Usage:
     prompt: int
     cached: int
     cache_write: int = 0
+    cache_write_1h: int = 0  # of cache_write, the tokens written at the 1-hour TTL
 
 
 def _int(d: Any, *path: str) -> int | None:
@@ -57,6 +63,8 @@ _PATHS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("input_tokens", ("input_tokens",)),
     ("cache_read_input_tokens", ("cache_read_input_tokens",)),
     ("cache_creation_input_tokens", ("cache_creation_input_tokens",)),
+    ("cache_write_1h", ("cache_creation", "ephemeral_1h_input_tokens")),
+    ("cache_write_1h", ("prompt_tokens_details", "cache_creation_token_details", "ephemeral_1h_input_tokens")),
     ("input_cached_tokens", ("input_tokens_details", "cached_tokens")),
     ("prompt_cache_hit_tokens", ("prompt_cache_hit_tokens",)),
     ("prompt_cache_miss_tokens", ("prompt_cache_miss_tokens",)),
@@ -98,7 +106,7 @@ def _resolve(f: dict[str, int]) -> Usage | None:
         # a ``prompt_tokens`` that already includes them: handled below.)
         read = f.get("cache_read_input_tokens", 0)
         created = f.get("cache_creation_input_tokens", 0)
-        return Usage(f.get("input_tokens", 0) + read + created, read, created)
+        return Usage(f.get("input_tokens", 0) + read + created, read, created, min(f.get("cache_write_1h", 0), created))
     if "prompt_cache_hit_tokens" in f:  # DeepSeek
         hit = f["prompt_cache_hit_tokens"]
         prompt = f.get("prompt_tokens", hit + f.get("prompt_cache_miss_tokens", 0))
@@ -108,7 +116,7 @@ def _resolve(f: dict[str, int]) -> Usage | None:
         if cached is None and "timings_cache_n" in f:
             cached = f["timings_cache_n"]
         write = write or f.get("cache_creation_input_tokens", 0)
-        return Usage(f["prompt_tokens"], cached or 0, write)
+        return Usage(f["prompt_tokens"], cached or 0, write, min(f.get("cache_write_1h", 0), write))
     if "timings_prompt_n" in f:  # llama.cpp without usage
         cache_n = f.get("timings_cache_n", 0)
         return Usage(f["timings_prompt_n"] + cache_n, cache_n, 0)
@@ -137,11 +145,12 @@ def parse_usage(obj: Any) -> Usage | None:
 class UsageAccumulator:
     """Feed every parsed stream event; ``result`` is the usage, counted once."""
 
-    __slots__ = ("_fields", "diagnostics")
+    __slots__ = ("_fields", "diagnostics", "message_id")
 
     def __init__(self) -> None:
         self._fields: dict[str, int] = {}
         self.diagnostics: Any = None  # the provider's cache diagnostics, when it sent any
+        self.message_id: str | None = None  # an Anthropic message's id (its body, or message_start)
 
     def feed(self, obj: Any) -> None:
         if isinstance(obj, dict):
@@ -151,6 +160,11 @@ class UsageAccumulator:
             diag = diagnostics(obj)
             if diag is not None:
                 self.diagnostics = diag
+            kind = obj.get("type")
+            if kind == "message_start" or kind == "message":
+                message = obj.get("message") if kind == "message_start" else obj
+                if isinstance(message, dict) and isinstance(message.get("id"), str) and message["id"]:
+                    self.message_id = message["id"]
 
     @property
     def result(self) -> Usage | None:

@@ -87,9 +87,12 @@ class _Endpoint:
         await self.app(scope, receive, send)
 
 
-def create_app(config: Config, *, transport: Any = None, store: Store | None = None) -> Front:
-    """Build the app.  ``transport`` (an httpx transport) and ``store`` replace the
-    network and the configured store in unit tests."""
+def create_app(
+    config: Config, *, transport: Any = None, store: Store | None = None, clock: Callable[[], float] | None = None
+) -> Front:
+    """Build the app.  ``transport`` (an httpx transport), ``store`` and ``clock`` (wall
+    seconds: when a lineage's requests came) replace the network, the configured store
+    and the time in tests and benchmarks."""
     canon = Canonicalizer(config.settings())
     metrics = Metrics(config.metrics.models, config.metrics.max_models, rules=canon.rule_names)
     exposed = metrics.registry
@@ -103,6 +106,8 @@ def create_app(config: Config, *, transport: Any = None, store: Store | None = N
         upstream = Pool(config, metrics, transport)
         the_store = store if store is not None else open_store(config.store)  # an empty MemoryStore is falsy
         s = Services(config=config, canon=canon, store=the_store, guard=StoreGuard(), metrics=metrics)
+        if clock is not None:
+            s.clock = clock
         state["handler"] = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
         app.state.services = s
         try:

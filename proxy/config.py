@@ -201,18 +201,29 @@ class Limits:
 
 @dataclass(frozen=True)
 class Price:
-    """USD per million tokens of one model."""
+    """USD per million tokens of one model.  ``cache_write`` is the 5-minute cache
+    write; a 1-hour write costs :attr:`cache_write_1h`."""
 
     input: float
     cached_input: float
     cache_write: float
     output: float
 
+    @property
+    def cache_write_1h(self) -> float:
+        """Anthropic's 1-hour cache write: 2x the input price (its published multiplier;
+        not a price key: LiteLLM's cost map disagrees with it for a few models, one of
+        them below the input price)."""
+        return 2 * self.input
+
 
 @dataclass(frozen=True)
 class ProviderCache:
     prompt_cache_key: str = "off"  # off | lineage
     anthropic_breakpoints: str = "off"  # off | auto
+    anthropic_ttl: str = "5m"  # 5m | 1h | auto: the TTL of the system+tools breakpoint prefixpin adds
+    openai_retention: str = "off"  # off | 24h: prompt_cache_retention on chat and Responses requests
+    diagnostics: str = "off"  # off | auto: Messages requests ask Anthropic why they missed
     prices: tuple[tuple[str, Price], ...] = ()  # (model, price); LiteLLM's cost map for the others
 
     def price_map(self) -> dict[str, Price]:
@@ -296,6 +307,9 @@ _ENUMS = {
     "affinity.replicas": ("lineage", "round_robin"),
     "provider_cache.prompt_cache_key": ("off", "lineage"),
     "provider_cache.anthropic_breakpoints": ("off", "auto"),
+    "provider_cache.anthropic_ttl": ("5m", "1h", "auto"),
+    "provider_cache.openai_retention": ("off", "24h"),
+    "provider_cache.diagnostics": ("off", "auto"),
 }
 _POSITIVE = {
     "listen.port",
@@ -322,7 +336,12 @@ _POSITIVE = {
 
 
 # YAML 1.1 reads a bare ``off`` as false: these keys take it as the word.
-_OFF_WORDS = {"provider_cache.prompt_cache_key", "provider_cache.anthropic_breakpoints"}
+_OFF_WORDS = {
+    "provider_cache.prompt_cache_key",
+    "provider_cache.anthropic_breakpoints",
+    "provider_cache.openai_retention",
+    "provider_cache.diagnostics",
+}
 
 
 def _check_scalar(key: str, value: Any, default: Any) -> Any:

@@ -49,7 +49,10 @@ class Flow:
     affinity_key: str | None = None  # the lineage root id: the pool routes on it (section 2c)
     home: int | None = None  # the replica the lineage's record says last served it (the pool prefers it)
     slot: int | None = None  # the llama-server slot pinned in the body (x-prefixpin-slot)
-    set_headers: tuple[tuple[str, str], ...] = ()  # request headers set for a router behind us
+    # Request headers set (replacing the client's of the same name): for a router behind
+    # us (affinity.headers), Anthropic's beta for cache diagnostics (provider_cache).
+    set_headers: tuple[tuple[str, str], ...] = ()
+    keep_message_id: bool = False  # record the response's message id with the turn (provider_cache.diagnostics)
     replica: int | None = None  # the pool replica that answered (x-prefixpin-replica)
     ended: float = 0.0  # perf_counter() when the response ended (the done hooks may run later)
     finished: bool = False  # the done hooks ran
@@ -80,3 +83,4 @@ class Flow:
         self.home = None
         self.slot = None
         self.set_headers = ()
+        self.keep_message_id = False

@@ -90,6 +90,10 @@ class Histogram(_Children, prometheus_client.Histogram):
     pass
 
 
+class Gauge(_Children, prometheus_client.Gauge):
+    pass
+
+
 class ModelLabels:
     """Maps model names to a bounded label set.
 
@@ -203,11 +207,15 @@ class Metrics:
             ("model",),
             registry=r,
         )
-        self.saved_usd = Counter(
+        # A sum that may go down (a cache write costs more than plain input), so not a
+        # Counter: a gauge exported under the same sample name.  Workers' values add up.
+        self.saved_usd = Gauge(
             "prefixpin_saved_usd_total",
-            "Cached tokens times (input price - cached input price)",
+            "USD the provider caches saved: cache reads x (input - cached input price) "
+            "minus cache writes x (cache write - input price); may go down",
             ("model",),
             registry=r,
+            multiprocess_mode="sum",
         )
         self.cache_verdicts = Counter(
             "prefixpin_cache_verdicts_total",

@@ -42,9 +42,11 @@ class Offline:
         store: Store | None = None,
         new_id: Callable[[], str] | None = None,
         memos: Memos | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``settings`` replaces the config's packs, rules and fork policy, ``memos`` the
-        canonicalizer's memos (tests: ``Memos.off()`` remembers nothing)."""
+        canonicalizer's memos (tests: ``Memos.off()`` remembers nothing); ``clock``: the
+        time each request comes at (audit: the trace's)."""
         canon = Canonicalizer(settings or config.settings(), memos=memos)
         self.s = Services(
             config=config,
@@ -53,6 +55,8 @@ class Offline:
             guard=StoreGuard(),
             metrics=Metrics(rules=canon.rule_names),
         )
+        if clock is not None:
+            self.s.clock = clock
         counter = itertools.count(1)
         ids = new_id or (lambda: f"L{next(counter):04d}")
         self.runner = Runner(addons.build(self.s, new_id=ids, offline=True), self.s.metrics)

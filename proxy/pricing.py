@@ -9,9 +9,18 @@ of objects that every garbage collection would then scan), and the answer, found
 or not, is cached per model.  Without LiteLLM installed, unlisted models are not
 priced (said once in the log).
 
-    cost  = uncached input x input + cached x cached_input + cache writes x cache_write
+    cost  = uncached input x input + cached x cached_input
+            + 5-minute cache writes x cache_write + 1-hour cache writes x 2 input
             + output x output
-    saved = cached x (input - cached_input)
+    saved = cached x (input - cached_input)                      the reads' saving
+            - 5-minute cache writes x (cache_write - input)      minus the writes' extra cost
+            - 1-hour cache writes x (2 input - input)
+
+A cache write costs more than plain input (Anthropic: 1.25x for 5 minutes, 2x for
+an hour), so a request that writes more than it reads saved less than nothing:
+``saved`` may be negative.  Which writes were 1-hour ones, the usage says
+(Anthropic's ``cache_creation.ephemeral_1h_input_tokens``); their price is 2x
+input (:attr:`proxy.config.Price.cache_write_1h`).
 """
 
 from __future__ import annotations
@@ -118,17 +127,26 @@ class Pricing:
 def cost(price: Price, usage: Usage, completion: int) -> float:
     """USD for one request's ``usage`` and ``completion`` (output) tokens."""
     uncached = max(usage.prompt - usage.cached - usage.cache_write, 0)
+    long = min(usage.cache_write_1h, usage.cache_write)
     return (
         uncached * price.input
         + usage.cached * price.cached_input
-        + usage.cache_write * price.cache_write
+        + (usage.cache_write - long) * price.cache_write
+        + long * price.cache_write_1h
         + completion * price.output
     ) / PER
 
 
-def saved(price: Price, cached: int) -> float:
-    """USD the ``cached`` tokens saved against the input price (never negative)."""
-    return max(cached * (price.input - price.cached_input), 0.0) / PER
+def saved(price: Price, usage: Usage) -> float:
+    """USD one request's cache use saved against no cache at all: its reads' saving
+    (``input - cached_input`` each) minus its writes' extra cost (``cache_write -
+    input`` each, ``cache_write_1h - input`` for 1-hour writes).  May be negative."""
+    long = min(usage.cache_write_1h, usage.cache_write)
+    reads = usage.cached * (price.input - price.cached_input)
+    writes = (usage.cache_write - long) * (price.cache_write - price.input) + long * (
+        price.cache_write_1h - price.input
+    )
+    return (reads - writes) / PER
 
 
 __all__ = ["Pricing", "cost", "from_cost_map", "saved"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,11 @@ from proxy.store import Store
 from proxy.store.guard import StoreGuard
 
 
+def wall_clock() -> float:
+    """``time.time()``, looked up at each call."""
+    return time.time()
+
+
 @dataclass
 class Services:
     config: Config
@@ -21,6 +27,9 @@ class Services:
     store: Store
     guard: StoreGuard
     metrics: Metrics
+    # Wall-clock seconds: lineage records are shared across processes (Redis) and
+    # outlive restarts, so their times are the wall clock's.  Tests inject their own.
+    clock: Callable[[], float] = wall_clock
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

@@ -4,6 +4,7 @@ addons on its own memory store) from synchronous tests."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +66,14 @@ KEY = {"authorization": "Bearer sk-test"}  # one tenant: a request without a key
 
 class Harness:
     def __init__(
-        self, settings: Settings | None = None, *, config: Config | None = None, memos: Memos | None = None
+        self,
+        settings: Settings | None = None,
+        *,
+        config: Config | None = None,
+        memos: Memos | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        self.offline = Offline(config or load(None, env={}), settings=settings, memos=memos)
+        self.offline = Offline(config or load(None, env={}), settings=settings, memos=memos, clock=clock)
         self.canon = self.offline.s.canon
 
     def send(

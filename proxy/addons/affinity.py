@@ -64,7 +64,7 @@ class Affinity:
         root = flow.outcome.record.root_id
         flow.affinity_key = root
         flow.home = flow.outcome.record.replica
-        flow.set_headers = tuple((h, root) for h in self.headers)
+        flow.set_headers += tuple((h, root) for h in self.headers)
         if self.slots is not None and "id_slot" not in flow.body:
             slot = self.slots.slot(root)
             flow.ops.append(AddMember("id_slot", str(slot).encode()))

@@ -1,39 +1,55 @@
-"""The providers' own prompt caches (``provider_cache``).
+"""The providers' own prompt caches (``provider_cache``, SPEC section 2b).
 
-Before the upstream: a ``prompt_cache_key`` per lineage where the API has one
-(``Exchange.cache_key_member``) and the client set none, and Anthropic
-``cache_control`` breakpoints on a ``/v1/messages`` request that carries none
-(and, with ``upstream.kind: litellm``, on a chat completion for an
-``anthropic/…`` model, which LiteLLM carries over); all are edits spliced into
-the client's bytes.
+Before the upstream, all as edits spliced into the client's bytes:
 
-After the response: what the request cost and what its cached tokens saved
-(``prefixpin_cost_usd_total`` / ``prefixpin_saved_usd_total``), and, when the
-provider explained its cache result, whether prefixpin's own break cause agrees
-(``prefixpin_cache_verdicts_total{agree}``).
+- ``prompt_cache_key: lineage``: a ``prompt_cache_key`` per lineage where the API
+  has one (``Exchange.cache_key_member``) and the client set none;
+- ``openai_retention: 24h``: ``prompt_cache_retention: "24h"`` on a chat or
+  Responses request that carries neither it nor ``prompt_cache_options`` (OpenAI
+  rejects the two together);
+- ``anthropic_breakpoints: auto``: Anthropic ``cache_control`` breakpoints on a
+  ``/v1/messages`` request that carries none (and, with ``upstream.kind:
+  litellm``, on a chat completion for an ``anthropic/…`` model, which LiteLLM
+  carries over), the system+tools one with ``anthropic_ttl`` (``auto``: per
+  lineage, from the pauses between its requests, :mod:`canonicalize.ttl`);
+- ``diagnostics: auto``: a ``/v1/messages`` request of a lineage asks Anthropic
+  why it missed, naming the lineage's previous response
+  (``diagnostics.previous_message_id`` and the ``anthropic-beta`` header).
+
+After the response: what the request cost and what its cache use saved, writes'
+extra cost subtracted (``prefixpin_cost_usd_total`` / ``prefixpin_saved_usd_total``),
+and, when the provider explained its cache result, whether prefixpin's own break
+cause agrees (``prefixpin_cache_verdicts_total{agree}``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 
-from canonicalize import CHAT, MESSAGES, Usage, predict
+from canonicalize import CHAT, MESSAGES, RESPONSES, Usage, predict, ttl
 from canonicalize.edits import AddMember
 from canonicalize.provider import (
     NO_BREAK,
     breakpoints,
     cache_key,
     chat_breakpoints,
+    diagnostics,
     place,
     provider_cause,
     sent_breakpoints,
+    with_beta,
 )
 from proxy.config import Price
 from proxy.flow import Flow
 from proxy.pricing import Pricing, cost, saved
 from proxy.services import Services
+
+log = logging.getLogger("prefixpin")
+# OpenAI takes one or the other (a request with both is rejected): a client's own is kept.
+RETENTION_MEMBERS = ("prompt_cache_retention", "prompt_cache_options")
 
 
 class ProviderCache:
@@ -42,28 +58,77 @@ class ProviderCache:
 
     def __init__(self, s: Services, *, pricing: Pricing | None = None) -> None:
         self.s = s
-        self.settings = s.config.provider_cache
-        self.pricing = pricing or Pricing(self.settings.price_map())
+        self.settings = st = s.config.provider_cache
+        self.pricing = pricing or Pricing(st.price_map())
         # LiteLLM turns chat completions for "anthropic/…" models into Messages requests.
         self.via_litellm = s.config.upstream.kind == "litellm"
+        self.retention = None if st.openai_retention == "off" else orjson.dumps(st.openai_retention)
+        if st.anthropic_ttl != "5m" and st.anthropic_breakpoints != "auto":
+            log.warning(
+                "provider_cache.anthropic_ttl: %s applies to the breakpoints prefixpin adds; "
+                "with provider_cache.anthropic_breakpoints: off it changes nothing",
+                st.anthropic_ttl,
+            )
 
     async def request(self, flow: Flow) -> None:
         if not flow.editable or flow.body is None or flow.doc is None:
             return
-        member = flow.exchange.cache_key_member
-        if (
-            self.settings.prompt_cache_key == "lineage"
-            and member is not None
-            and member not in flow.body
-            and flow.outcome is not None
-        ):
+        st, body, exchange = self.settings, flow.body, flow.exchange
+        member = exchange.cache_key_member
+        if st.prompt_cache_key == "lineage" and member is not None and member not in body and flow.outcome is not None:
             key = cache_key(flow.tenant, flow.outcome.record.root_id)
             flow.ops.append(AddMember(member, orjson.dumps(key)))
-        if self.settings.anthropic_breakpoints == "auto" and not sent_breakpoints(flow.raw):
-            if flow.exchange is MESSAGES:
-                flow.ops = place(flow.ops, breakpoints(flow.doc, flow.body))
-            elif self.via_litellm and flow.exchange is CHAT and str(flow.model).startswith("anthropic/"):
-                flow.ops = place(flow.ops, chat_breakpoints(flow.body))
+        if (
+            self.retention is not None
+            and (exchange is CHAT or exchange is RESPONSES)
+            and not any(m in body for m in RETENTION_MEMBERS)
+        ):
+            flow.ops.append(AddMember("prompt_cache_retention", self.retention))
+        anthropic = exchange is MESSAGES or (
+            self.via_litellm and exchange is CHAT and str(flow.model).startswith("anthropic/")
+        )
+        if st.anthropic_breakpoints == "auto" and anthropic and not sent_breakpoints(flow.raw):
+            when = self._ttl(flow)
+            if exchange is MESSAGES:
+                flow.ops = place(flow.ops, breakpoints(flow.doc, body, ttl=when))
+            else:
+                flow.ops = place(flow.ops, chat_breakpoints(body, ttl=when))
+        if st.diagnostics == "auto" and exchange is MESSAGES and flow.outcome is not None:
+            self._diagnostics(flow)
+
+    def _ttl(self, flow: Flow) -> str:
+        """The system+tools breakpoint's TTL; ``auto``: from the lineage's pauses, which
+        this request's time joins in its record."""
+        when = self.settings.anthropic_ttl
+        outcome = flow.outcome
+        if when != "auto":
+            return when
+        if outcome is None:
+            return "5m"
+        now, record = self.s.clock(), outcome.record
+        kept = ttl.pauses(record.pauses, record.at, now)
+        outcome.record = record.evolve(at=now, pauses=kept)
+        return ttl.choose(kept, self._cache_prices(flow.model))
+
+    def _cache_prices(self, model: object) -> ttl.CachePrices:
+        """The model's configured (or already looked up) prices; Anthropic's ratios
+        when it has none yet (no lookup on the request path)."""
+        if isinstance(model, str) and self.pricing.known(model):
+            price = self.pricing.price(model)
+            if price is not None and price.input > 0:
+                return ttl.CachePrices(price.cached_input, price.cache_write, price.cache_write_1h)
+        return ttl.ANTHROPIC
+
+    def _diagnostics(self, flow: Flow) -> None:
+        """Record this turn's message id; name the previous one when the client asked nothing."""
+        assert flow.outcome is not None and flow.body is not None
+        flow.keep_message_id = True
+        previous = flow.outcome.record.message_id
+        if previous is None or "diagnostics" in flow.body:
+            return
+        flow.ops.append(AddMember("diagnostics", diagnostics(previous)))
+        beta = with_beta(flow.headers.getlist("anthropic-beta"))
+        flow.set_headers = (*(h for h in flow.set_headers if h[0] != "anthropic-beta"), ("anthropic-beta", beta))
 
     def done(self, flow: Flow) -> None:
         reply = flow.reply
@@ -93,7 +158,7 @@ class ProviderCache:
     def _count(self, label: str, price: Price | None, usage: Usage, completion: int) -> None:
         if price is not None:
             self.s.metrics.cost_usd.labels(label).inc(cost(price, usage, completion))
-            self.s.metrics.saved_usd.labels(label).inc(saved(price, usage.cached))
+            self.s.metrics.saved_usd.labels(label).inc(saved(price, usage))
 
     def _verdict(self, flow: Flow, diagnostics: object) -> None:
         theirs = provider_cause(diagnostics)

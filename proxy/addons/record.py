@@ -8,7 +8,9 @@ over the network in a task (``flow.recording``), which the handler awaits before
 the response's last bytes.
 A request the upstream failed is recorded too, so a retry finds its lineage.
 The record names the pool replica that answered (section 2c: every process
-sharing the store routes the lineage's next request there).
+sharing the store routes the lineage's next request there) and, when
+``provider_cache.diagnostics`` asks for it, the id of the Messages response (the
+lineage's next request names it to Anthropic).
 
 Blobs are stored once by content ref.  Finding a blob's bytes in the forwarded
 body costs a scan of the body (tools[] come after the whole history), so a ref
@@ -76,6 +78,9 @@ class Record:
             else:
                 blobs = {}
             record = outcome.record if flow.replica is None else outcome.record.evolve(replica=flow.replica)
+            message_id = flow.reply.usage.message_id if flow.keep_message_id and flow.reply is not None else None
+            if message_id is not None and flow.status < 400:  # the next turn's diagnostics.previous_message_id
+                record = record.evolve(message_id=message_id)
             await s.guard.call(lambda: s.store.record(flow.tenant, record, links, blobs, touch))
             for ref in blobs:
                 self._remember(flow.tenant, ref)

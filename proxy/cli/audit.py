@@ -13,9 +13,13 @@ reported with its number and skipped.
 The saving: predicted cacheable bytes are turned into tokens at
 :data:`BYTES_PER_TOKEN` (an estimate: compact JSON of English text and code runs
 at about 4 bytes per token; real tokenizers differ by model and content, so treat
-it as +-30%), priced at the model's input minus cached-input price (the
-``provider_cache.prices``, else LiteLLM's local cost map): what a provider cache
-would save on this trace as the agent sent it and as prefixpin forwards it.
+it as +-30%) and priced as ``prefixpin_saved_usd_total`` prices what a provider
+reports (:func:`proxy.pricing.saved`, the ``provider_cache.prices``, else LiteLLM's
+local cost map): the cached tokens' saving (input minus cached-input price) minus
+the cache writes' extra cost (cache-write minus input price), every uncached token
+taken as written once (a cache that keeps what it is sent), at the 5-minute write
+price (the audit does not model TTLs): what a provider cache would save on this
+trace as the agent sent it and as prefixpin forwards it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from canonicalize import Exchange, Fingerprint, predict
+from canonicalize import Exchange, Fingerprint, Usage, predict
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Config
@@ -96,12 +100,15 @@ def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
 
 async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
     # A trace's credentials are usually stripped: its anonymous lines are one user's.
-    offline = Offline(replace(config, tenancy=replace(config.tenancy, anonymous="shared")))
+    # Its time is the trace's (``t``): a lineage's pauses are the ones it recorded.
+    now = [0.0]
+    offline = Offline(replace(config, tenancy=replace(config.tenancy, anonymous="shared")), clock=lambda: now[0])
     lineages: dict[str, Lineage] = {}
     total = Tally()
-    by_model: dict[str, list[int]] = {}  # model -> [cacheable bytes before, after]
+    by_model: dict[str, list[int]] = {}  # model -> [cacheable bytes before, after, prompt bytes]
     for line in lines:
         progress.advance()
+        now[0] = line.t
         exchange = line.exchange
         raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
         flow = await offline.send(
@@ -138,9 +145,10 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         lin.tally.add(total_bytes, before, after, cause_before, cause_after)
         total.add(total_bytes, before, after, cause_before, cause_after)
         model = line.body.get("model") if isinstance(line.body, dict) else None
-        acc = by_model.setdefault(model if isinstance(model, str) else "unknown", [0, 0])
+        acc = by_model.setdefault(model if isinstance(model, str) else "unknown", [0, 0, 0])
         acc[0] += before
         acc[1] += after
+        acc[2] += total_bytes
     kinds = Counter(lin.kind for lin in lineages.values())
     # Show lineages numbered in order of appearance.
     names = {lid: f"L{i}" for i, lid in enumerate(lineages, 1)}
@@ -159,16 +167,21 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
 
 
 def _savings(by_model: dict[str, list[int]], pricing: Pricing) -> dict[str, Any]:
-    """USD the predicted cached tokens save per model (None: the model has no price)."""
+    """USD the predicted cache use saves per model, writes' extra cost subtracted
+    (None: the model has no price)."""
     out: dict[str, Any] = {}
-    for model, (before, after) in by_model.items():
+    for model, (before, after, total) in by_model.items():
         price = pricing.price(model)
-        tokens = before // BYTES_PER_TOKEN, after // BYTES_PER_TOKEN
+        prompt = total // BYTES_PER_TOKEN
+        cached = before // BYTES_PER_TOKEN, after // BYTES_PER_TOKEN
+        usage = [Usage(prompt, c, prompt - c) for c in cached]
         out[model] = {
-            "cached_tokens_before": tokens[0],
-            "cached_tokens_after": tokens[1],
-            "saved_usd_before": round(saved(price, tokens[0]), 6) if price else None,
-            "saved_usd_after": round(saved(price, tokens[1]), 6) if price else None,
+            "cached_tokens_before": usage[0].cached,
+            "cached_tokens_after": usage[1].cached,
+            "cache_write_tokens_before": usage[0].cache_write,
+            "cache_write_tokens_after": usage[1].cache_write,
+            "saved_usd_before": round(saved(price, usage[0]), 6) if price else None,
+            "saved_usd_after": round(saved(price, usage[1]), 6) if price else None,
         }
     return out
 
@@ -209,14 +222,19 @@ def render(report: dict[str, Any], path: str) -> str:
     ]
     savings = report.get("savings") or {}
     if savings:
-        lines += ["", f"saving at the model's prices (cached tokens ~ bytes / {BYTES_PER_TOKEN}): before -> after"]
+        lines += [
+            "",
+            f"saving at the model's prices (cached tokens ~ bytes / {BYTES_PER_TOKEN}; "
+            "minus cache writes' extra cost): before -> after",
+        ]
     for model, v in savings.items():
         if v["saved_usd_before"] is None:
             lines.append(f"  {model}: no price (add it to provider_cache.prices)")
         else:
             lines.append(
                 f"  {model}: ${v['saved_usd_before']:.4f} -> ${v['saved_usd_after']:.4f} "
-                f"({v['cached_tokens_before']} -> {v['cached_tokens_after']} cached tokens)"
+                f"({v['cached_tokens_before']} -> {v['cached_tokens_after']} cached tokens, "
+                f"{v['cache_write_tokens_before']} -> {v['cache_write_tokens_after']} written)"
             )
     return "\n".join(lines) + "\n"
 

@@ -23,10 +23,17 @@ secret).  Which client depends on the path LiteLLM 1.86.0 takes for the provider
   ``ssl_verify=`` would not do: an ``ssl.SSLContext`` there fails its calls, "not JSON
   serializable", and a CA path carries no client certificate.)
 
-No LiteLLM global is set for this.  LiteLLM is imported lazily, only here: it is an
-optional, exact-pinned dependency (``requirements-dev.lock`` / the ``litellm``
-extra), and it fetches its model cost map from the internet at import unless told
-not to.
+No LiteLLM global is set for this.
+
+``prompt_cache_key`` and ``prompt_cache_retention`` go to the providers LiteLLM
+says take them (its supported params: OpenAI, OpenRouter, hosted vLLM, …; not
+Anthropic) as ``extra_body``: LiteLLM 1.86 counts them among OpenAI's params yet
+its ``completion()`` has no argument for them, so passed as keywords they are
+dropped for every provider.
+
+LiteLLM is imported lazily, only here: it is an optional, exact-pinned dependency
+(``requirements-dev.lock`` / the ``litellm`` extra), and it fetches its model cost
+map from the internet at import unless told not to.
 """
 
 from __future__ import annotations
@@ -82,6 +89,20 @@ def _key(request: Request) -> str | None:
 
 
 _JSON = [(b"content-type", b"application/json")]
+_CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention")
+
+
+def _cache_params(litellm: Any, model: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """The cache params taken out of ``body``, those ``model``'s provider takes (module docstring)."""
+    found = {k: body.pop(k) for k in _CACHE_PARAMS if k in body}
+    if not found or not isinstance(model, str):
+        return {}
+    try:
+        name, provider, _, _ = litellm.get_llm_provider(model)
+        supported = litellm.get_supported_openai_params(model=name, custom_llm_provider=provider) or ()
+    except Exception:  # a model LiteLLM cannot route: acompletion says so
+        return {}
+    return {k: v for k, v in found.items() if k in supported}
 
 
 def _error(status: int, message: str, code: str) -> Response:
@@ -242,6 +263,10 @@ class LiteLLMTransport:
         for name in _CONNECTION_ARGS.intersection(body):
             del body[name]
         key = _key(request)
+        cache = _cache_params(self.litellm, model, body)
+        if cache:
+            extra = body.get("extra_body")
+            body["extra_body"] = {**(extra if isinstance(extra, dict) else {}), **cache}
         try:
             result = await self.litellm.acompletion(
                 model=model,

@@ -1,15 +1,28 @@
 """Provider prompt caching with and without prefixpin's ``provider_cache``.
 
-Replays the seeded hermes traces (``tests/bench/traces.py``: the pre-fix agent
-and its ideal twin, sessions interleaved by time, review forks included) with
-the real ``openai`` and ``anthropic`` SDKs against ``tests/infra/provider.py``
-(a scripted provider cache over N machines), directly and through two prefixpin
-processes: one with ``provider_cache`` off, one with ``prompt_cache_key:
-lineage`` and ``anthropic_breakpoints: auto``.  The Messages runs send the same
-conversations converted to Anthropic's shape, with no ``cache_control`` of their
-own.  The hit ratio is cached / prompt tokens as the clients saw them.
+Part ``ratio``: replays the seeded hermes traces (``tests/bench/traces.py``: the
+pre-fix agent and its ideal twin, sessions interleaved by time, review forks
+included) with the real ``openai`` and ``anthropic`` SDKs against
+``tests/infra/provider.py`` (a scripted provider cache over N machines), directly
+and through two prefixpin processes: one with ``provider_cache`` off, one with
+``prompt_cache_key: lineage`` and ``anthropic_breakpoints: auto``.  The Messages
+runs send the same conversations converted to Anthropic's shape, with no
+``cache_control`` of their own.  The hit ratio is cached / prompt tokens as the
+clients saw them.
 
-    python -m tests.bench.bench_provider [--sessions 6 --turns 8 --machines 4] [--smoke] [--json]
+Part ``ttl``: the pre-fix trace's Messages conversations with a person's pauses
+between turns (the agent's own tool loop and forks keep their seconds), replayed
+as Messages requests through prefixpin (``anthropic_breakpoints: auto``,
+``anthropic_ttl`` 5m, 1h and auto) to the scripted provider cache, whose entries
+expire at their TTL.  Time is simulated: one clock, set to each line's ``t``
+before it is sent, is both the provider's and prefixpin's (``create_app(clock=)``;
+both in this process, the provider behind an httpx transport), so hours of
+pauses replay in seconds.  Dollars are the usage the client saw at Claude
+Sonnet-like prices (:data:`PRICE`); prefixpin's own ``prefixpin_saved_usd_total``
+is read back as a check.
+
+    python -m tests.bench.bench_provider [--part ratio|ttl|all] [--sessions 6 --turns 8 --machines 4]
+                                         [--smoke] [--json]
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -27,10 +41,15 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 import yaml
+from starlette.testclient import TestClient
 
+from proxy.app import create_app
+from proxy.config import load
 from tests.bench.traces import SMOKE, TraceSpec, generate
 from tests.infra.procs import Proc, free_port, start_prefixpin
+from tests.infra.provider import ManualClock, Provider, Rejected
 
 Json = Any
 ON = {"provider_cache": {"prompt_cache_key": "lineage", "anthropic_breakpoints": "auto"}}
@@ -152,8 +171,138 @@ def format_table(rows: list[Json], spec: TraceSpec, machines: int) -> str:
     return head + body
 
 
+# -- part ttl: a person's pauses, simulated time -----------------------------------------
+MODEL = "claude-bench"
+PRICE = {"input": 3.0, "cached_input": 0.3, "cache_write": 3.75, "output": 15.0}  # USD / 1M tokens
+WRITE_1H = 2 * PRICE["input"]
+MINUTE = 60.0
+# Seconds between a session's turns (a reply read, the next message typed), by profile.
+PROFILES: dict[str, tuple[tuple[float, float, float], ...]] = {  # (share, low, high)
+    "quick": ((1.0, 0.3 * MINUTE, 4 * MINUTE),),
+    "reading": ((1.0, 6 * MINUTE, 45 * MINUTE),),
+    "mixed": ((0.4, 0.3 * MINUTE, 4 * MINUTE), (0.4, 6 * MINUTE, 45 * MINUTE), (0.2, 70 * MINUTE, 180 * MINUTE)),
+    "away": ((1.0, 70 * MINUTE, 180 * MINUTE),),
+}
+MODES = ("5m", "1h", "auto")
+
+
+def with_pauses(lines: list[Json], profile: str, seed: int) -> list[Json]:
+    """``lines`` (sorted by ``t``) with a pause drawn from ``profile`` before each
+    session's next turn; the seconds within a turn (tool loop, forks) kept."""
+    rng = random.Random(f"{profile}-{seed}")
+    out, shift, last = [], 0.0, {}
+    for line in lines:
+        session, turn = line["session"], line["turn"]
+        if session in last and turn != last[session]:
+            shift += _pause(rng, PROFILES[profile])
+        last[session] = turn
+        out.append({**line, "t": line["t"] + shift})
+    return out
+
+
+def _pause(rng: random.Random, mix: tuple[tuple[float, float, float], ...]) -> float:
+    """Seconds drawn from ``mix``: (share, low, high) ranges, one picked by its share."""
+    pick = rng.random()
+    for share, low, high in mix:
+        pick -= share
+        if pick <= 0:
+            return rng.uniform(low, high)
+    return rng.uniform(mix[-1][1], mix[-1][2])
+
+
+def replay_ttl(lines: list[Json], mode: str | None) -> dict[str, Any]:
+    """Every line through prefixpin (``anthropic_ttl: mode``; None: straight to the
+    provider, no breakpoints) on one simulated clock; tokens and dollars as the client saw them."""
+    clock = ManualClock()
+    provider = Provider(machines=1, clock=clock)
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        try:
+            return httpx.Response(200, json=provider.messages(orjson.loads(request.content), dict(request.headers)))
+        except Rejected as exc:
+            return httpx.Response(400, json={"type": "error", "error": {"message": str(exc)}})
+
+    pc: dict[str, Any] = {"prices": {MODEL: PRICE}}
+    if mode is not None:
+        pc.update(anthropic_breakpoints="auto", anthropic_ttl=mode)
+    config = load(None, env={}, overrides={f"provider_cache.{k}": v for k, v in pc.items()})
+    totals = dict.fromkeys(("prompt", "input", "read", "write_5m", "write_1h", "output"), 0)
+    saved = 0.0
+    if mode is None:
+        http: httpx.Client = httpx.Client(transport=httpx.MockTransport(upstream), base_url="http://provider")
+    else:
+        http = TestClient(create_app(config, transport=httpx.MockTransport(upstream), clock=clock))
+    with http:
+        for line in lines:
+            clock.now = line["t"]
+            body = {**to_anthropic(line["body"]), "model": MODEL}
+            r = http.post("/v1/messages", json=body, headers={"x-api-key": "sk-bench-ttl"})
+            r.raise_for_status()
+            u = r.json()["usage"]
+            long = (u.get("cache_creation") or {}).get("ephemeral_1h_input_tokens", 0)
+            write, read = u["cache_creation_input_tokens"], u["cache_read_input_tokens"]
+            totals["prompt"] += u["input_tokens"] + read + write
+            totals["input"] += u["input_tokens"]
+            totals["read"] += read
+            totals["write_5m"] += write - long
+            totals["write_1h"] += long
+            totals["output"] += u["output_tokens"]
+        if mode is not None:
+            text = http.get("/metrics").text
+            saved = sum(
+                float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("prefixpin_saved_usd_total{")
+            )
+    usd = (
+        totals["input"] * PRICE["input"]
+        + totals["read"] * PRICE["cached_input"]
+        + totals["write_5m"] * PRICE["cache_write"]
+        + totals["write_1h"] * WRITE_1H
+        + totals["output"] * PRICE["output"]
+    ) / 1e6
+    uncached = (totals["prompt"] * PRICE["input"] + totals["output"] * PRICE["output"]) / 1e6
+    return {
+        "requests": len(lines),
+        **totals,
+        "ratio": totals["read"] / totals["prompt"] if totals["prompt"] else 0.0,
+        "usd": usd,
+        "usd_uncached": uncached,
+        "prefixpin_saved_usd": saved,
+    }
+
+
+def run_ttl(spec: TraceSpec, profiles: tuple[str, ...] = tuple(PROFILES)) -> list[Json]:
+    pre, _ = generate(spec)
+    lines = sorted(pre, key=lambda x: x["t"])
+    rows = []
+    for profile in profiles:
+        paused = with_pauses(lines, profile, spec.seed)
+        for mode in (None, *MODES):
+            r = replay_ttl(paused, mode)
+            rows.append({"profile": profile, "ttl": mode or "direct (no breakpoints)", **r})
+    return rows
+
+
+def format_ttl(rows: list[Json], spec: TraceSpec) -> str:
+    head = (
+        f"sessions={spec.sessions} turns={spec.turns} fork_every={spec.fork_every} seed={spec.seed}; "
+        f"USD per 1M tokens: input {PRICE['input']}, cached {PRICE['cached_input']}, "
+        f"5m write {PRICE['cache_write']}, 1h write {WRITE_1H}, output {PRICE['output']}\n\n"
+        "| pauses | anthropic_ttl | requests | prompt tokens | read | written 5m | written 1h | hit ratio "
+        "| cost USD | saved USD (prefixpin_saved_usd_total) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    body = "".join(
+        f"| {r['profile']} | {r['ttl']} | {r['requests']} | {r['prompt']} | {r['read']} | {r['write_5m']} | "
+        f"{r['write_1h']} | {100 * r['ratio']:.1f}% | {r['usd']:.4f} | "
+        f"{r['usd_uncached'] - r['usd']:.4f} ({r['prefixpin_saved_usd']:.4f}) |\n"
+        for r in rows
+    )
+    return head + body
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("ratio", "ttl", "all"), default="all")
     ap.add_argument("--sessions", type=int, default=6)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--machines", type=int, default=4)
@@ -161,9 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     spec = SMOKE if args.smoke else TraceSpec(sessions=args.sessions, turns=args.turns)
-    with tempfile.TemporaryDirectory(prefix="bench-provider-") as tmp:
-        rows = run(spec, args.machines, Path(tmp))
-    print(json.dumps(rows, indent=1) if args.json else format_table(rows, spec, args.machines))
+    report: dict[str, Any] = {}
+    if args.part in ("ratio", "all"):
+        with tempfile.TemporaryDirectory(prefix="bench-provider-") as tmp:
+            report["ratio"] = run(spec, args.machines, Path(tmp))
+    if args.part in ("ttl", "all"):
+        report["ttl"] = run_ttl(spec)
+    if args.json:
+        print(json.dumps(report if len(report) > 1 else next(iter(report.values())), indent=1))
+    else:
+        if "ratio" in report:
+            print(format_table(report["ratio"], spec, args.machines))
+        if "ttl" in report:
+            print(format_ttl(report["ttl"], spec))
     return 0
 
 

@@ -385,6 +385,18 @@ def test_the_served_replica_round_trips_and_old_records_decode() -> None:
         assert LineageRecord.from_bytes(orjson.dumps({**old, "rp": junk})).replica is None
 
 
+def test_the_provider_cache_fields_round_trip_and_are_absent_unless_set() -> None:
+    plain = LineageRecord(id="a", root="a")
+    assert not {"at", "ps", "mi"} & orjson.loads(plain.to_bytes()).keys()  # records of everyone else: as before
+    rec = plain.evolve(at=1_790_000_000.25, pauses=(900, 4000), message_id="msg_01")
+    assert LineageRecord.from_bytes(rec.to_bytes()) == rec
+    assert orjson.loads(rec.to_bytes())["ps"] == [900, 4000]
+    # Written before the fields existed (or by an older process): unset.
+    assert LineageRecord.from_bytes(plain.to_bytes()) == plain
+    junk = {**orjson.loads(plain.to_bytes()), "at": "x", "ps": [1, "2", True], "mi": 5}
+    assert LineageRecord.from_bytes(orjson.dumps(junk)) == plain.evolve(pauses=(1,))
+
+
 def test_signals_at_depth_keeps_every_other_field() -> None:
     from dataclasses import fields, replace
 

@@ -176,6 +176,27 @@ def test_completion_tokens_and_provider_diagnostics_are_kept() -> None:
     assert responses.diagnostics == pcd and responses.result == Usage(4, 0)
 
 
+def test_one_hour_writes_and_the_message_id() -> None:
+    split = {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 900}
+    usage = {"input_tokens": 5, "cache_creation_input_tokens": 1000, "cache_read_input_tokens": 20}
+    body = {"id": "msg_9", "type": "message", "usage": {**usage, "cache_creation": split}}
+    assert parse_usage(body) == Usage(1025, 20, 1000, 900)
+    whole = UsageAccumulator()
+    whole.feed(body)
+    assert (whole.result, whole.message_id) == (Usage(1025, 20, 1000, 900), "msg_9")
+    stream = UsageAccumulator()
+    stream.feed({"type": "message_start", "message": {"id": "msg_10", "usage": {**usage, "cache_creation": split}}})
+    stream.feed({"type": "message_delta", "usage": {"output_tokens": 3}})
+    assert (stream.result, stream.message_id) == (Usage(1025, 20, 1000, 900), "msg_10")
+    # LiteLLM's OpenAI shape carries the split in prompt_tokens_details.
+    details = {"cached_tokens": 20, "cache_creation_tokens": 1000, "cache_creation_token_details": split}
+    litellm = {"prompt_tokens": 1025, "cache_creation_input_tokens": 1000, "prompt_tokens_details": details}
+    assert parse_usage({"id": "chatcmpl-1", "usage": litellm}) == Usage(1025, 20, 1000, 900)
+    chat = UsageAccumulator()
+    chat.feed({"id": "chatcmpl-1", "object": "chat.completion", "usage": litellm})
+    assert chat.message_id is None  # only Anthropic messages name one
+
+
 def _fields_every_path(obj: dict[str, Any]) -> dict[str, int]:
     """``usage._fields`` as it was, trying every path: the reference for the skip."""
     out: dict[str, int] = {}

@@ -3,33 +3,53 @@
 
 Run as ``python -m tests.infra.provider --port N [--machines 4]``.
 
-Chat completions (OpenAI-like): the prompt is a chain of segments (tools[], then
-each message); every prefix a machine has served is cached on that machine.  A
-request with a ``prompt_cache_key`` goes to the machine its key hashes to; one
-without is spread over the machines in turn (what a provider does under load
-when it cannot tell two conversations apart), so consecutive turns of one
-conversation land on machines that have not seen its prefix.  Usage reports
-``prompt_tokens_details.cached_tokens`` (the longest cached prefix).
+Time is the provider's own clock, which only moves when told: ``POST /_clock``
+with ``{"now": seconds}`` or ``{"advance": seconds}`` (in process:
+``Provider(clock=...)``).  It starts at 0 and stays there unless told, so nothing
+expires in a run that never moves it.
+
+Chat completions and Responses (OpenAI-like): the prompt is a chain of segments
+(tools[], then each message or input item; Responses: the instructions first, and
+``previous_response_id`` replays the stored conversation); every prefix a machine
+has served is cached on that machine for 10 minutes after its last use, or 24
+hours with ``prompt_cache_retention: "24h"``.  A request that sends both
+``prompt_cache_retention`` and ``prompt_cache_options`` is rejected (400), as
+OpenAI does.  A request with a ``prompt_cache_key`` goes to the machine its key
+hashes to; one without is spread over the machines in turn (what a provider does
+under load when it cannot tell two conversations apart), so consecutive turns of
+one conversation land on machines that have not seen its prefix.  Usage reports
+``prompt_tokens_details.cached_tokens`` (Responses: ``input_tokens_details``).
 
 Messages (Anthropic-like): one cache, written only at ``cache_control``
-breakpoints (tools, then system blocks, then message blocks, in order); a read
-is the longest cached prefix ending at a breakpoint or up to ``LOOKBACK`` blocks
-before one.  Usage reports ``cache_read_input_tokens`` /
-``cache_creation_input_tokens`` / ``input_tokens``.  A request carrying
-``diagnostics: {"previous_message_id": id}`` gets
+breakpoints (tools, then system blocks, then message blocks, in order), each
+entry living 5 minutes or, with ``"ttl": "1h"``, an hour; a read refreshes it.
+More than 4 breakpoints, or a 1-hour one after a 5-minute one, is rejected (400).
+A read is the longest live prefix ending at a breakpoint or up to ``LOOKBACK``
+blocks before one; what lies past it up to each later breakpoint is written at
+that breakpoint's TTL (Anthropic's billing: read up to the hit, 1-hour writes up
+to the last 1-hour breakpoint, 5-minute writes up to the last one).  A breakpoint
+inside what was read that has no live entry gets none (the conservative reading:
+its TTL was not paid for).  Usage reports ``cache_read_input_tokens`` /
+``cache_creation_input_tokens`` (split in ``cache_creation`` by TTL) /
+``input_tokens``.  A request carrying ``diagnostics: {"previous_message_id": id}``
+(with the ``anthropic-beta: cache-diagnosis-2026-04-07`` header, else 400) gets
 ``diagnostics.cache_miss_reason`` comparing it with that response's request
 (``model_changed``, ``system_changed``, ``tools_changed``, ``messages_changed``,
 null when it only extends it, ``previous_message_not_found``).
 
 Tokens are bytes / 4 of the compact JSON of each segment.  ``GET /_stats`` sums
-what was reported; ``POST /_reset`` forgets everything.
+what was reported; ``GET /_requests`` returns every request received (path,
+headers, raw body: the recorder's shape); ``POST /_reset`` forgets everything
+(and sets the clock back to 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -40,38 +60,49 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 LOOKBACK = 20
+FIVE_MINUTES = 300.0
+ONE_HOUR = 3600.0
+IN_MEMORY = 600.0  # OpenAI's default retention, as this model has it
+DAY = 86400.0
+DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
 Json = Any
 
 
+class Rejected(Exception):
+    """The provider answers 400 with this message."""
+
+
+class ManualClock:
+    """Seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Provider:
-    def __init__(self, machines: int = 4) -> None:
+    def __init__(self, machines: int = 4, clock: Callable[[], float] | None = None) -> None:
         self.machines = machines
+        self.clock = clock or ManualClock()
         self.reset()
 
     def reset(self) -> None:
-        self.caches: list[set[bytes]] = [set() for _ in range(self.machines)]
-        self.anthropic: set[bytes] = set()
+        if isinstance(self.clock, ManualClock):
+            self.clock.now = 0.0
+        self.caches: list[dict[bytes, float]] = [{} for _ in range(self.machines)]  # link -> expiry
+        self.anthropic: dict[bytes, tuple[float, float]] = {}  # link -> (expiry, ttl)
         self.turn = itertools.count()
         self.ids = itertools.count(1)
         self.prints: dict[str, dict[str, Any]] = {}
-        self.stats = {"requests": 0, "prompt": 0, "cached": 0, "written": 0}
+        self.conversations: dict[str, list[bytes]] = {}  # Responses: id -> its segments and output
+        self.stats = {"requests": 0, "prompt": 0, "cached": 0, "written": 0, "written_1h": 0}
 
-    # -- chat completions ----------------------------------------------------------
+    # -- chat completions and Responses ---------------------------------------------------
     def chat(self, body: Json) -> Json:
         segments = [orjson.dumps(body.get("tools") or [])] + [_canon(m) for m in body.get("messages") or []]
-        key = body.get("prompt_cache_key")
-        if isinstance(key, str):
-            machine = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % self.machines
-        else:
-            machine = next(self.turn) % self.machines
-        cache = self.caches[machine]
-        chain, prompt, cached = _chain(segments), 0, 0
-        for link, seg in zip(chain, segments, strict=True):
-            prompt += _tokens(seg)
-            if link in cache and cached == prompt - _tokens(seg):
-                cached = prompt
-        cache.update(chain)
-        self._count(prompt, cached, 0)
+        prompt, cached = self._openai(body, segments)
         return {
             "id": f"chatcmpl-{next(self.ids)}",
             "object": "chat.completion",
@@ -93,9 +124,65 @@ class Provider:
             },
         }
 
+    def responses(self, body: Json) -> Json:
+        items = body.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items or []
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in self.conversations:
+            raise Rejected(f"Previous response with id '{previous}' not found.")
+        head = [_canon(body.get("instructions")), orjson.dumps(body.get("tools") or [])]
+        segments = [*self.conversations.get(previous or "", head), *(_canon(i) for i in items)]
+        prompt, cached = self._openai(body, segments)
+        response_id = f"resp_{next(self.ids):04d}"
+        item = {
+            "type": "message",
+            "id": f"msg_{response_id}",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "ok", "annotations": []}],
+        }
+        self.conversations[response_id] = [*segments, _canon(item)]
+        return {
+            "id": response_id,
+            "object": "response",
+            "created_at": 0,
+            "status": "completed",
+            "model": body.get("model", "m"),
+            "output": [item],
+            "usage": {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": 1,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + 1,
+            },
+        }
+
+    def _openai(self, body: Json, segments: list[bytes]) -> tuple[int, int]:
+        """(prompt, cached) tokens of an OpenAI-shaped request; its prefixes cached."""
+        retention = body.get("prompt_cache_retention")
+        if retention is not None and body.get("prompt_cache_options") is not None:
+            raise Rejected("prompt_cache_retention and prompt_cache_options cannot be used together")
+        ttl = DAY if retention == "24h" else IN_MEMORY
+        key = body.get("prompt_cache_key")
+        if isinstance(key, str):
+            machine = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % self.machines
+        else:
+            machine = next(self.turn) % self.machines
+        cache, now = self.caches[machine], self.clock()
+        chain, prompt, cached = _chain(segments), 0, 0
+        for link, seg in zip(chain, segments, strict=True):
+            prompt += _tokens(seg)
+            if cache.get(link, -1.0) > now and cached == prompt - _tokens(seg):
+                cached = prompt
+        for link in chain:
+            cache[link] = max(cache.get(link, -1.0), now + ttl)
+        self._count(prompt, cached, 0, 0)
+        return prompt, cached
+
     # -- messages ---------------------------------------------------------------------
-    def messages(self, body: Json) -> Json:
-        blocks: list[tuple[bytes, bool]] = []  # (canonical block, carries a breakpoint)
+    def messages(self, body: Json, headers: dict[str, str] | None = None) -> Json:
+        blocks: list[tuple[bytes, float | None]] = []  # (canonical block, its breakpoint's TTL)
         for tool in body.get("tools") or []:
             blocks.append(_block(tool))
         system = body.get("system")
@@ -105,24 +192,47 @@ class Provider:
             content = msg.get("content")
             parts = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
             for i, part in enumerate(parts):
-                raw, marked = _block(part)
-                blocks.append((msg["role"].encode() + str(i).encode() + raw, marked))
+                raw, ttl = _block(part)
+                blocks.append((msg["role"].encode() + str(i).encode() + raw, ttl))
+        marks = [(i, ttl) for i, (_, ttl) in enumerate(blocks) if ttl is not None]
+        if len(marks) > 4:
+            raise Rejected(f"A maximum of 4 blocks with cache_control may be provided. Found {len(marks)}.")
+        for (_, before), (_, after) in itertools.pairwise(marks):
+            if after > before:
+                raise Rejected("a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block")
+        diag = body.get("diagnostics")
+        betas = {b.strip() for b in (headers or {}).get("anthropic-beta", "").split(",")}
+        if diag is not None and DIAGNOSIS_BETA not in betas:
+            raise Rejected(f"diagnostics: requires the anthropic-beta header {DIAGNOSIS_BETA}")
+        now = self.clock()
         chain = _chain([b for b, _ in blocks])
         sizes = list(itertools.accumulate(_tokens(b) for b, _ in blocks))
-        marks = [i for i, (_, marked) in enumerate(blocks) if marked]
-        read = 0
-        for m in marks:
+
+        def live(j: int) -> bool:
+            entry = self.anthropic.get(chain[j])
+            return entry is not None and entry[0] > now
+
+        read, hit = 0, -1
+        for m, _ in marks:
             for j in range(m, max(m - LOOKBACK, -1), -1):
-                if chain[j] in self.anthropic:
-                    read = max(read, sizes[j])
+                if live(j):
+                    if sizes[j] > read:
+                        read, hit = sizes[j], j
                     break
-        written = 0
-        for m in marks:
-            if chain[m] not in self.anthropic:
-                self.anthropic.add(chain[m])
-                written = max(written, sizes[m] - read)
+        for j in range(hit + 1):  # what was read is refreshed, each entry at its own TTL
+            if live(j):
+                ttl = self.anthropic[chain[j]][1]
+                self.anthropic[chain[j]] = (now + ttl, ttl)
+        written = {FIVE_MINUTES: 0, ONE_HOUR: 0}
+        covered = read
+        for m, ttl in marks:
+            if sizes[m] > covered:
+                self.anthropic[chain[m]] = (now + ttl, ttl)
+                written[ttl] += sizes[m] - covered
+                covered = sizes[m]
         prompt = sizes[-1] if sizes else 0
-        self._count(prompt, read, written)
+        write = written[FIVE_MINUTES] + written[ONE_HOUR]
+        self._count(prompt, read, write, written[ONE_HOUR])
         msg_id = f"msg_{next(self.ids):04d}"
         out: Json = {
             "id": msg_id,
@@ -133,37 +243,43 @@ class Provider:
             "stop_reason": "end_turn",
             "stop_sequence": None,
             "usage": {
-                "input_tokens": prompt - read - written,
+                "input_tokens": prompt - read - write,
                 "cache_read_input_tokens": read,
-                "cache_creation_input_tokens": written,
+                "cache_creation_input_tokens": write,
+                "cache_creation": {
+                    "ephemeral_5m_input_tokens": written[FIVE_MINUTES],
+                    "ephemeral_1h_input_tokens": written[ONE_HOUR],
+                },
                 "output_tokens": 1,
             },
         }
-        diag = body.get("diagnostics")
+        fp = self.prints[msg_id] = _fingerprint(body)  # any later request may name this one
         if isinstance(diag, dict):
-            fp = _fingerprint(body)
-            self.prints[msg_id] = fp
             out["diagnostics"] = {
                 "cache_miss_reason": _miss(self.prints.get(diag.get("previous_message_id") or ""), fp)
             }
         return out
 
-    def _count(self, prompt: int, cached: int, written: int) -> None:
+    def _count(self, prompt: int, cached: int, written: int, written_1h: int) -> None:
         s = self.stats
         s["requests"] += 1
         s["prompt"] += prompt
         s["cached"] += cached
         s["written"] += written
+        s["written_1h"] += written_1h
 
 
 def _canon(value: Json) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def _block(part: Json) -> tuple[bytes, bool]:
+def _block(part: Json) -> tuple[bytes, float | None]:
+    """A block without its ``cache_control``, and the TTL of the breakpoint it carried (None: none)."""
     if not isinstance(part, dict):
-        return _canon(part), False
-    return _canon({k: v for k, v in part.items() if k != "cache_control"}), "cache_control" in part
+        return _canon(part), None
+    mark = part.get("cache_control")
+    ttl = None if mark is None else ONE_HOUR if isinstance(mark, dict) and mark.get("ttl") == "1h" else FIVE_MINUTES
+    return _canon({k: v for k, v in part.items() if k != "cache_control"}), ttl
 
 
 def _chain(segments: list[bytes]) -> list[bytes]:
@@ -212,20 +328,52 @@ def _miss(prev: dict[str, Any] | None, cur: dict[str, Any]) -> Json:
     return None
 
 
-def create_app(machines: int = 4) -> Starlette:
-    provider = Provider(machines)
+def create_app(machines: int = 4, provider: Provider | None = None) -> Starlette:
+    provider = provider or Provider(machines)
+    received: list[dict[str, Any]] = []
+
+    async def answer(request: Request, fn: Callable[[Json], Json]) -> Response:
+        raw = await request.body()
+        received.append(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "query": request.url.query,
+                "headers": dict(request.headers.items()),
+                "body_b64": base64.b64encode(raw).decode(),
+            }
+        )
+        try:
+            return JSONResponse(fn(orjson.loads(raw)))
+        except Rejected as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
 
     async def chat(request: Request) -> Response:
-        return JSONResponse(provider.chat(orjson.loads(await request.body())))
+        return await answer(request, provider.chat)
+
+    async def responses(request: Request) -> Response:
+        return await answer(request, provider.responses)
 
     async def messages(request: Request) -> Response:
-        return JSONResponse(provider.messages(orjson.loads(await request.body())))
+        return await answer(request, lambda body: provider.messages(body, dict(request.headers.items())))
 
     async def stats(request: Request) -> Response:
         return JSONResponse(provider.stats)
 
+    async def requests_(request: Request) -> Response:
+        return JSONResponse(received)
+
+    async def clock(request: Request) -> Response:
+        told = await request.json()
+        manual = provider.clock
+        if not isinstance(manual, ManualClock):
+            return JSONResponse({"error": "this provider's clock is not a manual one"}, status_code=409)
+        manual.now = float(told["now"]) if "now" in told else manual.now + float(told.get("advance", 0))
+        return JSONResponse({"now": manual.now})
+
     async def reset(request: Request) -> Response:
         provider.reset()
+        received.clear()
         return JSONResponse({})
 
     async def health(request: Request) -> Response:
@@ -234,8 +382,11 @@ def create_app(machines: int = 4) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
             Route("/_stats", stats),
+            Route("/_requests", requests_),
+            Route("/_clock", clock, methods=["POST"]),
             Route("/_reset", reset, methods=["POST"]),
             Route("/health", health),
         ]

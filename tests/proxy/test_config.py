@@ -54,12 +54,43 @@ def test_example_config_is_valid_and_complete() -> None:
         ({"fork": {"enabled": "yes"}}, "fork.enabled: must be true or false"),
         ({"metrics": 3}, "metrics: must be a mapping"),
         ({"bogus": {}}, "bogus: unknown key"),
+        (
+            {"provider_cache": {"anthropic_ttl": "24h"}},
+            "provider_cache.anthropic_ttl: must be one of 5m, 1h, auto (got '24h')",
+        ),
+        (
+            {"provider_cache": {"openai_retention": "1h"}},
+            "provider_cache.openai_retention: must be one of off, 24h (got '1h')",
+        ),
+        (
+            {"provider_cache": {"diagnostics": "always"}},
+            "provider_cache.diagnostics: must be one of off, auto (got 'always')",
+        ),
+        (
+            {
+                "provider_cache": {
+                    "prices": {"m": {"input": 1, "cached_input": 0, "cache_write": 1, "output": 1, "cache_write_1h": 2}}
+                }
+            },
+            "provider_cache.prices.m.cache_write_1h: unknown key",
+        ),
     ],
 )
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         from_mapping(data)
     assert message in str(info.value)
+
+
+def test_provider_cache_keys_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("provider_cache: {anthropic_ttl: 1h, openai_retention: off, diagnostics: off}\n")
+    pc = load(path, env={}).provider_cache  # YAML's bare off (false) is the word
+    assert (pc.anthropic_ttl, pc.openai_retention, pc.diagnostics) == ("1h", "off", "off")
+    path.write_text("provider_cache: {anthropic_ttl: auto, openai_retention: 24h, diagnostics: auto}\n")
+    pc = load(path, env={}).provider_cache
+    assert (pc.anthropic_ttl, pc.openai_retention, pc.diagnostics) == ("auto", "24h", "auto")
+    assert Config().provider_cache.anthropic_ttl == "5m"
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:

@@ -19,7 +19,21 @@ P = Price(input=3, cached_input=0.3, cache_write=3.75, output=15)
 def test_cost_prices_each_kind_of_token_at_its_rate() -> None:
     usage = Usage(prompt=1100, cached=800, cache_write=200)
     assert cost(P, usage, 10) == pytest.approx((100 * 3 + 800 * 0.3 + 200 * 3.75 + 10 * 15) / 1e6)
-    assert saved(P, 800) == pytest.approx(800 * 2.7 / 1e6)
+    # 1-hour writes at 2x input.
+    long = Usage(prompt=1100, cached=800, cache_write=200, cache_write_1h=150)
+    assert cost(P, long, 10) == pytest.approx((100 * 3 + 800 * 0.3 + 50 * 3.75 + 150 * 6 + 10 * 15) / 1e6)
+
+
+def test_saved_is_the_reads_saving_minus_the_writes_extra_cost() -> None:
+    assert saved(P, Usage(prompt=1000, cached=800)) == pytest.approx(800 * 2.7 / 1e6)
+    assert saved(P, Usage(prompt=1100, cached=800, cache_write=200)) == pytest.approx((800 * 2.7 - 200 * 0.75) / 1e6)
+    both = Usage(prompt=1100, cached=800, cache_write=200, cache_write_1h=150)
+    assert saved(P, both) == pytest.approx((800 * 2.7 - 50 * 0.75 - 150 * 3) / 1e6)
+    # A request that only writes saved less than nothing.
+    assert saved(P, Usage(prompt=1000, cached=0, cache_write=1000)) == pytest.approx(-1000 * 0.75 / 1e6)
+    # No write surcharge (OpenAI): writes cost nothing extra.
+    flat = Price(input=2, cached_input=0.5, cache_write=2, output=8)
+    assert saved(flat, Usage(prompt=1000, cached=600, cache_write=400)) == pytest.approx(600 * 1.5 / 1e6)
 
 
 def test_config_first_then_the_cost_map_once_per_model() -> None:

@@ -1,6 +1,7 @@
 """provider_cache through the request flow: one prompt_cache_key per lineage (its
-forks included) and tenant, breakpoints on /v1/messages, dollars and verdicts
-counted from what the upstream answered."""
+forks included) and tenant, retention, breakpoints and their TTL on /v1/messages,
+diagnostics naming the lineage's previous response, dollars and verdicts counted
+from what the upstream answered."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from canonicalize import MESSAGES
+from canonicalize import CHAT, MESSAGES, RESPONSES
 from proxy.app import create_app
 from proxy.config import load
 from tests import hermes
 from tests.flows import Harness
 
 CC = b'"cache_control":{"type":"ephemeral"}'
+CC_1H = b'"cache_control":{"type":"ephemeral","ttl":"1h"}'
 USER1 = {"role": "user", "content": "List the files in the repo."}
 REPLY1 = {
     "role": "assistant",
@@ -31,8 +33,9 @@ TOOL1 = {"role": "tool", "tool_call_id": "c1", "content": "README.md\nsetup.py"}
 REPLY2 = {"role": "assistant", "content": "There are two files."}
 
 
-def _harness(**provider_cache: Any) -> Harness:
-    return Harness(config=load(None, env={}, overrides={f"provider_cache.{k}": v for k, v in provider_cache.items()}))
+def _harness(clock: Any = None, **provider_cache: Any) -> Harness:
+    overrides = {f"provider_cache.{k}": v for k, v in provider_cache.items()}
+    return Harness(config=load(None, env={}, overrides=overrides), clock=clock)
 
 
 def _turn(messages: list[Any], **kw: Any) -> dict[str, Any]:
@@ -76,20 +79,127 @@ def test_off_by_default_and_no_key_on_messages() -> None:
     assert b"prompt_cache_key" not in h.send(raw, exchange=MESSAGES).raw
 
 
-def test_breakpoints_through_the_flow_bytes_outside_them_as_sent() -> None:
-    h = _harness(anthropic_breakpoints="auto")
-    raw = (
-        b'{"model":"claude-x","max_tokens":16,"system":"Be brief.  ","tools":[{"name":"ls","input_schema":'
-        b'{"type":"object","x":1.50}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant",'
-        b'"content":[{"type":"text","text":"hello"}]},{"role":"user","content":"more"}]}'
-    )
-    out = h.send(raw, exchange=MESSAGES)
-    assert out.raw == raw.replace(b"1.50}}", b"1.50}," + CC + b"}").replace(
+MESSAGES_RAW = (
+    b'{"model":"claude-x","max_tokens":16,"system":"Be brief.  ","tools":[{"name":"ls","input_schema":'
+    b'{"type":"object","x":1.50}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant",'
+    b'"content":[{"type":"text","text":"hello"}]},{"role":"user","content":"more"}]}'
+)
+
+
+def _marked(raw: bytes, first: bytes = CC) -> bytes:
+    """``raw`` with prefixpin's two breakpoints: the system (made one block) with ``first``, the reply."""
+    return raw.replace(b'"Be brief.  "', b'[{"type":"text","text":"Be brief.  ",' + first + b"}]").replace(
         b'"text":"hello"}', b'"text":"hello",' + CC + b"}"
     )
+
+
+def test_breakpoints_through_the_flow_bytes_outside_them_as_sent() -> None:
+    h = _harness(anthropic_breakpoints="auto")
+    raw = MESSAGES_RAW
+    out = h.send(raw, exchange=MESSAGES)
+    assert out.raw == _marked(raw)
     own = raw.replace(b'"text":"hello"}', b'"text":"hello","cache_control":{"type":"ephemeral","ttl":"1h"}}')
     assert h.send(own, exchange=MESSAGES).raw == own
     assert Harness().send(raw, exchange=MESSAGES).raw == raw
+
+
+def test_a_one_hour_ttl_on_the_system_and_tools_breakpoint_only() -> None:
+    h = _harness(anthropic_breakpoints="auto", anthropic_ttl="1h")
+    out = h.send(MESSAGES_RAW, exchange=MESSAGES)
+    assert out.raw == _marked(MESSAGES_RAW, CC_1H)
+    assert out.raw.index(CC_1H) < out.raw.index(CC)  # 1h before 5m, as Anthropic requires
+    # Breakpoints of the client's own are left alone, TTLs and all.
+    own = MESSAGES_RAW.replace(b'"text":"hello"}', b'"text":"hello",' + CC + b"}")
+    assert h.send(own, exchange=MESSAGES).raw == own
+    # Without breakpoints of prefixpin's own, the TTL changes nothing.
+    assert _harness(anthropic_ttl="1h").send(MESSAGES_RAW, exchange=MESSAGES).raw == MESSAGES_RAW
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_790_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _conversation(turns: int) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "q0"}]
+    for i in range(1, turns):
+        messages += [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"q{i}"}]
+    return {"model": "claude-x", "max_tokens": 8, "system": "You are helpful.", "messages": messages}
+
+
+def _ttls(h: Harness, clock: Clock, gaps: list[float]) -> list[str]:
+    """The system breakpoint's TTL on each turn of one conversation, turns ``gaps`` seconds apart."""
+    out = []
+    for turn, gap in enumerate([0.0, *gaps], 1):
+        clock.now += gap
+        reply = {"role": "assistant", "content": f"a{turn}"}  # what the next turn replays
+        sent = h.send(_conversation(turn), exchange=MESSAGES, reply=reply)
+        assert sent.role == ("root" if turn == 1 else "continuation")
+        out.append("1h" if CC_1H in sent.raw else "5m")
+    return out
+
+
+def test_auto_ttl_follows_each_lineages_pauses() -> None:
+    clock = Clock()
+    h = _harness(clock, anthropic_breakpoints="auto", anthropic_ttl="auto")
+    # A tool loop (seconds apart), then a person who reads and types for 10 minutes:
+    # from that pause on, the lineage's system+tools are written for an hour.
+    assert _ttls(h, clock, [4, 3, 600, 5, 2]) == ["5m", "5m", "5m", "1h", "1h", "1h"]
+    record = h.send(_conversation(7), exchange=MESSAGES).record
+    assert record.pauses == (600,) and record.at == clock.now
+    # Another conversation of the same tenant pauses over an hour each time: 1h would
+    # expire as well, and cost more to write.
+    other = Harness(config=h.offline.s.config, clock=clock)
+    assert _ttls(other, clock, [4000, 5000]) == ["5m", "5m", "5m"]
+
+
+def test_auto_ttl_weighs_the_models_prices() -> None:
+    clock = Clock()
+    # A model whose cache writes cost no more than input: one pause does not pay for 2x.
+    flat = {"claude-x": {"input": 3, "cached_input": 0.3, "cache_write": 3, "output": 15}}
+    h = _harness(clock, anthropic_breakpoints="auto", anthropic_ttl="auto", prices=flat)
+    assert _ttls(h, clock, [600, 600]) == ["5m", "5m", "1h"]
+
+
+def test_auto_ttl_on_chat_completions_through_litellm() -> None:
+    clock = Clock()
+    config = load(
+        None,
+        env={},
+        overrides={
+            "upstream.kind": "litellm",
+            "provider_cache.anthropic_breakpoints": "auto",
+            "provider_cache.anthropic_ttl": "auto",
+        },
+    )
+    h = Harness(config=config, clock=clock)
+    chat: dict[str, Any] = {"model": "anthropic/claude-x", "messages": [{"role": "system", "content": "s"}]}
+    sent = []
+    for i, gap in enumerate((0, 900)):
+        clock.now += gap
+        chat["messages"] = [*chat["messages"], {"role": "user", "content": f"q{i}"}]
+        sent.append(h.send(chat, reply={"role": "assistant", "content": f"a{i}"}).raw)
+        chat["messages"].append({"role": "assistant", "content": f"a{i}"})
+    assert b'"content":"s",' + CC + b"}" in sent[0]
+    assert b'"content":"s",' + CC_1H + b"}" in sent[1] and b'"content":"a0",' + CC + b"}" in sent[1]
+
+
+def test_retention_on_chat_and_responses_unless_the_client_chose() -> None:
+    h = _harness(openai_retention="24h")
+    raw = b'{"model":"m" ,"messages":[{"role":"user","content":"hi"}],"temperature":0.50 }'
+    assert h.send(raw).raw == raw[:-1] + b',"prompt_cache_retention":"24h"}'
+    for own in (b',"prompt_cache_retention":"in_memory"', b',"prompt_cache_options":{"mode":"auto","ttl":"1h"}'):
+        mine = raw[:-2] + own + b"}"
+        assert h.send(mine).raw == mine
+    responses = b'{"model":"m","input":[{"role":"user","content":"hi"}],"max_output_tokens":1e3}'
+    assert h.send(responses, exchange=RESPONSES).raw == responses[:-1] + b',"prompt_cache_retention":"24h"}'
+    options = responses[:-1] + b',"prompt_cache_options":{"mode":"explicit"}}'
+    assert h.send(options, exchange=RESPONSES).raw == options
+    assert b"prompt_cache_retention" not in h.send(MESSAGES_RAW, exchange=MESSAGES).raw
+    assert Harness().send(raw, exchange=CHAT).raw == raw
 
 
 # -- dollars and verdicts, in-process with a fake upstream ---------------------------------
@@ -97,10 +207,15 @@ def test_breakpoints_through_the_flow_bytes_outside_them_as_sent() -> None:
 
 class Upstream:
     def __init__(self) -> None:
-        self.answers: list[dict[str, Any]] = []
+        self.answers: list[Any] = []
+        self.requests: list[httpx.Request] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=self.answers.pop(0))
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, bytes):  # a stream
+            return httpx.Response(200, content=answer, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json=answer)
 
 
 def _metric(text: str, name: str) -> float:
@@ -162,7 +277,11 @@ def test_cost_saved_and_verdicts_from_the_answers() -> None:
     cost2 = (50 * 3 + 1000 * 0.3 + 20 * 15) / 1e6
     assert _metric(text, 'prefixpin_cost_usd_total{model="claude-x"}') == pytest.approx(2 * cost1 + cost2)
     assert _metric(text, 'prefixpin_cost_usd_total{model="claude-y"}') == pytest.approx(cost1)
-    assert _metric(text, 'prefixpin_saved_usd_total{model="claude-x"}') == pytest.approx(1000 * 2.7 / 1e6)
+    # The reads' saving minus the writes' extra cost: claude-y only wrote, and saved less than nothing.
+    assert _metric(text, 'prefixpin_saved_usd_total{model="claude-x"}') == pytest.approx(
+        (1000 * 2.7 - 2 * 1000 * 0.75) / 1e6
+    )
+    assert _metric(text, 'prefixpin_saved_usd_total{model="claude-y"}') == pytest.approx(-1000 * 0.75 / 1e6)
     assert _metric(text, 'prefixpin_cache_verdicts_total{agree="yes"}') == 2
     assert _metric(text, 'prefixpin_cache_verdicts_total{agree="no"}') == 1
 
@@ -186,8 +305,52 @@ def test_a_repaired_messages_fork_gets_its_breakpoints_in_the_parents_bytes() ->
     fork = h.send(fork_body, exchange=MESSAGES, declared=parent.record.id)
     assert fork.role == "fork" and fork.fork_action == "repaired", fork.role
     sent = fork.body
-    assert sent["system"] == "You are helpful."  # the parent's, as recorded (its breakpoint was on the tools)
+    # The parent's system as recorded (made one block by its breakpoint), marked again.
+    assert sent["system"] == [{"type": "text", "text": "You are helpful.", "cache_control": {"type": "ephemeral"}}]
     assert [t["name"] for t in sent["tools"]] == ["memory", "terminal"]
-    assert sent["tools"][-1]["cache_control"] == {"type": "ephemeral"}
     assert sent["messages"][1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
     assert fork.raw.count(b"cache_control") == 2
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+def test_diagnostics_name_the_lineages_previous_response() -> None:
+    config = load(None, env={}, overrides={"provider_cache.diagnostics": "auto"})
+    up = Upstream()
+    usage = {"input_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 1}
+    reply = {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}], "usage": usage}
+    streamed = _sse(
+        {"type": "message_start", "message": {**reply, "id": "msg_2", "content": []}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+        {"type": "message_stop"},
+    )
+    up.answers = [{**reply, "id": "msg_1"}, streamed, {**reply, "id": "msg_3"}, {**reply, "id": "msg_4"}]
+    raw = b'{"model":"claude-x","max_tokens":16,"system":"Be brief.","messages":[{"role":"user","content":"hi"}]}'
+    turns = [raw]
+    for n in range(2, 5):
+        turns.append(turns[-1][:-2] + b',{"role":"assistant","content":"ok"},{"role":"user","content":"q%d"}]}' % n)
+    turns[1] = turns[1][:-1] + b',"stream":true}'
+    own = b',"diagnostics":{"previous_message_id":"msg_x"}'
+    turns[3] = turns[3][:-1] + own + b"}"
+    headers = {"x-api-key": "sk-ant-test", "anthropic-beta": "files-api-2025-04-14"}
+    with TestClient(create_app(config, transport=httpx.MockTransport(up))) as client:
+        for body in turns:
+            assert client.post("/v1/messages", content=body, headers=headers).status_code == 200
+    sent = [r.content for r in up.requests]
+    betas = [r.headers.get_list("anthropic-beta") for r in up.requests]
+    assert sent[0] == turns[0] and betas[0] == ["files-api-2025-04-14"]  # the lineage's first: nothing to name
+    assert sent[1] == turns[1][:-1] + b',"diagnostics":{"previous_message_id":"msg_1"}}'
+    assert betas[1] == ["files-api-2025-04-14,cache-diagnosis-2026-04-07"]
+    assert sent[2] == turns[2][:-1] + b',"diagnostics":{"previous_message_id":"msg_2"}}'  # read from the stream
+    assert sent[3] == turns[3] and betas[3] == ["files-api-2025-04-14"]  # the client's own are kept
+    off = Upstream()
+    off.answers = [{**reply, "id": "msg_1"}, {**reply, "id": "msg_2"}]
+    with TestClient(create_app(load(None, env={}), transport=httpx.MockTransport(off))) as client:
+        for body in turns[:2]:
+            client.post("/v1/messages", content=body.replace(b',"stream":true', b""), headers=headers)
+    assert b"diagnostics" not in off.requests[1].content
