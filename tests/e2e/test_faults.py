@@ -19,6 +19,7 @@ import pytest
 from tests import hermes
 from tests.conftest import Recorder, track
 from tests.infra.procs import free_port
+from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -91,14 +92,12 @@ def test_client_disconnect_closes_upstream_stream(serve: Callable[..., str], rec
     recorder.control(slow_chunks=200)  # ~10 s if read to the end
     with _http() as http, http.stream("POST", proxy + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
         next(r.iter_bytes())
-    deadline = time.monotonic() + 5
-    state = None
-    while time.monotonic() < deadline:
-        state = recorder.http.get("/_status").json()["stream_closed_early"]
-        if state is not None:
-            break
-        time.sleep(0.05)
-    assert state is True, "the upstream stream must be closed when the client goes away"
+
+    def closed_early() -> bool | None:  # None while the upstream's stream runs
+        return recorder.http.get("/_status").json()["stream_closed_early"]
+
+    wait_until(lambda: closed_early() is not None, timeout=5, message="the upstream's stream ended")
+    assert closed_early() is True, "the upstream stream must be closed when the client goes away"
     # The proxy keeps serving.
     recorder.control()
     with _http() as http:
@@ -205,12 +204,12 @@ def test_client_leaving_a_non_stream_request_cancels_it(serve: Callable[..., str
     recorder.control(delay_s=3)
     with _http() as http, pytest.raises(httpx.ReadTimeout):
         http.post(proxy + "/v1/chat/completions", json=BODY, timeout=0.5)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def with_a_499() -> str:
         metrics = httpx.get(proxy + "/metrics", trust_env=False).text
-        if 'status="499"} 1.0' in metrics:
-            break
-        time.sleep(0.1)
+        return metrics if 'status="499"} 1.0' in metrics else ""
+
+    metrics = wait_until(with_a_499, timeout=5, interval=0.1, message="a request counted with status 499")
     assert 'prefixpin_requests_total{role="root",route="chat_completions",status="499"} 1.0' in metrics
     recorder.control()
     with _http() as http:

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from proxy.config import from_mapping
 from proxy.watch import WATCH, ClientGone, ClientWatch
 from tests.infra import rawupstream as raw
 from tests.infra.front import serving
+from tests.infra.wait import wait_until
 
 
 async def _never() -> dict[str, Any]:
@@ -184,10 +184,8 @@ def test_a_client_that_leaves_releases_the_upstream_connection(stream: bool, pat
                     while EVENT not in seen:  # the stream is flowing
                         seen += s.recv(65536)
                     assert seen.count(b"content-type: text/event-stream") == 1
-                else:
-                    deadline = time.monotonic() + 5
-                    while not slow.up.requests and time.monotonic() < deadline:
-                        time.sleep(0.01)  # until the upstream has the request and is "generating"
+                else:  # until the upstream has the request and is "generating"
+                    wait_until(lambda: slow.up.requests, timeout=5, message="the upstream has the request")
             assert slow.closed_early.wait(5), "the upstream connection must be closed when the client leaves"
             with httpx.Client(trust_env=False, timeout=30) as http:
                 r = http.post(base + path, json={"model": "m", "messages": []})

@@ -16,6 +16,7 @@ import pytest
 
 from proxy.front import Limits
 from tests.infra.front import closed, read_response, serving
+from tests.infra.wait import wait_until
 
 
 class Echo:
@@ -203,7 +204,7 @@ def test_when_every_connection_is_busy_a_new_one_gets_503() -> None:
         busy = [_connect(port) for _ in range(2)]
         for s in busy:
             s.sendall(_post(b"{}"))
-        _wait(lambda: len(server.tasks) == 2)
+        wait_until(lambda: len(server.tasks) == 2, timeout=5, interval=0.01, message="both requests are served")
         with _connect(port) as sock:
             head, body = read_response(sock, bytearray())
             assert head.startswith(b"HTTP/1.1 503") and b"max_connections" in body
@@ -366,13 +367,8 @@ def test_a_served_request_leaves_no_cycle_for_the_garbage_collector() -> None:
             for _ in range(4):
                 sock.sendall(_post(b'{"messages": []}'))
                 assert read_response(sock, buf)[0].startswith(b"HTTP/1.1 200 OK")
-            _wait(lambda: all(m() is None for m in marks[:3]))
+            wait_until(
+                lambda: all(m() is None for m in marks[:3]), timeout=5, interval=0.01, message="the scopes are freed"
+            )
     finally:
         gc.enable()
-
-
-def _wait(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
