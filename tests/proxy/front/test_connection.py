@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.front import Limits
-from tests.infra.front import closed, read_response, serving
+from tests.infra.front import buffered_responses, closed, read_response, serving
 from tests.infra.wait import wait_until
 
 
@@ -92,7 +92,7 @@ def test_a_body_sent_in_pieces_is_served_once_whole(app: Echo, port: int) -> Non
     with _connect(port) as sock:
         for i in range(0, len(raw), 3000):
             sock.sendall(raw[i : i + 3000])
-            time.sleep(0.01)
+            time.sleep(0.01)  # a slow client on purpose: each piece arrives on its own
         read_response(sock, bytearray())
     assert [b for _, b in app.seen] == [b"0123456789" * 1000]
 
@@ -100,7 +100,8 @@ def test_a_body_sent_in_pieces_is_served_once_whole(app: Echo, port: int) -> Non
 def test_pipelined_requests_are_answered_in_order_even_to_a_slow_reader(app: Echo, port: int) -> None:
     with _connect(port) as sock:
         sock.sendall(_post(b"first") + _post(b"second", path=b"/other") + _post(b"third"))
-        time.sleep(0.3)  # read nothing until all three are answered
+        # Read nothing until all three are answered (peeked at in the receive buffer).
+        wait_until(lambda: buffered_responses(sock) == 3, timeout=5, message="three answers written, none read")
         buf = bytearray()
         replies = [read_response(sock, buf)[1] for _ in range(3)]
     assert replies == [
@@ -299,7 +300,9 @@ def test_a_head_request_gets_the_head_only(port: int) -> None:
         buf = bytearray()
         sock.settimeout(5)
         while b"\r\n\r\n" not in buf:
-            buf += sock.recv(65536)
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"  # else this loop would spin
+            buf += chunk
         head, _, rest = bytes(buf).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and b"content-length: 18" in head  # "HEAD /v1/models 0 "
         buf = bytearray(rest)
