@@ -92,6 +92,14 @@ class Proc:
             self._log.close()
 
 
+def prefixpin_logs(log_dir: Path) -> str:
+    """The output of every ``prefixpin serve`` of the session so far (``serve`` in
+    tests/conftest.py names their logs prefixpin-*).  With ``log.access`` on, a
+    request's access line is written once it is answered, after whatever the process
+    logged about it: a test waits for its last request's line before it reads them."""
+    return "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("prefixpin-*.log")))
+
+
 def prefixpin_argv(source: Path | None = None) -> list[str]:
     """``prefixpin``, or, to run the code of another checkout (``source``), ``python -m proxy.cli`` in it."""
     exe = None if source is not None else shutil.which("prefixpin")
