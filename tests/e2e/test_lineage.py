@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -264,7 +263,8 @@ def test_f_two_proxies_share_one_redis(serve: Callable[..., str], recorder: Reco
     env = {"PREFIXPIN_REDIS_URL": redis_url}
     first, second = serve(recorder.base, env=env), serve(recorder.base, env=env)
     parent = _create(_client(first), [_sys(), USER1], hermes.tools_full())
-    time.sleep(0.3)  # the parent is recorded after its response
+    # No wait: on a shared store (Redis) a turn is recorded before its response's last
+    # bytes (proxy.handler, record_first), so the other process finds the parent now.
     fork = _create(_client(second), _fork_messages([USER1, _reply(parent)]), hermes.tools_review())
     assert fork.headers["x-prefixpin-role"] == "fork"
     parent_body, fork_body = recorder.bodies()
