@@ -187,7 +187,9 @@ def test_a_client_that_leaves_releases_the_upstream_connection(stream: bool, pat
                 if stream:
                     seen = b""
                     while EVENT not in seen:  # the stream is flowing
-                        seen += s.recv(65536)
+                        chunk = s.recv(65536)
+                        assert chunk, "prefixpin closed the connection"  # else this loop would spin
+                        seen += chunk
                     assert seen.count(b"content-type: text/event-stream") == 1
                 else:  # until the upstream has the request and is "generating"
                     wait_until(lambda: slow.up.requests, timeout=5, message="the upstream has the request")
