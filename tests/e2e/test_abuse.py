@@ -4,7 +4,6 @@ front of a raw-socket upstream (tests/infra/rawupstream.py) scripted per test.""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,9 @@ import orjson
 import pytest
 
 from tests.infra import rawupstream as raw
-from tests.infra.procs import free_port
+from tests.infra import tcp
+from tests.infra.procs import free_port, prefixpin_logs
+from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -73,9 +74,18 @@ def test_reset_after_request_is_502_and_never_resent(serve: Serve, upstream: Any
     assert r.status_code == 502
     err = r.json()["error"]
     assert err["code"] == "upstream_unavailable" and "did not resend" in err["message"]
-    time.sleep(0.3)  # a resend would have arrived by now
-    assert len(up.requests) == 1, "a request the upstream read must not be sent twice"
     assert _metric(proxy, 'prefixpin_upstream_errors_total{kind="reset"} 1.0')
+    # A resend would go out, on a new connection, before the 502; a marker sent now
+    # through the same path connects after it.  Once the upstream has read the marker
+    # (its own 502 says so), it has counted every connection a resend could have used.
+    marker = {
+        **body,
+        **({"input": "marker"} if "input" in body else {"messages": [{"role": "user", "content": "marker"}]}),
+    }
+    with _http() as http:
+        assert http.post(proxy + path, json=marker).status_code == 502
+    assert up.connections == 2 and len(up.requests) == 2, "a request the upstream read must not be sent twice"
+    assert b"marker" in up.requests[1].body
 
 
 def test_upstream_closing_after_each_stream_while_saying_keep_alive(serve: Serve, upstream: Any) -> None:
@@ -83,7 +93,6 @@ def test_upstream_closing_after_each_stream_while_saying_keep_alive(serve: Serve
     proxy = serve(up.url)
     with _http() as http:
         for i in range(6):
-            time.sleep(0.05)  # the upstream thread closes right after answering, but may lag under load
             stream = i % 2 == 0
             if stream:
                 with http.stream("POST", proxy + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
@@ -92,6 +101,9 @@ def test_upstream_closing_after_each_stream_while_saying_keep_alive(serve: Serve
             else:
                 r = http.post(proxy + "/v1/embeddings", json={"input": "x"})
                 assert r.status_code == 200
+            # The upstream thread closes right after answering, but may lag under load: the
+            # next request goes once prefixpin's side of this connection has the FIN.
+            wait_until(lambda: tcp.fin_received(up.port), timeout=5, message="the upstream's FIN arrived")
     assert len(up.requests) == 6
 
 
@@ -156,6 +168,9 @@ def test_upstream_url_credentials_never_shown(
 ) -> None:
     password, key = "pw-SECRET-4711", "qs-SECRET-0815"
     cfg = write_config({"upstream": {"timeout_s": 0.5}, "log": {"level": "debug", "access": True}})
+    # The access lines of each proxy's last request (ok's chat, then /readyz on the other three).
+    last = {'"POST /v1/chat/completions HTTP/1.1" 200': 1, '"GET /readyz HTTP/1.1" 503': 3}
+    logged = {line: prefixpin_logs(log_dir).count(line) for line in last}
 
     def url(port: int) -> str:
         return f"http://alice:{password}@127.0.0.1:{port}/v1?api_key={key}"
@@ -183,20 +198,25 @@ def test_upstream_url_credentials_never_shown(
         bodies += [http.post(down + "/v1/chat/completions", json=BODY).content, http.get(down + "/readyz").content]
     for b in bodies:
         _no_secrets(b, password, key, "alice", "127.0.0.1")  # no URL at all in what a client sees
-    time.sleep(0.2)
+    wait_until(
+        lambda: all(prefixpin_logs(log_dir).count(line) >= logged[line] + n for line, n in last.items()),
+        message="each proxy's last access line",
+    )
     logs = "".join(p.read_text(errors="replace") for p in log_dir.glob("prefixpin-*.log"))
     assert "upstream" in logs
     _no_secrets(logs, password, key)
 
 
 def test_access_log_hides_query_secrets(serve: Serve, upstream: Any, write_config: WriteConfig, log_dir: Path) -> None:
+    line = "/v1/models?api_key=***&limit=5&access_token=***&API-KEY=***"
+    logged = prefixpin_logs(log_dir).count(line)
     up = upstream(raw.answer_json)
     proxy = serve(up.url, write_config({"log": {"access": True}}))
     with _http() as http:
         r = http.get(proxy + "/v1/models?api_key=ak-SECRET-1&limit=5&access_token=at-SECRET-2&API-KEY=ak-SECRET-3")
     assert r.status_code == 200
     assert up.requests[0].target.endswith("api_key=ak-SECRET-1&limit=5&access_token=at-SECRET-2&API-KEY=ak-SECRET-3")
-    time.sleep(0.3)
+    wait_until(lambda: prefixpin_logs(log_dir).count(line) > logged, message="the request's access line")
     logs = "".join(p.read_text(errors="replace") for p in log_dir.glob("prefixpin-*.log"))
     assert "/v1/models?api_key=***&limit=5&access_token=***&API-KEY=***" in logs
     _no_secrets(logs, "ak-SECRET-1", "at-SECRET-2", "ak-SECRET-3")
@@ -226,7 +246,9 @@ def test_slow_clients_do_not_take_the_slots(
                 s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"{" * 40)
             # else: connects and says nothing
             slow.append(s)
-        time.sleep(0.3)
+        # Until prefixpin has accepted all 60 and read what each sent (nothing left in
+        # its queues), so they hold whatever they can before the real requests come.
+        wait_until(lambda: tcp.server_caught_up(port), timeout=10, message="the slow clients accepted and read")
         with _http() as http:
             assert http.post(proxy + "/v1/chat/completions", json=BODY).status_code == 200
             assert http.post(proxy + "/v1/embeddings", json={"input": "x"}).status_code == 200

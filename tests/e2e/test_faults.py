@@ -6,7 +6,6 @@ upstream (tests/infra/recorder.py) or in front of nothing at all.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,9 @@ import pytest
 
 from tests import hermes
 from tests.conftest import Recorder, track
-from tests.infra.procs import free_port
+from tests.infra import tcp
+from tests.infra.procs import free_port, prefixpin_logs
+from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -91,14 +92,12 @@ def test_client_disconnect_closes_upstream_stream(serve: Callable[..., str], rec
     recorder.control(slow_chunks=200)  # ~10 s if read to the end
     with _http() as http, http.stream("POST", proxy + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
         next(r.iter_bytes())
-    deadline = time.monotonic() + 5
-    state = None
-    while time.monotonic() < deadline:
-        state = recorder.http.get("/_status").json()["stream_closed_early"]
-        if state is not None:
-            break
-        time.sleep(0.05)
-    assert state is True, "the upstream stream must be closed when the client goes away"
+
+    def closed_early() -> bool | None:  # None while the upstream's stream runs
+        return recorder.http.get("/_status").json()["stream_closed_early"]
+
+    wait_until(lambda: closed_early() is not None, timeout=5, message="the upstream's stream ended")
+    assert closed_early() is True, "the upstream stream must be closed when the client goes away"
     # The proxy keeps serving.
     recorder.control()
     with _http() as http:
@@ -176,6 +175,8 @@ def test_rewritten_request_keeps_every_other_value(serve: Callable[..., str], re
 def test_api_key_never_logged(
     serve: Callable[..., str], recorder: Recorder, log_dir: Path, write_config: Callable[[dict[str, Any]], Path]
 ) -> None:
+    last = '"GET /v1/models HTTP/1.1" 200'  # the access line of the last request
+    logged = prefixpin_logs(log_dir).count(last)
     proxy = serve(recorder.base, write_config({"log": {"level": "debug", "access": True}}))
     secret = "sk-SECRET-do-not-log-4242"
     with _http() as http:
@@ -183,7 +184,7 @@ def test_api_key_never_logged(
         http.post(proxy + "/v1/chat/completions", json=BODY, headers={"x-api-key": secret})
         http.get(proxy + "/v1/models", headers={"authorization": f"Bearer {secret}"})
     assert recorder.requests()[0]["headers"]["authorization"] == f"Bearer {secret}"  # forwarded, of course
-    time.sleep(0.2)
+    wait_until(lambda: prefixpin_logs(log_dir).count(last) > logged, message="the last request's access line")
     for log in log_dir.glob("prefixpin-*.log"):
         assert secret not in log.read_text(errors="replace")
 
@@ -205,12 +206,12 @@ def test_client_leaving_a_non_stream_request_cancels_it(serve: Callable[..., str
     recorder.control(delay_s=3)
     with _http() as http, pytest.raises(httpx.ReadTimeout):
         http.post(proxy + "/v1/chat/completions", json=BODY, timeout=0.5)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def with_a_499() -> str:
         metrics = httpx.get(proxy + "/metrics", trust_env=False).text
-        if 'status="499"} 1.0' in metrics:
-            break
-        time.sleep(0.1)
+        return metrics if 'status="499"} 1.0' in metrics else ""
+
+    metrics = wait_until(with_a_499, timeout=5, interval=0.1, message="a request counted with status 499")
     assert 'prefixpin_requests_total{role="root",route="chat_completions",status="499"} 1.0' in metrics
     recorder.control()
     with _http() as http:
@@ -258,7 +259,10 @@ class ClosesAfterEachAnswer:
                 (int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")), 0
             )
             while len(rest) < length:
-                rest += conn.recv(65536)
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                rest += chunk
             body = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
             conn.sendall(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\n"
@@ -273,13 +277,14 @@ def test_upstream_closing_kept_alive_connections_is_not_an_error(serve: Callable
     statuses, passthrough = [], []
     with _http() as http:
         for i in range(8):
-            # The upstream thread closes right after answering; under load it may lag
-            # by a few ms, and a request sent into that window is lost: not retried.
-            time.sleep(0.05)
             if i < 5:
                 statuses.append(http.post(proxy + "/v1/chat/completions", json=BODY).status_code)
             else:
                 passthrough.append(http.post(proxy + "/v1/embeddings", json={"input": "x"}).status_code)
+            # The upstream thread closes right after answering; under load it may lag,
+            # and a request sent into that window is lost: not retried.  So the next one
+            # goes once prefixpin's side of this connection has the FIN (CLOSE_WAIT).
+            wait_until(lambda: tcp.fin_received(upstream.port), timeout=5, message="the upstream's FIN arrived")
     assert statuses == [200] * 5 and passthrough == [200] * 3
     assert upstream.served == 8
     upstream.sock.close()

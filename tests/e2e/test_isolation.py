@@ -2,12 +2,13 @@
 per-tenant store bounds, bounded model labels.
 
 What another tenant's request receives is checked on the bytes the recording
-upstream got.
+upstream got.  No test waits between turns: the memory store has a turn before
+prefixpin reads the next request (proxy.handler); only a body of 1 MiB or more is
+recorded in a task, after its response.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ import yaml
 
 from tests import hermes
 from tests.conftest import Recorder, track
-from tests.infra.procs import start_prefixpin
+from tests.infra.procs import prefixpin_logs, start_prefixpin
+from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +83,6 @@ def test_another_tenant_never_gets_a_victims_system_or_tools(
     a_system = hermes.system_prompt(minute="02:30 PM", session="20260513_204511_aaaaaa", extra=secret_system)
     first = _post(marker_proxy, place, "sk-victim-AAAA", hermes.request(a_system, [USER1], _victim_tools(secret_tool)))
     lineage = first.headers["x-prefixpin-lineage"]
-    time.sleep(0.2)  # A's lineage and reply are recorded after its response
     history = [USER1, _reply(first)]
     b_system = hermes.system_prompt(minute="03:10 PM", session="20260514_091500_bbbbbb", skills=hermes.SKILLS_REVIEW)
     attempts: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
@@ -116,7 +117,6 @@ def test_the_same_key_in_another_place_is_another_tenant(marker_proxy: str, reco
     lineages only while it keeps sending its key the same way."""
     system = hermes.system_prompt(minute="02:30 PM")
     first = _post(marker_proxy, ("header", "x-goog-api-key"), "sk-same", hermes.request(system, [USER1]))
-    time.sleep(0.2)
     history = [USER1, _reply(first), {"role": "user", "content": "x"}]
     nxt = hermes.request(hermes.system_prompt(minute="02:31 PM"), history)
     again = _post(marker_proxy, ("header", "x-goog-api-key"), "sk-same", nxt)
@@ -132,18 +132,20 @@ def test_shared_anonymous_tenant_is_opt_in(
     continue each other, as before."""
     proxy = serve(recorder.base, write_config({"tenancy": {"anonymous": "shared"}}))
     first = _post(proxy, ("none", ""), "", hermes.request(hermes.system_prompt(minute="02:30 PM"), [USER1]))
-    time.sleep(0.2)
     history = [USER1, _reply(first), {"role": "user", "content": "next"}]
     second = _post(proxy, ("none", ""), "", hermes.request(hermes.system_prompt(minute="02:31 PM"), history))
     assert second.headers["x-prefixpin-role"] == "continuation"
     assert b"02:30 PM" in recorder.bodies()[-1]
 
 
-def test_two_4mb_requests_of_another_key_do_not_evict_a_lineage(serve: Callable[..., str], recorder: Recorder) -> None:
-    """The reported scenario, default config (memory store, 200k entries): two 4 MB
-    requests of many small messages from another key used to record a link per
-    message and push the victim's lineage out of the LRU."""
-    proxy = serve(recorder.base)
+def test_two_4mb_requests_of_another_key_do_not_evict_a_lineage(
+    serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
+) -> None:
+    """The reported scenario (memory store, 200k entries): two 4 MB requests of many
+    small messages from another key used to record a link per message and push the
+    victim's lineage out of the LRU.  ``limits.canonicalize_max_bytes`` is raised
+    past them: at its 4 MiB default they are forwarded unparsed and record nothing."""
+    proxy = serve(recorder.base, write_config({"limits": {"canonicalize_max_bytes": 8 * 2**20}}))
     victim = ("header", "authorization")
     first = _post(
         proxy,
@@ -151,13 +153,20 @@ def test_two_4mb_requests_of_another_key_do_not_evict_a_lineage(serve: Callable[
         "sk-victim",
         hermes.request(hermes.system_prompt(minute="02:30 PM"), [USER1], hermes.tools_full()),
     )
-    time.sleep(0.2)
     for n in range(2):
         flood = [{"role": "user", "content": f"{n}-{i:07d}"} for i in range(115_000)]
         body = hermes.request("You are a noisy neighbour.", flood)
         assert len(orjson.dumps(body)) > 4_000_000
-        _post(proxy, ("header", "authorization"), "sk-noisy", body)
-    time.sleep(0.5)  # the flood's records land after its responses
+        reply = _reply(_post(proxy, ("header", "authorization"), "sk-noisy", body))
+        # A body this big is recorded in a task, after its response: until the noisy key's
+        # next turn continues the flood, that is until the flood's record has landed.
+        nxt = hermes.request("You are a noisy neighbour.", [*flood, reply, {"role": "user", "content": "more"}])
+
+        def continues(nxt: dict[str, Any] = nxt) -> bool:
+            role = _post(proxy, ("header", "authorization"), "sk-noisy", nxt).headers["x-prefixpin-role"]
+            return role == "continuation"
+
+        wait_until(continues, timeout=30, interval=0.2, message="the flood's record landed")
     history = [USER1, _reply(first), {"role": "user", "content": "And now the tests?"}]
     second = _post(
         proxy,
@@ -194,6 +203,8 @@ def test_model_names_the_upstream_refused_take_no_label_slot(serve: Callable[...
 def test_query_keys_are_not_in_the_access_log(
     serve: Callable[..., str], recorder: Recorder, log_dir: Path, write_config: Callable[[dict[str, Any]], Path]
 ) -> None:
+    last = '"GET /v1/models?access_token=*** HTTP/1.1" 200'  # the access line of the last request
+    logged = prefixpin_logs(log_dir).count(last)
     proxy = serve(recorder.base, write_config({"log": {"level": "debug", "access": True}}))
     secret = "sk-QUERY-SECRET-do-not-log-77"
     http = track(httpx.Client(trust_env=False, timeout=30))
@@ -202,7 +213,7 @@ def test_query_keys_are_not_in_the_access_log(
         assert r.status_code == 200
         assert http.get(proxy + f"/v1/models?{param}={secret}").status_code == 200
     assert recorder.requests()[0]["query"] == f"api-version=1&key={secret}"  # forwarded, of course
-    time.sleep(0.3)
+    wait_until(lambda: prefixpin_logs(log_dir).count(last) > logged, message="the last request's access line")
     logs = "".join(log.read_text(errors="replace") for log in log_dir.glob("prefixpin-*.log"))
     assert "key=***" in logs and "access_token=***" in logs  # the access log ran and redacted
     assert secret not in logs

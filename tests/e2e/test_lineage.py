@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 
 from tests import hermes
 from tests.conftest import Recorder, track
+from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -263,7 +263,8 @@ def test_f_two_proxies_share_one_redis(serve: Callable[..., str], recorder: Reco
     env = {"PREFIXPIN_REDIS_URL": redis_url}
     first, second = serve(recorder.base, env=env), serve(recorder.base, env=env)
     parent = _create(_client(first), [_sys(), USER1], hermes.tools_full())
-    time.sleep(0.3)  # the parent is recorded after its response
+    # No wait: on a shared store (Redis) a turn is recorded before its response's last
+    # bytes (proxy.handler, record_first), so the other process finds the parent now.
     fork = _create(_client(second), _fork_messages([USER1, _reply(parent)]), hermes.tools_review())
     assert fork.headers["x-prefixpin-role"] == "fork"
     parent_body, fork_body = recorder.bodies()
@@ -284,10 +285,11 @@ def test_g_redis_stopped_and_restarted(
     history: list[dict[str, Any]] = [USER1]
     roles = []
 
-    def turn(minute: str) -> None:
+    def turn(minute: str) -> str:
         r = _create(client, [_sys(minute=minute), *history], hermes.tools_full())
         roles.append(r.headers["x-prefixpin-role"])
         history.extend([_reply(r), {"role": "user", "content": f"turn {len(roles)}"}])
+        return roles[-1]
 
     turn("02:30 PM")
     turn("02:31 PM")
@@ -298,10 +300,12 @@ def test_g_redis_stopped_and_restarted(
     assert set(roles[2:]) == {"fail-open"}
     assert httpx.get(proxy + "/readyz", trust_env=False).status_code == 503
     redis_proc(port)  # back, empty, on the same port, without restarting prefixpin
-    deadline = time.monotonic() + 15
-    while roles[-1] == "fail-open" and time.monotonic() < deadline:
-        time.sleep(0.3)
-        turn("02:40 PM")
+    wait_until(
+        lambda: turn("02:40 PM") != "fail-open",
+        timeout=15,
+        interval=0.3,
+        message="a turn that Redis, back, serves (not fail-open)",
+    )
     turn("02:41 PM")
     assert roles[-2] == "root" and roles[-1] == "continuation", roles
     assert len(recorder.bodies()) == len(roles), "no request was lost"

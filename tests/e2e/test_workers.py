@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import hermes
 from tests.conftest import track
 from tests.infra.procs import free_port, prefixpin_argv
+from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -121,16 +121,15 @@ def _kill_and_await_replacements(base: str, workers: set[int]) -> None:
     """SIGKILL every worker, then wait until two new ones serve."""
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def replaced() -> bool:
         try:
             fresh = _pids(base)
         except httpx.HTTPError:
-            fresh = set()
-        if len(fresh) == 2 and not fresh & workers:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the killed workers were not replaced within 60 s")
+            return False
+        return len(fresh) == 2 and not fresh & workers
+
+    wait_until(replaced, timeout=60, interval=0.2, message="two new workers serve in place of the killed ones")
 
 
 def test_a_killed_worker_is_replaced_and_the_lineages_are_still_there(
@@ -154,16 +153,14 @@ def _start(port: int, upstream: str, config: Path, log: Path) -> subprocess.Pope
 
 
 def _wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def serves() -> bool:
         assert proc.poll() is None, f"prefixpin exited with {proc.returncode}"
         try:
-            if httpx.get(base + "/healthz", timeout=2, trust_env=False).status_code == 200:
-                return
+            return httpx.get(base + "/healthz", timeout=2, trust_env=False).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("prefixpin did not serve within 30 s")
+            return False
+
+    wait_until(serves, timeout=30, interval=0.1, message="prefixpin serves /healthz")
 
 
 def _gone(pid: int) -> bool:
@@ -190,10 +187,7 @@ def test_the_port_is_not_shared_with_a_second_prefixpin_and_sigterm_stops_every_
         assert _pids(base) == workers  # still served by the first one's workers only
         first.send_signal(signal.SIGTERM)
         assert first.wait(30) == 0
-        deadline = time.monotonic() + 10
-        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert all(_gone(pid) for pid in workers)
+        wait_until(lambda: all(_gone(pid) for pid in workers), timeout=10, message="every worker stopped")
     finally:
         first.kill()
         first.wait()
@@ -211,10 +205,7 @@ def test_workers_stop_when_their_serve_process_is_killed(
         assert _serve_process(base) == proc.pid
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 30
-        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert all(_gone(pid) for pid in workers), "orphaned workers kept serving"
+        wait_until(lambda: all(_gone(pid) for pid in workers), timeout=30, message="orphaned workers kept serving")
     finally:
         proc.kill()
         proc.wait()

@@ -88,6 +88,35 @@ def read_response(sock: socket.socket, buf: bytearray) -> tuple[bytes, bytes]:
     return head, body
 
 
+def buffered_responses(sock: socket.socket) -> int:
+    """How many whole responses wait in ``sock``'s receive buffer, read by nobody: a
+    peek (MSG_PEEK), so a test can wait until a server has written its answers to a
+    client that reads nothing yet.  A response whose body ends at the close never
+    counts: it is not whole while the connection is open."""
+    try:
+        data = sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return 0
+    count = 0
+    while (end := data.find(b"\r\n\r\n")) >= 0:
+        head, rest = data[:end], data[end + 4 :]
+        lines = head.lower().split(b"\r\n")
+        if head.startswith((b"HTTP/1.1 1", b"HTTP/1.1 204", b"HTTP/1.1 304")):
+            size = 0
+        elif b"transfer-encoding: chunked" in lines:
+            last = rest.find(b"0\r\n\r\n")  # the framing read_response goes by
+            if last < 0:
+                break
+            size = last + 5
+        else:
+            length = next((int(x.split(b":")[1]) for x in lines if x.startswith(b"content-length:")), None)
+            if length is None or len(rest) < length:
+                break
+            size = length
+        count, data = count + 1, rest[size:]
+    return count
+
+
 def closed(sock: socket.socket, timeout: float = 5.0) -> bool:
     """Does the server close ``sock`` (EOF or reset) within ``timeout``, reading whatever it sends first?"""
     sock.settimeout(timeout)

@@ -9,13 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 
 from tests.infra import llama
+from tests.infra.wait import WaitTimeout, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,20 +57,27 @@ class Proc:
             return ""
 
     def wait_http(self, url: str, timeout: float = 60.0, ok: tuple[int, ...] = (200,)) -> None:
-        deadline = time.monotonic() + timeout
+        """Until ``url`` answers a status in ``ok``; RuntimeError if the process exits first
+        or after ``timeout``."""
         last: Any = None
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
+            nonlocal last
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
             try:
                 r = httpx.get(url, timeout=2, trust_env=False)
-                if r.status_code in ok:
-                    return
-                last = r.status_code
             except httpx.HTTPError as exc:
                 last = exc
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready at {url} after {timeout}s ({last}):\n{self.log_tail()}")
+                return False
+            last = r.status_code
+            return r.status_code in ok
+
+        try:
+            wait_until(answers, timeout=timeout, interval=0.1)
+        except WaitTimeout:
+            tail = self.log_tail()
+            raise RuntimeError(f"{self.name} not ready at {url} after {timeout}s ({last}):\n{tail}") from None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
         if self.alive():
@@ -83,6 +90,14 @@ class Proc:
                 self.popen.wait(timeout)
         if not self._log.closed:
             self._log.close()
+
+
+def prefixpin_logs(log_dir: Path) -> str:
+    """The output of every ``prefixpin serve`` of the session so far (``serve`` in
+    tests/conftest.py names their logs prefixpin-*).  With ``log.access`` on, a
+    request's access line is written once it is answered, after whatever the process
+    logged about it: a test waits for its last request's line before it reads them."""
+    return "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("prefixpin-*.log")))
 
 
 def prefixpin_argv(source: Path | None = None) -> list[str]:
@@ -164,13 +179,35 @@ def start_redis(log_dir: Path, port: int | None = None, name: str = "redis-serve
     port = port or free_port()
     argv = [redis_server_path(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = Proc(name, argv, log_dir)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
+        """Does *this* redis-server answer on ``port``?  (Another one may hold a port
+        that was free a moment ago: this one then exits, and its log says why.)"""
+        if not proc.alive():
+            raise RuntimeError(f"redis-server exited with {proc.popen.returncode}:\n{proc.log_tail()}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return proc, f"redis://127.0.0.1:{port}/0"
+            return _redis_pid(port) == proc.popen.pid
         except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"redis-server did not start:\n{proc.log_tail()}")
+            return False
+
+    try:
+        wait_until(answers, timeout=20, interval=0.05)
+    except WaitTimeout:
+        raise RuntimeError(f"redis-server did not start:\n{proc.log_tail()}") from None
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def _redis_pid(port: int) -> int | None:
+    """The ``process_id`` of the redis-server answering on ``port`` (``INFO server``)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        s.sendall(b"INFO server\r\n")
+        data = b""
+        while b"process_id:" not in data or not data.endswith(b"\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+    for line in data.split(b"\r\n"):
+        if line.startswith(b"process_id:"):
+            return int(line.split(b":", 1)[1])
+    return None

@@ -18,6 +18,7 @@ import httpx
 import yaml
 
 from tests.infra.procs import REPO, Proc, free_port
+from tests.infra.wait import wait_until
 
 DEPLOY_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 
@@ -89,29 +90,35 @@ class Prometheus:
 
     def wait_until(self, expr: str, want: float, timeout: float = 30.0) -> float:
         """Poll until ``expr`` evaluates to ``want``; returns the scrape time that showed it."""
-        deadline = time.monotonic() + timeout
         got: float | None = None
-        while time.monotonic() < deadline:
+
+        def shows() -> bool:
+            nonlocal got
             got = self.scalar(expr)
-            if got is not None and math.isclose(got, want):
-                return time.time()
-            time.sleep(0.2)
-        raise AssertionError(f"{expr} is {got}, not {want}, after {timeout}s")
+            return got is not None and math.isclose(got, want)
+
+        wait_until(shows, timeout=timeout, interval=0.2, message=lambda: f"{expr} is {got}, not {want}")
+        return time.time()
 
     def wait_scrapes_after(self, jobs: list[str], after: float, count: int = 1, timeout: float = 30.0) -> None:
         """Wait until every job has ``count`` scrapes that started after ``after`` (unix seconds)."""
         deadline = time.monotonic() + timeout
         for job in jobs:
-            seen = 0
-            last = after
-            while seen < count:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"prometheus did not scrape {job} {count}x after {after}")
+            seen, last = 0, after
+
+            def scraped(job: str = job) -> bool:
+                nonlocal seen, last
                 ts = self.scrape_timestamp(job)
                 if ts > last:
                     seen, last = seen + 1, ts
-                else:
-                    time.sleep(0.2)
+                return seen >= count
+
+            wait_until(
+                scraped,
+                timeout=max(deadline - time.monotonic(), 0),
+                interval=0.2,
+                message=f"prometheus scraped {job} {count}x after {after}",
+            )
 
     def close(self) -> None:
         self.http.close()

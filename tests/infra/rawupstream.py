@@ -64,7 +64,10 @@ class Conn:
         ]
         req = RawRequest(line, headers, b"")
         if (req.header("transfer-encoding") or "").lower() == "chunked":
-            req.body = self._read_chunked()
+            body = self._read_chunked()
+            if body is None:
+                return None
+            req.body = body
         else:
             length = int(req.header("content-length") or 0)
             while len(self._buf) < length:
@@ -77,15 +80,20 @@ class Conn:
             self.upstream.requests.append(req)
         return req
 
-    def _read_chunked(self) -> bytes:
+    def _read_chunked(self) -> bytes | None:
+        """The chunked body, or None when the peer closed mid-body."""
         body = b""
         while True:
             while b"\r\n" not in self._buf:
-                self._buf += self._recv()
+                if not (data := self._recv()):
+                    return None
+                self._buf += data
             size_line, _, self._buf = self._buf.partition(b"\r\n")
             size = int(size_line.split(b";")[0], 16)
             while len(self._buf) < size + 2:
-                self._buf += self._recv()
+                if not (data := self._recv()):
+                    return None
+                self._buf += data
             body += self._buf[:size]
             self._buf = self._buf[size + 2 :]
             if size == 0:

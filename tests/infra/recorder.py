@@ -61,7 +61,7 @@ async def _preamble(request: Request) -> tuple[bytes, dict[str, Any], Response |
     _record(request, raw)
     ctl = STATE["control"]
     if ctl.get("delay_s"):
-        await asyncio.sleep(float(ctl["delay_s"]))
+        await asyncio.sleep(float(ctl["delay_s"]))  # a slow upstream, as told: not a wait
     if ctl.get("status"):
         return (
             raw,
@@ -116,7 +116,7 @@ async def chat(request: Request) -> Response:
             try:
                 for i in range(int(ctl["slow_chunks"])):
                     yield _sse({**chunk, "choices": [{"index": 0, "delta": {"content": f"{i} "}}]})
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # the pace of a slow upstream: not a wait
                 finished = True
             finally:
                 STATE["stream_closed_early"] = not finished
@@ -321,7 +321,7 @@ async def chunks(request: Request) -> Response:
     async def gen() -> AsyncIterator[bytes]:
         for i in range(n):
             yield f"chunk {i}\n".encode()
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # the pace the client asked for: not a wait
 
     return StreamingResponse(gen(), media_type="text/plain")
 

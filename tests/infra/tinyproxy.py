@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import shutil
 import socket
-import time
 from pathlib import Path
 
 from tests.infra.procs import Proc, free_port
+from tests.infra.wait import WaitTimeout, wait_until
 
 
 def tinyproxy_path() -> str:
@@ -38,17 +38,21 @@ class Tinyproxy:
             lines.append(f"BasicAuth {user} {password}")
         conf.write_text("\n".join(lines) + "\n")
         self.proc = Proc(f"tinyproxy-{self.port}", [tinyproxy_path(), "-d", "-c", str(conf)], folder)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or not self.proc.alive():
-                    raise RuntimeError(f"tinyproxy did not start:\n{self.proc.log_tail()}") from None
-                time.sleep(0.05)
+        try:
+            wait_until(self._listens, timeout=10, interval=0.05)
+        except WaitTimeout:
+            raise RuntimeError(f"tinyproxy did not start:\n{self.proc.log_tail()}") from None
         auth = f"{user}:{password}@" if user is not None else ""
         self.url = f"http://{auth}127.0.0.1:{self.port}"
+
+    def _listens(self) -> bool:
+        if not self.proc.alive():
+            raise RuntimeError(f"tinyproxy exited with {self.proc.popen.returncode}:\n{self.proc.log_tail()}")
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+        return True
 
     def log_text(self) -> str:
         try:

@@ -4,11 +4,11 @@ every route refused the same way, a 503 with Retry-After in the OpenAI shape."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
 
+from tests.infra.wait import wait_until
 from tests.proxy.test_watch import SlowUpstream, served
 
 
@@ -24,9 +24,7 @@ def test_a_request_past_the_limit_is_503_on_every_route(path: str) -> None:
 
             holder = threading.Thread(target=hold)
             holder.start()
-            deadline = time.monotonic() + 5
-            while not slow.up.requests and time.monotonic() < deadline:  # until it is in flight
-                time.sleep(0.01)
+            wait_until(lambda: slow.up.requests, timeout=5, message="the first request is in flight")
             r = httpx.post(base + path, json={"model": "m", "messages": []}, timeout=5)
             holder.join()
             assert r.status_code == 503, r.text

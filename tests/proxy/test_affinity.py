@@ -15,6 +15,7 @@ from proxy.app import create_app
 from proxy.config import from_mapping
 from proxy.store.memory import MemoryStore
 from tests import hermes
+from tests.infra.wait import wait_until
 
 POOL = ["http://r0.test", "http://r1.test", "http://r2.test"]
 
@@ -136,6 +137,16 @@ def test_passthrough_goes_round_robin() -> None:
 
 
 # -- the replica that served a lineage is recorded with it, and preferred -----------------
+RETRY_S = 0.01  # affinity.retry_after_s of these tests
+
+
+def _past_retry_after(refused_before: float) -> None:
+    """Until a replica refused before ``refused_before`` (time.monotonic) is healthy
+    again: the pool marks it down until its clock (time.monotonic, not injectable
+    through create_app) reads the refusal's time plus retry_after_s."""
+    wait_until(lambda: time.monotonic() >= refused_before + RETRY_S, interval=0.001, message="past retry_after_s")
+
+
 def _settle(client: TestClient) -> None:
     """Wait until the records of the requests so far are written (they are written
     after the response, off the request's path)."""
@@ -147,15 +158,16 @@ def _settle(client: TestClient) -> None:
 def test_a_lineage_moved_by_failover_stays_where_it_moved() -> None:
     up = Replicas()
     turns = _turns("m", 3)
-    with _client(up, retry_after_s=0.01) as client:
+    with _client(up, retry_after_s=RETRY_S) as client:
         home = client.post("/v1/chat/completions", json=turns[0]).headers["x-prefixpin-replica"]
         _settle(client)
         up.refuse.add(f"r{home}.test")
         moved = client.post("/v1/chat/completions", json=turns[1]).headers["x-prefixpin-replica"]
+        refused = time.monotonic()
         assert moved != home
         _settle(client)
         up.refuse.clear()
-        time.sleep(0.05)  # past retry_after_s: the old home is healthy again
+        _past_retry_after(refused)  # the old home is healthy again
         r = client.post("/v1/chat/completions", json=turns[2])
         assert r.headers["x-prefixpin-role"] == "continuation"
         assert r.headers["x-prefixpin-replica"] == moved  # its prefix is cached there now
@@ -166,7 +178,7 @@ def test_processes_sharing_a_store_follow_a_diverted_lineage() -> None:
     still points at the old home, but B reads the replica in the lineage's record."""
     up = Replicas()
     store = MemoryStore(ttl_s=600)
-    cfg = from_mapping({"upstream": {"pool": POOL}, "affinity": {"retry_after_s": 0.01}})
+    cfg = from_mapping({"upstream": {"pool": POOL}, "affinity": {"retry_after_s": RETRY_S}})
     auth = {"authorization": "Bearer sk-test"}
     a = TestClient(create_app(cfg, transport=up, store=store), headers=auth)
     b = TestClient(create_app(cfg, transport=up, store=store), headers=auth)
@@ -176,9 +188,10 @@ def test_processes_sharing_a_store_follow_a_diverted_lineage() -> None:
         _settle(a)
         up.refuse.add(f"r{home}.test")
         moved = a.post("/v1/chat/completions", json=turns[1]).headers["x-prefixpin-replica"]
+        refused = time.monotonic()
         _settle(a)
         up.refuse.clear()  # B never saw it refuse; A retries it after retry_after_s
-        time.sleep(0.05)
+        _past_retry_after(refused)
         got = []
         for client, body in ((b, turns[2]), (a, turns[3])):
             r = client.post("/v1/chat/completions", json=body)
@@ -192,15 +205,16 @@ def test_a_fork_goes_to_its_parents_recorded_replica() -> None:
     up = Replicas()
     system = hermes.system_prompt()
     history: list[dict[str, Any]] = [{"role": "user", "content": "List the files."}]
-    with _client(up, retry_after_s=0.01) as client:
+    with _client(up, retry_after_s=RETRY_S) as client:
         home = client.post("/v1/chat/completions", json=hermes.request(system, history, hermes.tools_full()))
         _settle(client)
         up.refuse.add(f"r{home.headers['x-prefixpin-replica']}.test")
         history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "And the tests?"}]
         moved = client.post("/v1/chat/completions", json=hermes.request(system, history, hermes.tools_full()))
+        refused = time.monotonic()
         _settle(client)
         up.refuse.clear()
-        time.sleep(0.05)
+        _past_retry_after(refused)
         review = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Review it."}]
         fork = client.post(
             "/v1/chat/completions", json=hermes.request(hermes.system_prompt(), review, hermes.tools_review())

@@ -14,6 +14,7 @@ from canonicalize.lineage import LINKS_PER_KEY
 from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
+from tests.infra.wait import wait_until_async
 
 
 class Clock:
@@ -319,7 +320,16 @@ def test_redis_expired_entries_leave_the_tenant_index(redis_url: str) -> None:
         await s.record("A", LineageRecord(id="a"), L[:3], {"h": bytes(500)}, [])
         assert await s._redis.zcard("pp:{A}:i") == 5
         assert await s._redis.hget("pp:{A}:s", "") == b"500"
-        await asyncio.sleep(1.2)  # Redis's own clock: the TTL cannot be injected
+        # Redis's own clock runs the TTL (it cannot be injected): wait until it is past
+        # the TTL of the newest entry, as the store's own script measures it (the index
+        # scores each entry by the time of its write, in microseconds).
+        newest = max(score for _, score in await s._redis.zrange("pp:{A}:i", 0, -1, withscores=True))
+
+        async def expired() -> bool:
+            seconds, micros = await s._redis.time()
+            return seconds * 1_000_000 + micros >= newest + 1_000_000  # ttl_s=1
+
+        await wait_until_async(expired, timeout=5, message="Redis's clock past the entries' TTL")
         await s.record("A", LineageRecord(id="b"), L[4:5], {}, [])
         assert await s._redis.zcard("pp:{A}:i") == 2
         assert await s._redis.hget("pp:{A}:s", "") == b"0"

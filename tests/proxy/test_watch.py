@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from proxy.config import from_mapping
 from proxy.watch import WATCH, ClientGone, ClientWatch
 from tests.infra import rawupstream as raw
 from tests.infra.front import serving
+from tests.infra.wait import wait_until
 
 
 async def _never() -> dict[str, Any]:
@@ -36,10 +36,10 @@ def test_the_servers_callback_cancels_only_an_armed_wait() -> None:
             await asyncio.sleep(0)  # nothing happened: the region runs through
         asyncio.get_running_loop().call_later(0.01, told[0])
         with pytest.raises(ClientGone), watch:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # the work the client's leaving interrupts
         task = asyncio.current_task()
         assert task is not None and task.cancelling() == 0  # the cancellation was ours, and consumed
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a cancellation still pending would be thrown in here
         with pytest.raises(ClientGone), watch:  # gone: the region does not start
             raise AssertionError("not reached")
         watch.close()
@@ -52,7 +52,9 @@ def test_a_client_gone_while_unarmed_cancels_nothing() -> None:
         told: list[Any] = []
         watch = ClientWatch({"extensions": {WATCH: told.append}}, _never)
         told[0]()
-        await asyncio.sleep(0.01)  # not cancelled: no region was armed
+        # Not cancelled: no region was armed.  The watch cancels at once (Task.cancel), and
+        # a cancelled task gets it at its next await: this one.
+        await asyncio.sleep(0)
         assert watch.gone
         with pytest.raises(ClientGone), watch:
             pass
@@ -63,7 +65,7 @@ def test_a_client_gone_while_unarmed_cancels_nothing() -> None:
 def test_a_wait_that_turns_the_cancellation_into_another_error_is_still_client_gone() -> None:
     async def wait() -> None:
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # the work the client's leaving interrupts
         except asyncio.CancelledError:
             raise OSError("a library's own idea of being interrupted") from None
 
@@ -75,20 +77,23 @@ def test_a_wait_that_turns_the_cancellation_into_another_error_is_still_client_g
             await wait()
         task = asyncio.current_task()
         assert task is not None and task.cancelling() == 0
-        await asyncio.sleep(0.01)  # and nothing is pending for the task
+        await asyncio.sleep(0)  # and nothing is pending for the task: it would be thrown in here
 
     asyncio.run(main())
 
 
 def test_a_cancellation_that_is_not_the_clients_passes_through() -> None:
+    armed = asyncio.Event()
+
     async def main() -> None:
         watch = ClientWatch({"extensions": {WATCH: lambda cb: None}}, _never)
         with watch:
-            await asyncio.sleep(30)
+            armed.set()
+            await asyncio.sleep(30)  # the work someone else cancels
 
     async def outer() -> None:
         task = asyncio.ensure_future(main())
-        await asyncio.sleep(0.01)
+        await armed.wait()  # the task waits inside the armed region
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -107,7 +112,7 @@ def test_without_the_servers_extension_receive_is_watched() -> None:
         watch = ClientWatch({}, receive)
         asyncio.get_running_loop().call_later(0.01, left.set)
         with pytest.raises(ClientGone), watch:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # the work the client's leaving interrupts
         watch.close()
 
     asyncio.run(main())
@@ -182,12 +187,12 @@ def test_a_client_that_leaves_releases_the_upstream_connection(stream: bool, pat
                 if stream:
                     seen = b""
                     while EVENT not in seen:  # the stream is flowing
-                        seen += s.recv(65536)
+                        chunk = s.recv(65536)
+                        assert chunk, "prefixpin closed the connection"  # else this loop would spin
+                        seen += chunk
                     assert seen.count(b"content-type: text/event-stream") == 1
-                else:
-                    deadline = time.monotonic() + 5
-                    while not slow.up.requests and time.monotonic() < deadline:
-                        time.sleep(0.01)  # until the upstream has the request and is "generating"
+                else:  # until the upstream has the request and is "generating"
+                    wait_until(lambda: slow.up.requests, timeout=5, message="the upstream has the request")
             assert slow.closed_early.wait(5), "the upstream connection must be closed when the client leaves"
             with httpx.Client(trust_env=False, timeout=30) as http:
                 r = http.post(base + path, json={"model": "m", "messages": []})

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from proxy.front import Limits
-from tests.infra.front import closed, read_response, serving
+from tests.infra.front import buffered_responses, closed, read_response, serving
+from tests.infra.wait import wait_until
 
 
 class Echo:
@@ -91,7 +92,7 @@ def test_a_body_sent_in_pieces_is_served_once_whole(app: Echo, port: int) -> Non
     with _connect(port) as sock:
         for i in range(0, len(raw), 3000):
             sock.sendall(raw[i : i + 3000])
-            time.sleep(0.01)
+            time.sleep(0.01)  # a slow client on purpose: each piece arrives on its own
         read_response(sock, bytearray())
     assert [b for _, b in app.seen] == [b"0123456789" * 1000]
 
@@ -99,7 +100,8 @@ def test_a_body_sent_in_pieces_is_served_once_whole(app: Echo, port: int) -> Non
 def test_pipelined_requests_are_answered_in_order_even_to_a_slow_reader(app: Echo, port: int) -> None:
     with _connect(port) as sock:
         sock.sendall(_post(b"first") + _post(b"second", path=b"/other") + _post(b"third"))
-        time.sleep(0.3)  # read nothing until all three are answered
+        # Read nothing until all three are answered (peeked at in the receive buffer).
+        wait_until(lambda: buffered_responses(sock) == 3, timeout=5, message="three answers written, none read")
         buf = bytearray()
         replies = [read_response(sock, buf)[1] for _ in range(3)]
     assert replies == [
@@ -203,7 +205,7 @@ def test_when_every_connection_is_busy_a_new_one_gets_503() -> None:
         busy = [_connect(port) for _ in range(2)]
         for s in busy:
             s.sendall(_post(b"{}"))
-        _wait(lambda: len(server.tasks) == 2)
+        wait_until(lambda: len(server.tasks) == 2, timeout=5, interval=0.01, message="both requests are served")
         with _connect(port) as sock:
             head, body = read_response(sock, bytearray())
             assert head.startswith(b"HTTP/1.1 503") and b"max_connections" in body
@@ -298,7 +300,9 @@ def test_a_head_request_gets_the_head_only(port: int) -> None:
         buf = bytearray()
         sock.settimeout(5)
         while b"\r\n\r\n" not in buf:
-            buf += sock.recv(65536)
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"  # else this loop would spin
+            buf += chunk
         head, _, rest = bytes(buf).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and b"content-length: 18" in head  # "HEAD /v1/models 0 "
         buf = bytearray(rest)
@@ -366,13 +370,8 @@ def test_a_served_request_leaves_no_cycle_for_the_garbage_collector() -> None:
             for _ in range(4):
                 sock.sendall(_post(b'{"messages": []}'))
                 assert read_response(sock, buf)[0].startswith(b"HTTP/1.1 200 OK")
-            _wait(lambda: all(m() is None for m in marks[:3]))
+            wait_until(
+                lambda: all(m() is None for m in marks[:3]), timeout=5, interval=0.01, message="the scopes are freed"
+            )
     finally:
         gc.enable()
-
-
-def _wait(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import httpx
 import pytest
@@ -17,6 +16,8 @@ from proxy.upstream.connections import Connections
 from proxy.upstream.message import Request, Response, Timeouts
 from proxy.upstream.target import Base, climbs
 from tests.infra import rawupstream as raw
+from tests.infra import tcp
+from tests.infra.wait import wait_until, wait_until_async
 
 
 def _request(url: str, method: str = "POST", content: bytes = b"{}") -> Request:
@@ -55,9 +56,11 @@ def test_a_pooled_connection_the_upstream_closed_is_not_used(loop: str) -> None:
                 r = await transport.send(_request(up.url))
                 await r.read()
                 statuses.append(r.status)
-                assert closed.wait(5)  # blocking: the loop does not run, so it cannot see the FIN
+                assert closed.wait(5)
                 closed.clear()
-                time.sleep(0.05)
+                # Blocking, so the loop does not run and cannot see the FIN: until the FIN is
+                # in this side's kernel (the connection in CLOSE_WAIT).
+                wait_until(lambda: tcp.fin_received(up.port), timeout=5, interval=0.001, message="the FIN arrived")
         finally:
             await transport.aclose()
         return statuses
@@ -80,13 +83,17 @@ def test_a_request_reset_after_it_was_sent_is_not_resent() -> None:
             with pytest.raises(UpstreamReset) as info:
                 await client.send("PUT", "/v1/x", "", [], b"{}")  # a general client would resend a PUT
             assert not info.value.never_sent
+            # A resend would have gone out, on a new connection, before the error came
+            # back; the marker's connection is accepted after it.  Once the upstream has
+            # read the marker, it has counted every connection a resend could have used.
+            with pytest.raises(UpstreamReset):
+                await client.send("PUT", "/v1/x", "", [], b'"marker"')
         finally:
             await client.aclose()
 
     try:
         asyncio.run(main())
-        time.sleep(0.2)
-        assert len(up.requests) == 1
+        assert up.connections == 2 and [r.body for r in up.requests] == [b"{}", b'"marker"']
     finally:
         up.close()
 
@@ -256,7 +263,14 @@ def test_bytes_after_a_complete_response_are_not_the_clients_and_the_connection_
             for _ in range(3):
                 r = await transport.send(_request(up.url))
                 assert await r.read() == b"{}"
-                await asyncio.sleep(0.05)  # the extra bytes arrive while the connection is idle, if not before
+                # The extra bytes came with the answer: the connection is dropped, at once or
+                # when the loop sees them on the idle connection.
+                await wait_until_async(
+                    lambda: all(c.closed for p in transport._pools.values() for c in p.idle),
+                    timeout=5,
+                    interval=0.005,
+                    message="no idle connection left open",
+                )
             assert all(not p.idle for p in transport._pools.values()) or all(
                 c.closed for p in transport._pools.values() for c in p.idle
             )
@@ -296,7 +310,7 @@ def test_a_status_http_does_not_have_is_a_protocol_error(status: int) -> None:
 def test_a_read_timeout_is_a_504() -> None:
     def script(conn: raw.Conn) -> None:
         if conn.read_request() is not None:
-            time.sleep(2)
+            conn.hang(2)  # a slow upstream: no answer for 2 s, the client waits 0.3 s
 
     up = raw.RawUpstream(script)
 
