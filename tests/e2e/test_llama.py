@@ -87,7 +87,9 @@ def test_memory_counter_change_hits_cache_only_through_prefixpin(
 def test_streaming_without_usage_gets_no_usage_chunk(llama_server: str, serve: Callable[..., str]) -> None:
     proxy = serve(llama_server)
     client = _client(proxy)
-    chunks = list(client.chat.completions.create(model="tiny", messages=_messages(49, "02:30 PM"), stream=True))
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=_messages(49, "02:30 PM"), stream=True, max_tokens=8)
+    )
     assert chunks, "the stream must carry chunks"
     assert all(c.usage is None for c in chunks)
     assert all(c.choices for c in chunks), "the usage-only chunk prefixpin asked for must not reach the client"

@@ -188,7 +188,9 @@ def test_a_header_flood_is_431_and_costs_no_memory(log_dir: Path, upstream: Any)
             except OSError:
                 pass
             head, _ = read_response(sock, bytearray()) if sent < 96 << 20 else (b"", b"")
-        assert sent < 1 << 20, "the head was read far past the limit"
+        # What the kernel buffers on both sides (a few MiB on loopback) is all the client
+        # gets to send: the server stops reading at the limit, answers and closes.
+        assert sent < 24 << 20, "the head was read far past the limit"
         assert head.startswith(b"HTTP/1.1 431"), head
         assert _rss_kb(pid) - before < 20_000  # KiB
         assert up.requests == []

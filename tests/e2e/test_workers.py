@@ -76,8 +76,10 @@ def _requests_total(http: httpx.Client) -> float:
 
 
 @pytest.fixture
-def workers_config(write_config: Callable[[dict[str, Any]], Path], redis_url: str) -> Path:
-    return write_config({"listen": {"workers": 2}, "store": {"backend": "redis", "redis_url": redis_url}})
+def workers_config(write_config: Callable[[dict[str, Any]], Path], redis_proc: Callable[..., Any]) -> Path:
+    """Two workers on a Redis of this test's own (another test's lineages are not in it)."""
+    _, url = redis_proc()
+    return write_config({"listen": {"workers": 2}, "store": {"backend": "redis", "redis_url": url}})
 
 
 def test_a_lineage_continues_on_whichever_worker_serves_it(
@@ -103,7 +105,8 @@ def test_a_lineage_continues_on_whichever_worker_serves_it(
     assert usage.prompt_tokens_details.cached_tokens > 0  # the pinned prefix hit llama-server's cache
 
     # /metrics is every worker's: both connections see all three requests.
-    assert _requests_total(a) == _requests_total(b) == 3
+    # (each worker counts a response a moment after it: DRAIN_S)
+    wait_until(lambda: _requests_total(a) == _requests_total(b) == 3, message="every worker's /metrics sums all three")
 
 
 def _pids(base: str) -> set[int]:
