@@ -12,6 +12,8 @@ from canonicalize.bodies import Kept
 from canonicalize.edits import AddMember, Op, render
 from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
+from canonicalize.learn import Learned, Plan
+from canonicalize.learn import Span as LearnedSpan
 from canonicalize.lineage import (
     CANDIDATES,
     LINKS_PER_KEY,
@@ -50,12 +52,15 @@ __all__ = [
     "ForkPolicy",
     "JsonDoc",
     "Kept",
+    "Learned",
+    "LearnedSpan",
     "LineageRecord",
     "Lookup",
     "Memos",
     "Op",
     "Outcome",
     "Pack",
+    "Plan",
     "Prediction",
     "Prepared",
     "Reply",

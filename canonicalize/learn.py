@@ -1,0 +1,406 @@
+"""Learning an agent's volatile spans from its own traffic (SPEC section 2d).
+
+Packs know seven agents.  Any other agent shows its volatile spans itself: a
+request that continues a recorded conversation of its tenant, yet whose system
+text differs from what that lineage forwarded, is the agent rendering the same
+prompt again with fresh values.  The two texts are compared
+(:mod:`canonicalize.textdiff`) and each changed span is classed
+(:mod:`canonicalize.values`): ``time``, ``date``, ``uuid``, ``hex_id``,
+``counter`` or ``other``.
+
+``canonicalize.learn`` says what becomes of them:
+
+- ``suggest`` (the default): nothing the request forwards changes, nor its role;
+  the spans are counted and each new pattern is logged once with a rule;
+- ``pin``: the request continues the lineage, and every span of a class but
+  ``other`` gets the value the lineage forwarded (its first one), as a ``pin``
+  rule would; for ``time`` and ``date`` the model is told the current value in a
+  note, as a ``date`` rule does (:mod:`canonicalize.notes`).  The edits are named
+  ``learned.<class>``.  ``other`` changes reach the upstream as sent;
+- ``off``: nothing of this runs.
+
+Safety.  Which requests learn (:func:`learn_plan`): a continuation whose system text
+is not the lineage's, or a root whose history extends a recorded request of the
+same tenant *whole* (its every message, then a reply: two sessions that merely
+share a first message are two roots) with the same session identity (hermes'
+``Session ID``, the agents' session headers; a different one is another
+session).  Among the lineages it could continue, the one whose text differs
+least is taken: a session's own previous turn differs by its per-turn values,
+another session's also by its session's values.  A request whose text kept less
+than ``MIN_KEPT`` of the lineage's outside its ``other`` changes is a different
+prompt: nothing is learned from it.  Every span is short (``values.MAX_VALUE``),
+a value inside an edited line is ``other``, and the rule a span suggests is its
+generalized shape with its context (``Request-Id: (?P<v>[0-9a-f]{8}-…)``),
+never the value.  Nothing here crosses tenants: the store's lookups and blobs
+are the tenant's own.
+
+Cost: an agent whose system text comes back as the lineage forwarded it (the
+packs' spans masked) never reaches this module; a request that does costs one
+store call for the recorded text and the comparison.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from canonicalize import pins, textdiff, values
+from canonicalize.analysis import Prepared
+from canonicalize.lineage import Decision, ForkPolicy, LineageRecord, Lookup, fork_signal
+from canonicalize.ruleset import LearnMode
+from canonicalize.wire.base import Exchange, Slot
+
+Mode = LearnMode
+MODES: tuple[Mode, ...] = ("off", "suggest", "pin")
+CLASSES = values.CLASSES
+PINNED = CLASSES[:-1]  # every class but other
+REWRITES = tuple(f"learned.{c}" for c in PINNED)
+MIN_KEPT = 0.5  # share of the lineage's text a request must keep outside its "other" changes
+MAX_SPANS = 64  # value changes in one request: more is a different prompt, not fresh values
+# Lineages a request is compared with, deepest first: its session's previous turn, and
+# others whose history it extends as far (another session with the same messages).
+CANDIDATES = 3
+CONTEXT = 32  # characters of a span's line a rule keeps as its context (at least)
+SEP = "\n\x1e\n"  # between a request's system texts when they are compared as one
+TOLD = ("time", "date")  # classes whose current value the model is told in a note
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One changed span: its class, where it is, and the rule that would pin it.
+
+    ``old`` and ``new`` are the values (never logged); ``pattern`` is the rule's
+    regex, the span in its group ``v`` (None for ``other``: no rule pins it),
+    ``name`` a rule name from its context, ``scope`` ``system`` or ``tools``."""
+
+    cls: str
+    scope: str
+    old: str
+    new: str
+    pattern: str | None = None
+    name: str = ""
+
+    @property
+    def action(self) -> str:
+        return "date" if self.cls in TOLD else "pin"
+
+    def rule(self) -> dict[str, str]:
+        """The rule (a ``canonicalize.rules`` entry) that pins this span."""
+        return {"name": self.name, "pattern": self.pattern or "", "action": self.action, "scope": self.scope}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Which lineages a request may learn from, and the blobs that takes."""
+
+    candidates: tuple[tuple[LineageRecord, int], ...]  # (record, depth), deepest and most recent first
+    refs: tuple[str, ...]
+    decided: bool  # the decision already continues the one candidate (its text changed)
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What a request learned, and (``pin``) what it forwards because of it."""
+
+    spans: tuple[Span, ...]  # every change found, ``other`` included
+    decision: Decision  # the decision to finalize (``pin``: it continues ``parent``)
+    lookup: Lookup  # the lookup to finalize with (``pin``: as deep as the parent is)
+    pin: bool = False  # the pins below apply
+    base: tuple[str, ...] = ()  # the system texts after the lineage's pack pins, which ``texts`` pin
+    texts: tuple[str, ...] = ()  # the system texts to forward
+    told: tuple[str, ...] = ()  # time / date values the model is told
+    tools: bytes | None = None  # the lineage's tools[] to forward (their descriptions' spans pinned)
+
+
+def learn_plan(prep: Prepared, lookup: Lookup, decision: Decision, policy: ForkPolicy) -> Plan | None:
+    """The lineages ``prep`` may learn from (module docstring), or None: nothing to learn.
+    Pure and cheap: it only compares what the lookup and the analysis found."""
+    sig = prep.signals
+    parent = decision.parent
+    if decision.role == "continuation" and parent is not None:
+        if parent.kind != "root":
+            return None
+        system = sig.skeleton != parent.skeleton and parent.system_ref is not None
+        tools = _tools_changed(prep, parent)
+        if not (system or tools):
+            return None
+        wanted = (parent.system_ref if system else None, parent.tools_ref if tools else None)
+        return Plan(((parent, lookup.depth),), tuple(r for r in wanted if r is not None), True)
+    if decision.role != "root" or not lookup.depth:
+        return None
+    found: list[tuple[LineageRecord, int]] = []
+    for i, rec in enumerate(lookup.candidates):
+        depth = lookup.depth_of(i)
+        if _extends(prep, rec, depth):
+            found.append((rec, depth))
+            if len(found) == CANDIDATES:
+                break
+    if not found:
+        return None
+    refs: list[str] = []
+    for rec, _ in found:
+        for ref in (rec.system_ref, rec.tools_ref if _tools_changed(prep, rec) else None):
+            if ref is not None and ref not in refs:
+                refs.append(ref)
+    return Plan(tuple(found), tuple(refs), False)
+
+
+def _extends(prep: Prepared, rec: LineageRecord, depth: int) -> bool:
+    """``prep`` replays ``rec``'s last request whole, then a reply (recorded or not),
+    in the same session identity."""
+    sig = prep.signals
+    if rec.kind != "root" or rec.system_ref is None or sig.identity != rec.identity:
+        return False
+    if sig.first_assistant is None or sig.first_assistant > depth:
+        return False
+    return depth >= (rec.fingerprint.n_messages if rec.fingerprint is not None else depth + 1)
+
+
+def _tools_changed(prep: Prepared, rec: LineageRecord) -> bool:
+    return prep.tools is not None and rec.tools_ref is not None and prep.tools.meaning != rec.tools_meaning
+
+
+def learn_spans(
+    prep: Prepared,
+    lookup: Lookup,
+    decision: Decision,
+    plan: Plan,
+    blobs: dict[str, bytes],
+    mode: Mode,
+    policy: ForkPolicy,
+) -> Learned | None:
+    """What ``prep`` learns from the lineages of ``plan`` (their blobs in ``blobs``): the
+    spans, and with ``mode`` ``pin`` the decision and the pins to finalize with."""
+    scored: list[tuple[tuple[int, int], int, LineageRecord, _Compared | None]] = []
+    for rec, depth in plan.candidates:
+        compared = _compare(prep, rec, blobs)
+        if compared is None and not plan.decided:
+            continue
+        found = compared.diff if compared is not None else textdiff.Diff((), 1.0)
+        scored.append(((len(found.others), len(found.values)), depth, rec, compared))
+    if not scored:
+        return None
+    # The lineage whose text differs least (another session's differs by its own values
+    # too), then the deepest; two lineages alike in both are two sessions this request
+    # cannot tell apart: it learns, but continues neither.
+    scored.sort(key=lambda x: (x[0], -x[1]))  # stable: the lookup's order among equals
+    best = (scored[0][0], scored[0][2], scored[0][1], scored[0][3])
+    ambiguous = len(scored) > 1 and scored[1][0] == scored[0][0] and scored[1][1] == scored[0][1]
+    _, rec, depth, compared = best
+    system = compared.spans() if compared is not None else ()
+    tools = _tools(prep, rec, blobs)
+    spans = system + (tools[0] if tools is not None else ())
+    if not spans:
+        return None
+    keep = Learned(spans, decision, lookup)
+    system_pins = [s for s in system if s.cls != "other"]
+    if mode != "pin":
+        return keep
+    if not plan.decided:
+        if compared is None or not system_pins or ambiguous:
+            return keep  # nothing tells this request continues that lineage (or that one alone)
+        narrowed = Lookup(depth, (rec,), lookup.declared, (depth,))
+        signal = fork_signal(prep.signals.at_depth(depth), rec, depth, policy)
+        if signal is not None:  # a fork that started like its parent but for fresh values
+            return keep if compared.diff.others else Learned(spans, Decision("fork", rec, signal), narrowed)
+        decision, lookup = Decision("continuation", rec), narrowed
+    tool_pins = [s for s in tools[0] if s.cls != "other"] if tools is not None and tools[1] is not None else []
+    pinned = compared.pinned() if compared is not None and system_pins else None
+    if pinned is None and not tool_pins:
+        return Learned(spans, decision, lookup)
+    return Learned(
+        spans,
+        decision,
+        lookup,
+        pin=True,
+        base=compared.base if compared is not None and pinned is not None else (),
+        texts=pinned or (),
+        told=tuple(s.new for s in (*system_pins, *tool_pins) if s.cls in TOLD),
+        tools=tools[1] if tools is not None else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Compared:
+    """A request's system texts compared with a lineage's."""
+
+    diff: textdiff.Diff
+    old: str  # the lineage's texts, joined by SEP
+    new: str  # the request's, its pack pins restored, joined
+    base: tuple[str, ...]  # the request's, its pack pins restored
+
+    def spans(self) -> tuple[Span, ...]:
+        return tuple(_span(c, self.old, self.new, "system") for c in self.diff.changes)
+
+    def pinned(self) -> tuple[str, ...] | None:
+        """The request's texts with every value change given the lineage's value."""
+        out: list[str] = []
+        pos = 0
+        for c in self.diff.values:
+            out += (self.new[pos : c.nstart], self.old[c.ostart : c.oend])
+            pos = c.nend
+        out.append(self.new[pos:])
+        pinned = tuple("".join(out).split(SEP))
+        return pinned if len(pinned) == len(self.base) else None  # (never: a value holds no newline)
+
+
+def _compare(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> _Compared | None:
+    """The request's system texts (the lineage's pack pins restored) against the ones
+    ``rec`` forwarded; None when they are not one prompt rendered again."""
+    blob = blobs.get(rec.system_ref or "")
+    if blob is None:
+        return None
+    old = recorded_texts(prep.exchange, blob)
+    base = restored(prep, rec.pins)
+    if old is None or any("\x1e" in t for t in (*old, *base)):
+        return None
+    old_text, new_text = SEP.join(old), SEP.join(base)
+    diff = textdiff.changes(old_text, new_text)
+    if len(diff.values) > MAX_SPANS or diff.kept < MIN_KEPT:
+        return None
+    return _Compared(diff, old_text, new_text, base)
+
+
+def recorded_texts(exchange: Exchange, blob: bytes) -> tuple[str, ...] | None:
+    """The system texts of a recorded system part (``Exchange.system_blob``'s bytes)."""
+    body: dict[str, Any] = {exchange.items_key: []}
+    try:
+        exchange.set_system(body, blob)
+        return tuple(s.get() for s in exchange.system_slots(body))
+    except (ValueError, KeyError, TypeError, AssertionError):  # not a system part this exchange wrote
+        return None
+
+
+def restored(prep: Prepared, recorded: dict[str, str]) -> tuple[str, ...]:
+    """The request's system texts with the lineage's pack pins restored (what a
+    continuation would forward before learning), computed on copies."""
+    n = len(prep.system_slots)
+    copies = [Slot([s.get()], 0, ()) for s in prep.system_slots]
+    pins.restore(copies, [s for s in prep.spans if s.slot < n], recorded)
+    return tuple(c.get() for c in copies)
+
+
+def _tools(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> tuple[tuple[Span, ...], bytes | None] | None:
+    """The tool descriptions' spans against ``rec``'s tools[], and its bytes when every
+    difference between the two lists is a value in a description (then pinned whole)."""
+    if not _tools_changed(prep, rec) or rec.tools_ref not in blobs:
+        return None
+    blob = blobs[rec.tools_ref or ""]
+    try:
+        old = orjson.loads(blob)
+    except orjson.JSONDecodeError:
+        return None
+    pairs = _descriptions(old, prep.exchange.tools(prep.body))
+    if not pairs:
+        return None
+    spans: list[Span] = []
+    whole = True
+    for o, n in pairs:
+        diff = textdiff.changes(o, n)
+        if diff.others or len(diff.values) > MAX_SPANS:
+            whole = False
+        spans += (_span(c, o, n, "tools") for c in diff.changes)
+    return tuple(spans), blob if whole else None
+
+
+def _descriptions(old: Any, new: Any) -> list[tuple[str, str]] | None:
+    """The (old, new) description strings that differ between two tool lists; None
+    when anything else differs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        if old.keys() != new.keys():
+            return None
+        out: list[tuple[str, str]] = []
+        for key, o in old.items():
+            n = new[key]
+            if key == "description" and isinstance(o, str) and isinstance(n, str):
+                if o != n:
+                    out.append((o, n))
+                continue
+            found = _descriptions(o, n)
+            if found is None:
+                return None
+            out += found
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return None
+        out = []
+        for o, n in zip(old, new, strict=True):
+            found = _descriptions(o, n)
+            if found is None:
+                return None
+            out += found
+        return out
+    return [] if type(old) is type(new) and old == new else None
+
+
+# -- the rule a span suggests ----------------------------------------------------------------
+def _span(c: textdiff.Change, old: str, new: str, scope: str) -> Span:
+    o, n = old[c.ostart : c.oend], new[c.nstart : c.nend]
+    if c.cls == "other":
+        return Span("other", scope, o, n)
+    found = rule_for(new, c.nstart, c.nend, c.cls, o)
+    if found is None or not _matches(found[0], old, c.ostart, c.oend):
+        return Span(c.cls, scope, o, n)
+    return Span(c.cls, scope, o, n, *found)
+
+
+def rule_for(text: str, start: int, end: int, cls: str, old: str) -> tuple[str, str] | None:
+    """A pattern (the span in group ``v``) and name for the value ``text[start:end]`` of
+    class ``cls`` (which was ``old``): its shape, with context from its line, each
+    value in the context written as its shape too; None when none matches it there."""
+    first = text.rfind("\n", 0, start) + 1
+    last = text.find("\n", end)
+    last = len(text) if last < 0 else last
+    before = list(values.tokens(text[first:start]))[::-1]
+    after = list(values.tokens(text[end:last]))
+    pre, pre_all, words = _context(before)
+    post, post_all = "", False
+    if sum(c.isalnum() for c in words) < 3:  # too little to tell this line from others: what follows too
+        post, post_all, more = _context(after, forward=True)
+        words += more
+    shape = values.shape(cls, old, text[start:end])
+    pattern = ("^" if pre_all else "") + pre + f"(?P<v>{shape})" + post + ("$" if post and post_all else "")
+    if not _matches(pattern, text, start, end):
+        return None
+    label = "_".join(w.lower() for w in words.split() if w)[:40].strip("_")
+    return pattern, f"learned_{label or cls}"
+
+
+def _context(toks: Sequence[tuple[str, int, int, str]], *, forward: bool = False) -> tuple[str, bool, str]:
+    """Regex of at least CONTEXT characters of tokens next to a span (``toks`` nearest
+    first), whether it reaches the line's edge, and the context's words."""
+    parts: list[str] = []
+    words: list[str] = []
+    size = 0
+    for kind, _, _, tok in toks:
+        if size >= 2 * CONTEXT or (size >= CONTEXT and kind == "space"):  # a context starts with a word
+            break
+        size += len(tok)
+        if values.is_value(kind):
+            parts.append(values.shape(kind, tok))
+            continue
+        parts.append(values.escape(tok))
+        if kind == "word":
+            words.append(tok)
+    reached = size >= sum(len(t[3]) for t in toks)
+    if not forward:
+        parts.reverse()
+        words.reverse()
+    return "".join(parts), reached, " ".join(words)
+
+
+def _matches(pattern: str, text: str, start: int, end: int) -> bool:
+    """``pattern`` matches on ``text[start:end]``'s line with group ``v`` exactly there."""
+    first = text.rfind("\n", 0, start) + 1
+    last = text.find("\n", end)
+    line = text[first : len(text) if last < 0 else last]
+    try:
+        rx = re.compile(pattern, re.MULTILINE)
+    except re.error:
+        return False
+    return any(m.span("v") == (start - first, end - first) for m in rx.finditer(line))
