@@ -16,12 +16,13 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
 from canonicalize import PACKS, ForkPolicy, RuleError, Settings, compile_rule
+from canonicalize.ruleset import LearnMode
 from proxy.redact import redact
 
 
@@ -125,6 +126,7 @@ class UserRule:
 @dataclass(frozen=True)
 class Canonicalize:
     packs: tuple[str, ...] = ("generic", "hermes")
+    learn: str = "suggest"  # off | suggest | pin: volatile spans learned from traffic (SPEC section 2d)
     rules: tuple[UserRule, ...] = ()
     disable: tuple[str, ...] = ()
 
@@ -254,6 +256,7 @@ class Config:
             packs=self.canonicalize.packs,
             rules=tuple(rules),
             disabled=self.canonicalize.disable,
+            learn=cast(LearnMode, self.canonicalize.learn),  # one of _ENUMS' (validated on load)
             fork=ForkPolicy(
                 enabled=self.fork.enabled,
                 min_depth=self.fork.min_depth,
@@ -296,6 +299,7 @@ _ENUMS = {
     "affinity.replicas": ("lineage", "round_robin"),
     "provider_cache.prompt_cache_key": ("off", "lineage"),
     "provider_cache.anthropic_breakpoints": ("off", "auto"),
+    "canonicalize.learn": ("off", "suggest", "pin"),
 }
 _POSITIVE = {
     "listen.port",
@@ -322,7 +326,7 @@ _POSITIVE = {
 
 
 # YAML 1.1 reads a bare ``off`` as false: these keys take it as the word.
-_OFF_WORDS = {"provider_cache.prompt_cache_key", "provider_cache.anthropic_breakpoints"}
+_OFF_WORDS = {"provider_cache.prompt_cache_key", "provider_cache.anthropic_breakpoints", "canonicalize.learn"}
 
 
 def _check_scalar(key: str, value: Any, default: Any) -> Any:
