@@ -50,6 +50,7 @@ import orjson
 
 from canonicalize import pins, textdiff, values
 from canonicalize.analysis import Prepared
+from canonicalize.identity import hash_text
 from canonicalize.lineage import Decision, ForkPolicy, LineageRecord, Lookup, fork_signal
 from canonicalize.ruleset import LearnMode
 from canonicalize.wire.base import Exchange, Slot
@@ -71,26 +72,45 @@ TOLD = ("time", "date")  # classes whose current value the model is told in a no
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """One changed span: its class, where it is, and the rule that would pin it.
+    """One changed span: its class, where it is, and (written on demand) the rule that
+    would pin it.
 
-    ``old`` and ``new`` are the values (never logged); ``pattern`` is the rule's
-    regex, the span in its group ``v`` (None for ``other``: no rule pins it),
-    ``name`` a rule name from its context, ``scope`` ``system`` or ``tools``."""
+    ``old`` and ``new`` are the values (never logged); ``line`` / ``at`` and
+    ``old_line`` / ``old_at`` the line holding the span and where in it, now and
+    before; ``scope`` is ``system`` or ``tools``; ``key`` names the span's place: a
+    hash of its line with every changed span masked, and which of them it is (the
+    same turn after turn while only values change)."""
 
     cls: str
     scope: str
     old: str
     new: str
-    pattern: str | None = None
-    name: str = ""
+    line: str = ""
+    at: tuple[int, int] = (0, 0)
+    old_line: str = ""
+    old_at: tuple[int, int] = (0, 0)
+    key: str = ""
 
     @property
     def action(self) -> str:
         return "date" if self.cls in TOLD else "pin"
 
-    def rule(self) -> dict[str, str]:
-        """The rule (a ``canonicalize.rules`` entry) that pins this span."""
-        return {"name": self.name, "pattern": self.pattern or "", "action": self.action, "scope": self.scope}
+    def suggest(self) -> tuple[str, str] | None:
+        """The rule's pattern (the span in group ``v``) and name; None for ``other``, or
+        when no pattern with context from the line matches the span before and now."""
+        if self.cls == "other":
+            return None
+        found = rule_for(self.line, *self.at, self.cls, self.old)
+        if found is None or not _matches(found[0], self.old_line, *self.old_at):
+            return None
+        return found
+
+    def rule(self) -> dict[str, str] | None:
+        """The rule (a ``canonicalize.rules`` entry) that pins this span, or None."""
+        found = self.suggest()
+        if found is None:
+            return None
+        return {"name": found[1], "pattern": found[0], "action": self.action, "scope": self.scope}
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,22 +195,23 @@ def learn_spans(
 ) -> Learned | None:
     """What ``prep`` learns from the lineages of ``plan`` (their blobs in ``blobs``): the
     spans, and with ``mode`` ``pin`` the decision and the pins to finalize with."""
-    scored: list[tuple[tuple[int, int], int, LineageRecord, _Compared | None]] = []
+    scored: list[tuple[tuple[int, int], int, LineageRecord, _Lines | None]] = []
     for rec, depth in plan.candidates:
-        compared = _compare(prep, rec, blobs)
-        if compared is None and not plan.decided:
+        found = _lines_against(prep, rec, blobs)
+        if found is None and not plan.decided:
             continue
-        found = compared.diff if compared is not None else textdiff.Diff((), 1.0)
-        scored.append(((len(found.others), len(found.values)), depth, rec, compared))
+        scored.append((found.score if found is not None else (0, 0), depth, rec, found))
     if not scored:
         return None
-    # The lineage whose text differs least (another session's differs by its own values
-    # too), then the deepest; two lineages alike in both are two sessions this request
-    # cannot tell apart: it learns, but continues neither.
-    scored.sort(key=lambda x: (x[0], -x[1]))  # stable: the lookup's order among equals
-    best = (scored[0][0], scored[0][2], scored[0][1], scored[0][3])
-    ambiguous = len(scored) > 1 and scored[1][0] == scored[0][0] and scored[1][1] == scored[0][1]
-    _, rec, depth, compared = best
+    # The lineage whose text differs in the fewest lines (another session's differs by
+    # its own values too), then the deepest; two lineages alike in both are two sessions
+    # this request cannot tell apart: it learns, but continues neither.
+    scored.sort(key=lambda x: (x[0][0], -x[1], x[0][1]))  # stable: the lookup's order among equals
+    _, depth, rec, first = scored[0]
+    ambiguous = len(scored) > 1 and scored[1][0][0] == scored[0][0][0] and scored[1][1] == depth
+    compared = _compare(first) if first is not None else None
+    if compared is None and not plan.decided:
+        return None  # the closest is not the same prompt rendered again: nothing to learn from
     system = compared.spans() if compared is not None else ()
     tools = _tools(prep, rec, blobs)
     spans = system + (tools[0] if tools is not None else ())
@@ -225,16 +246,35 @@ def learn_spans(
 
 
 @dataclass(frozen=True, slots=True)
-class _Compared:
-    """A request's system texts compared with a lineage's."""
+class _Lines:
+    """A request's system texts against a lineage's, line by line (the cheap step)."""
 
-    diff: textdiff.Diff
     old: str  # the lineage's texts, joined by SEP
     new: str  # the request's, its pack pins restored, joined
     base: tuple[str, ...]  # the request's, its pack pins restored
+    hunks: list[textdiff.Hunk]
+
+    @property
+    def score(self) -> tuple[int, int]:
+        """(lines that differ, characters they hold)."""
+        lines = chars = 0
+        for o1, o2, n1, n2, _ in self.hunks:
+            lines += max(self.old.count("\n", o1, o2), self.new.count("\n", n1, n2), 1)
+            chars += o2 - o1 + n2 - n1
+        return lines, chars
+
+
+@dataclass(frozen=True, slots=True)
+class _Compared:
+    """A request's system texts compared with a lineage's, value by value."""
+
+    diff: textdiff.Diff
+    old: str
+    new: str
+    base: tuple[str, ...]
 
     def spans(self) -> tuple[Span, ...]:
-        return tuple(_span(c, self.old, self.new, "system") for c in self.diff.changes)
+        return _spans(self.diff.changes, self.old, self.new, "system")
 
     def pinned(self) -> tuple[str, ...] | None:
         """The request's texts with every value change given the lineage's value."""
@@ -248,9 +288,9 @@ class _Compared:
         return pinned if len(pinned) == len(self.base) else None  # (never: a value holds no newline)
 
 
-def _compare(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> _Compared | None:
+def _lines_against(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> _Lines | None:
     """The request's system texts (the lineage's pack pins restored) against the ones
-    ``rec`` forwarded; None when they are not one prompt rendered again."""
+    ``rec`` forwarded, line by line; None when there are none to compare."""
     blob = blobs.get(rec.system_ref or "")
     if blob is None:
         return None
@@ -259,10 +299,15 @@ def _compare(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> _Co
     if old is None or any("\x1e" in t for t in (*old, *base)):
         return None
     old_text, new_text = SEP.join(old), SEP.join(base)
-    diff = textdiff.changes(old_text, new_text)
+    return _Lines(old_text, new_text, base, textdiff.lines(old_text, new_text))
+
+
+def _compare(found: _Lines) -> _Compared | None:
+    """The value changes of ``found``; None when they are not one prompt rendered again."""
+    diff = textdiff.changes(found.old, found.new, found.hunks)
     if len(diff.values) > MAX_SPANS or diff.kept < MIN_KEPT:
         return None
-    return _Compared(diff, old_text, new_text, base)
+    return _Compared(diff, found.old, found.new, found.base)
 
 
 def recorded_texts(exchange: Exchange, blob: bytes) -> tuple[str, ...] | None:
@@ -303,7 +348,7 @@ def _tools(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> tuple
         diff = textdiff.changes(o, n)
         if diff.others or len(diff.values) > MAX_SPANS:
             whole = False
-        spans += (_span(c, o, n, "tools") for c in diff.changes)
+        spans += _spans(diff.changes, o, n, "tools")
     return tuple(spans), blob if whole else None
 
 
@@ -339,33 +384,55 @@ def _descriptions(old: Any, new: Any) -> list[tuple[str, str]] | None:
 
 
 # -- the rule a span suggests ----------------------------------------------------------------
-def _span(c: textdiff.Change, old: str, new: str, scope: str) -> Span:
-    o, n = old[c.ostart : c.oend], new[c.nstart : c.nend]
-    if c.cls == "other":
-        return Span("other", scope, o, n)
-    found = rule_for(new, c.nstart, c.nend, c.cls, o)
-    if found is None or not _matches(found[0], old, c.ostart, c.oend):
-        return Span(c.cls, scope, o, n)
-    return Span(c.cls, scope, o, n, *found)
+def _spans(changes: Sequence[textdiff.Change], old: str, new: str, scope: str) -> tuple[Span, ...]:
+    """The changes as spans: each value with its line (now and before) and the key of
+    its place (module docstring of :class:`Span`)."""
+    out: list[Span] = []
+    by_line: dict[int, list[textdiff.Change]] = {}
+    for c in changes:
+        if c.cls != "other":
+            by_line.setdefault(new.rfind("\n", 0, c.nstart) + 1, []).append(c)
+    for c in changes:
+        o, n = old[c.ostart : c.oend], new[c.nstart : c.nend]
+        if c.cls == "other":
+            out.append(Span("other", scope, o, n))
+            continue
+        first, last = _line(new, c.nstart, c.nend)
+        ofirst, olast = _line(old, c.ostart, c.oend)
+        line = new[first:last]
+        mine = by_line[first]
+        masked: list[str] = []
+        pos = first
+        for m in mine:
+            masked += (new[pos : m.nstart], "\x00")
+            pos = m.nend
+        masked.append(new[pos:last])
+        key = hash_text(f"{scope}\x1f{c.cls}\x1f{''.join(masked)}\x1f{mine.index(c)}")
+        at, old_at = (c.nstart - first, c.nend - first), (c.ostart - ofirst, c.oend - ofirst)
+        out.append(Span(c.cls, scope, o, n, line, at, old[ofirst:olast], old_at, key))
+    return tuple(out)
 
 
-def rule_for(text: str, start: int, end: int, cls: str, old: str) -> tuple[str, str] | None:
-    """A pattern (the span in group ``v``) and name for the value ``text[start:end]`` of
+def _line(text: str, start: int, end: int) -> tuple[int, int]:
+    """Where the line holding ``text[start:end]`` starts and ends."""
+    last = text.find("\n", end)
+    return text.rfind("\n", 0, start) + 1, len(text) if last < 0 else last
+
+
+def rule_for(line: str, start: int, end: int, cls: str, old: str) -> tuple[str, str] | None:
+    """A pattern (the span in group ``v``) and name for the value ``line[start:end]`` of
     class ``cls`` (which was ``old``): its shape, with context from its line, each
     value in the context written as its shape too; None when none matches it there."""
-    first = text.rfind("\n", 0, start) + 1
-    last = text.find("\n", end)
-    last = len(text) if last < 0 else last
-    before = list(values.tokens(text[first:start]))[::-1]
-    after = list(values.tokens(text[end:last]))
+    before = list(values.tokens(line[:start]))[::-1]
+    after = list(values.tokens(line[end:]))
     pre, pre_all, words = _context(before)
     post, post_all = "", False
     if sum(c.isalnum() for c in words) < 3:  # too little to tell this line from others: what follows too
         post, post_all, more = _context(after, forward=True)
         words += more
-    shape = values.shape(cls, old, text[start:end])
+    shape = values.shape(cls, old, line[start:end])
     pattern = ("^" if pre_all else "") + pre + f"(?P<v>{shape})" + post + ("$" if post and post_all else "")
-    if not _matches(pattern, text, start, end):
+    if not _matches(pattern, line, start, end):
         return None
     label = "_".join(w.lower() for w in words.split() if w)[:40].strip("_")
     return pattern, f"learned_{label or cls}"
@@ -394,13 +461,10 @@ def _context(toks: Sequence[tuple[str, int, int, str]], *, forward: bool = False
     return "".join(parts), reached, " ".join(words)
 
 
-def _matches(pattern: str, text: str, start: int, end: int) -> bool:
-    """``pattern`` matches on ``text[start:end]``'s line with group ``v`` exactly there."""
-    first = text.rfind("\n", 0, start) + 1
-    last = text.find("\n", end)
-    line = text[first : len(text) if last < 0 else last]
+def _matches(pattern: str, line: str, start: int, end: int) -> bool:
+    """``pattern`` matches ``line`` with group ``v`` exactly at ``line[start:end]``."""
     try:
         rx = re.compile(pattern, re.MULTILINE)
     except re.error:
         return False
-    return any(m.span("v") == (start - first, end - first) for m in rx.finditer(line))
+    return any(m.span("v") == (start, end) for m in rx.finditer(line))

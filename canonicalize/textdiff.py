@@ -20,6 +20,7 @@ sentence is part of the edit, not a counter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
@@ -28,6 +29,10 @@ from canonicalize import values
 MAX_HUNK = 4096  # characters of changed lines aligned token by token; more is "other" whole
 MAX_PAIRED = 64  # differing lines paired by position (as many lines on both sides)
 MAX_LINES = 8192  # lines aligned with SequenceMatcher; more: the whole middle is "other"
+
+
+Hunk = tuple[int, int, int, int, bool]  # old start, end, new start, end; True: replaced (else inserted/removed)
+Lines = tuple[list[str], list[int]]  # the lines (with their newline) and where each starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,19 +62,13 @@ class Diff:
         return tuple(c for c in self.changes if c.cls == "other")
 
 
-def changes(old: str, new: str) -> Diff:
-    """The value changes that turn ``old`` into ``new`` (module docstring)."""
+def changes(old: str, new: str, hunks: Sequence[Hunk] | None = None) -> Diff:
+    """The value changes that turn ``old`` into ``new`` (module docstring); ``hunks``:
+    their :func:`lines`, when the caller has them."""
     if old == new:
         return Diff((), 1.0)
-    p = common_prefix(old, new)
-    s = common_suffix(old, new, min(len(old), len(new)) - p)
-    start = old.rfind("\n", 0, p) + 1  # whole lines: a value the prefix cut in two is one token again
-    end = old.find("\n", len(old) - s)
-    old_end = len(old) if end < 0 else end
-    new_end = len(new) - (len(old) - old_end)
-    a, b = _lines(old, start, old_end), _lines(new, start, new_end)
     found: list[Change] = []
-    for o1, o2, n1, n2, replaced in _hunks(old, a, old_end, new, b, new_end):
+    for o1, o2, n1, n2, replaced in lines(old, new) if hunks is None else hunks:
         if not replaced or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK:
             found.append(Change("other", o1, o2, n1, n2))
         else:
@@ -79,8 +78,19 @@ def changes(old: str, new: str) -> Diff:
     return Diff(tuple(found), 1.0 - removed / len(old) if old else 0.0)
 
 
-Hunk = tuple[int, int, int, int, bool]  # old start, end, new start, end; True: replaced (else inserted/removed)
-Lines = tuple[list[str], list[int]]  # the lines (with their newline) and where each starts
+def lines(old: str, new: str) -> list[Hunk]:
+    """The runs of lines that differ between ``old`` and ``new``: the cheap first step
+    of :func:`changes` (no token is looked at), enough to tell which of several texts
+    ``new`` is closest to."""
+    if old == new:
+        return []
+    p = common_prefix(old, new)
+    s = common_suffix(old, new, min(len(old), len(new)) - p)
+    start = old.rfind("\n", 0, p) + 1  # whole lines: a value the prefix cut in two is one token again
+    end = old.find("\n", len(old) - s)
+    old_end = len(old) if end < 0 else end
+    new_end = len(new) - (len(old) - old_end)
+    return _hunks(old, _lines(old, start, old_end), old_end, new, _lines(new, start, new_end), new_end)
 
 
 def _hunks(old: str, a: Lines, old_end: int, new: str, b: Lines, new_end: int) -> list[Hunk]:
@@ -106,11 +116,23 @@ Token = tuple[str, int, int, str]  # (kind, start, end, text): canonicalize.valu
 
 
 def _tokens(old: str, o1: int, o2: int, new: str, n1: int, n2: int) -> list[Change]:
-    """The changes of one hunk, token by token."""
-    ot = list(values.tokens(old[o1:o2]))
-    nt = list(values.tokens(new[n1:n2]))
+    """The changes of one hunk, token by token: paired by position when both sides
+    have as many tokens and every differing pair is a value (values rendered afresh,
+    the common case), else aligned."""
+    ot = values.token_list(old[o1:o2])
+    nt = values.token_list(new[n1:n2])
+    if len(ot) == len(nt):
+        out = []
+        for o, n in zip(ot, nt, strict=True):
+            if o[3] != n[3]:
+                cls = values.pair_class(o[0], o[3], n[0], n[3])
+                if cls == "other":
+                    break
+                out.append(Change(cls, o1 + o[1], o1 + o[2], n1 + n[1], n1 + n[2]))
+        else:
+            return out
     matcher = SequenceMatcher(None, [t[3] for t in ot], [t[3] for t in nt], autojunk=False)
-    out: list[Change] = []
+    out = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag != "equal":
             out += _replaced(ot, i1, i2, o1, o2, nt, j1, j2, n1, n2)

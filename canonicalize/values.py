@@ -85,6 +85,11 @@ def tokens(text: str) -> Iterator[tuple[str, int, int, str]]:
         yield kind, m.start(), m.end(), m.group()
 
 
+def token_list(text: str) -> list[tuple[str, int, int, str]]:
+    """:func:`tokens` as a list (built in one pass, no generator)."""
+    return [(m.lastgroup or "char", m.start(), m.end(), m.group()) for m in _TOKEN.finditer(text)]
+
+
 def is_value(kind: str) -> bool:
     return kind in _PATTERNS
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from canonicalize import PACKS, LearnedSpan
+from canonicalize import PACKS
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceLine
 from proxy.config import Canonicalize, Config
@@ -33,7 +33,7 @@ from proxy.offline import Offline
 
 async def learned_rules(lines: list[TraceLine], config: Config, progress: Progress) -> tuple[list[dict[str, str]], int]:
     """The rules learned from ``lines`` with ``learn: pin`` (one per pattern, first seen
-    first), and how many learned value spans no rule could be written for."""
+    first), and at how many places a learned value had no rule that could be written."""
     from proxy.cli.audit import _reply_of  # (audit imports this module's caller)
 
     config = replace(
@@ -44,6 +44,7 @@ async def learned_rules(lines: list[TraceLine], config: Config, progress: Progre
     offline = Offline(config)
     taken = {r.name for r in config.canonicalize.rules} | {r.name for p in PACKS.values() for r in p.rules}
     rules: dict[tuple[str, str, str], dict[str, str]] = {}
+    places: set[str] = set()
     unwritten = 0
     for line in lines:
         progress.advance()
@@ -55,20 +56,21 @@ async def learned_rules(lines: list[TraceLine], config: Config, progress: Progre
             reply=_reply_of(line, line.exchange),
         )
         for span in flow.outcome.learned if flow.outcome is not None else ():
-            if span.cls == "other":
+            if span.cls == "other" or span.key in places:
                 continue
-            if span.pattern is None:
+            places.add(span.key)
+            rule = span.rule()
+            if rule is None:
                 unwritten += 1
                 continue
-            key = (span.pattern, span.action, span.scope)
+            key = (rule["pattern"], rule["action"], rule["scope"])
             if key not in rules:
-                rules[key] = _named(span, taken)
+                rules[key] = _named(rule, taken)
     return list(rules.values()), unwritten
 
 
-def _named(span: LearnedSpan, taken: set[str]) -> dict[str, str]:
-    """The span's rule, its name made unique among ``taken`` (which it joins)."""
-    rule = span.rule()
+def _named(rule: dict[str, str], taken: set[str]) -> dict[str, str]:
+    """``rule``, its name made unique among ``taken`` (which it joins)."""
     name, n = rule["name"], 1
     while name in taken:
         n += 1
@@ -92,7 +94,7 @@ def document(rules: list[dict[str, str]], config: Config, path: str, requests: i
         "# Use as the config (or add the rules to yours); with these rules, learn: off pins the same spans.",
     ]
     if unwritten:
-        head.append(f"# {unwritten} learned span(s) had no context a rule could anchor on: left out.")
+        head.append(f"# {unwritten} place(s) of a learned value had no context a rule could anchor on: left out.")
     body = yaml.safe_dump({"canonicalize": section}, sort_keys=False, allow_unicode=True, width=1 << 20)
     return "\n".join(head) + "\n" + body
 

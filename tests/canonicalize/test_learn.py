@@ -66,9 +66,15 @@ def test_suggest_learns_but_changes_no_byte_nor_role() -> None:
     assert [s.cls for s in out.outcome.learned] == ["time", "uuid", "counter"]
     assert off.outcome.learned == ()
     spans = {s.cls: s for s in out.outcome.learned}
-    assert spans["uuid"].pattern == "^Request-Id: (?P<v>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-    assert spans["time"].action == "date" and spans["uuid"].action == "pin"
-    assert all(UUID1 not in (s.pattern or "") and UUID2 not in (s.pattern or "") for s in out.outcome.learned)
+    assert spans["uuid"].rule() == {
+        "name": "learned_request_id",
+        "pattern": "^Request-Id: (?P<v>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})",
+        "action": "pin",
+        "scope": "system",
+    }
+    assert spans["time"].action == "date"
+    patterns = [str(s.rule()) for s in out.outcome.learned]
+    assert not any(v in p for v in (UUID1, UUID2, "14:30:15", "14:31:02", "12,345", "13,001") for p in patterns)
 
 
 # -- pin --------------------------------------------------------------------------------------------
