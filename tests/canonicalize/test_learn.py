@@ -259,3 +259,44 @@ def test_tool_descriptions_are_pinned_when_they_only_differ_by_values() -> None:
     assert out.body["tools"] == tools("2026-05-14") and out.record.tools_ref == first.record.tools_ref
     assert "learned.date" in out.rewrites
     assert [s.scope for s in out.outcome.learned] == ["tools"]
+
+
+def test_a_fork_whose_head_differs_only_by_fresh_values_is_repaired_as_forks_are() -> None:
+    def prompt(clock: str) -> str:
+        return f"Current time: {clock}\nYou are Atlas.\n{GUIDE}"
+
+    tools = [
+        {"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object"}}}
+        for n in ("read", "write", "memory")
+    ]
+    review = {"role": "user", "content": "Review the conversation and save what matters."}
+    for mode, role in (("suggest", "root"), ("pin", "fork")):
+        h = harness(mode)
+        h.send({**chat(prompt("10:00:00"), U1), "tools": tools}, reply=R1)
+        out = h.send({**chat(prompt("10:00:30"), U1, R1, review), "tools": tools[2:]})
+        assert out.role == role
+        if role == "fork":
+            assert out.fork_action == "repaired" and sys_of(out) == prompt("10:00:00")
+            assert out.body["tools"] == tools
+
+
+def test_a_request_naming_its_previous_response_learns_its_changed_instructions() -> None:
+    h = harness("pin")
+    item = {"type": "message", "role": "assistant", "content": "The CSV had a BOM."}
+    first = h.send(
+        {"model": "m", "instructions": system(), "input": "The import failed. Why?"},
+        exchange=RESPONSES,
+        reply={"role": "assistant", "output": [item], "id": "resp_1"},
+    )
+    out = h.send(
+        {
+            "model": "m",
+            "instructions": system(clock="14:31:02", rid=UUID2),
+            "input": "Strip it.",
+            "previous_response_id": "resp_1",
+        },
+        exchange=RESPONSES,
+    )
+    assert out.role == "continuation" and out.record.id == first.record.id
+    assert out.body["instructions"] == system()
+    assert out.body["input"] == "Strip it.\n\n(Note: the current time is now 14:31:02.)"
