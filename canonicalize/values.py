@@ -13,7 +13,7 @@ token replaced by one token, and :func:`pair_class` says what it is:
 ``date``   ISO and written dates (``2026-05-14``, ``May 14, 2026``, ``14/05/2026``)
 ``uuid``   ``8-4-4-4-12`` hex
 ``hex_id`` 6+ hex digits of one length, digits and letters among them
-``counter`` numbers, percentages, ``used/limit``
+``counter`` numbers, percentages, ``used/limit``, sizes and durations (``512MB``, ``1h``)
 ``other``  anything else: a word, an inserted or removed run, a long value
 =========  ====================================================================
 
@@ -48,7 +48,7 @@ _DATE = (
 )
 _ZONE = r"(?:Z|[+-](?:[01]\d|2[0-3]):?[0-5]\d| (?:UTC|GMT))?"
 _TIME = rf"(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:[.,]\d{{1,9}})?)?(?: ?(?:[AaPp][Mm]|[AaPp]\.[Mm]\.))?{_ZONE}"
-_NUM = r"~?\d+(?:[.,]\d+)*(?: ?%|[kKMB])?"
+_NUM = r"~?\d+(?:[.,]\d+)*(?: ?%|[kKMB]|[KMGT]i?B|ms|min|[smhd])?"  # 49%, 7k, 512MB, 1h 23m 45s
 _PATTERNS = {
     "time": rf"{_ISO_DATE}[T ]{_TIME}|{_DATE}(?:,? (?:at )?){_TIME}|{_TIME}",
     "date": _DATE,

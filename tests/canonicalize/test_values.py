@@ -33,6 +33,9 @@ def kinds(text: str) -> list[tuple[str, str]]:
         ("tokens used: 12,345 / 200,000", "counter", "12,345 / 200,000"),
         ("Context: ~7k/128k tokens used", "counter", "~7k/128k"),
         ("budget $3.25 left", "counter", "3.25"),
+        ("uptime 1h 23m 45s", "counter", "45s"),
+        ("heap 512MB of 2GiB", "counter", "2GiB"),
+        ("Thu, 14 May 2026 14:30:15 GMT", "time", "Thu, 14 May 2026 14:30:15 GMT"),
     ],
 )
 def test_a_value_is_one_token(text: str, kind: str, token: str) -> None:
