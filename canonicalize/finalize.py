@@ -27,11 +27,12 @@ import orjson
 from canonicalize import analysis, identity, notes, pins
 from canonicalize.analysis import Prepared
 from canonicalize.edits import Op, SetString, SetValue
-from canonicalize.learn import Learned, Span
+from canonicalize.learn import Learned
 from canonicalize.lineage import Decision, Fingerprint, LineageRecord, Lookup, Role
 from canonicalize.memo import Memos
 from canonicalize.repair import branch, repair_fork, set_tools
 from canonicalize.ruleset import RuleSet
+from canonicalize.spans import Span
 from canonicalize.texts import Texts
 
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
