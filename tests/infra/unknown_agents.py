@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize import CHAT, MESSAGES, RESPONSES, Exchange, match
+from canonicalize import CHAT, MESSAGES, RESPONSES, Exchange, Memos, match
 from proxy.config import Config
 from proxy.flow import Flow
 from proxy.offline import Offline
@@ -375,10 +375,11 @@ def replayed(line: Json) -> Json | None:
     return dict(resp)
 
 
-async def run(lines: Sequence[Json], config: Config, *, replies: bool = True) -> list[Flow]:
+async def run(lines: Sequence[Json], config: Config, *, replies: bool = True, memos: Memos | None = None) -> list[Flow]:
     """Every line through the proxy's own request flow (proxy.offline), in order; with
-    ``replies`` each line's response is recorded (else none is: a trace without them)."""
-    offline = Offline(config)
+    ``replies`` each line's response is recorded (else none is: a trace without them);
+    ``memos``: the canonicalizer's (``Memos.off()``: none)."""
+    offline = Offline(config, memos=memos)
     flows = []
     for line in lines:
         reply = replayed(line) if replies else None

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
+from canonicalize import Memos
 from proxy.config import Config, ConfigError, from_mapping, load
 from proxy.flow import Flow
 from proxy.offline import Offline
@@ -59,6 +60,14 @@ def test_pin_forwards_what_a_fixed_agent_sends(lines: list[dict[str, Any]], repl
     # value of their own in the prompt cannot be told apart: neither is continued.
     assert score.share >= (0.99 if replies else 0.9), score.misses
     assert all(f.role in ("root", "continuation") for f in flows)
+
+
+def test_learning_forwards_the_same_with_and_without_memos(lines: list[dict[str, Any]]) -> None:
+    kept = run(lines, config("pin"))
+    fresh = asyncio.run(ua.run(lines, config("pin"), memos=Memos.off()))
+    assert [f.out for f in fresh] == [f.out for f in kept]
+    assert [(f.role, f.rewrites) for f in fresh] == [(f.role, f.rewrites) for f in kept]
+    assert [f.outcome.record for f in fresh if f.outcome] == [f.outcome.record for f in kept if f.outcome]
 
 
 def test_suggest_changes_no_byte_nor_role(lines: list[dict[str, Any]]) -> None:
