@@ -54,7 +54,8 @@ def test_pin_sends_the_upstream_what_a_fixed_agent_would(
     serve: Callable[..., str], recorder: Recorder, write_config: Callable[[dict[str, Any]], Path]
 ) -> None:
     lines = ua.generate(SPEC)
-    assert {line["body"]["stream"] for line in lines} == {True, False}
+    for agent in ("atlas", "quill", "relay"):  # every wire API, streamed and not
+        assert {line["body"]["stream"] for line in lines if line["agent"] == agent} == {True, False}
     proxy = serve(recorder.base, write_config({"canonicalize": {"learn": "pin"}}))
     answers = _drive(proxy, recorder, lines)
     received = [r["body"] for r in recorder.requests()]

@@ -248,7 +248,7 @@ def sessions(spec: Spec) -> list[Session]:
                 s = Session(agent, TENANTS[t], f"{agent}-{t}-{i}", start, random.Random(rng.getrandbits(64)))
                 s.workspace = f"{rng.getrandbits(48):012x}"
                 s.tasks = tuple(rng.sample(TASKS, len(TASKS)))
-                s.stream = rng.random() < 0.5
+                s.stream = (i + t) % 2 == 1  # every agent streams in some sessions, not in others
                 out.append(s)
     # One session of atlas crosses midnight; two of one tenant share a first message
     # and its reply; three make a legitimate edit mid-session.
