@@ -43,7 +43,7 @@ class Suggestions:
                 continue
             rule = span.rule()
             if not self._known((tenant, "rule", rule["pattern"] if rule else f"{span.scope}:{span.cls}")):
-                log.info("%s", self.message(span, rule))
+                log.info("%s", self.message(span, rule, pinned=learned.pin))
 
     def _known(self, key: tuple[str, str, str]) -> bool:
         """``key`` was seen (now the most recent); else it is remembered (bounded)."""
@@ -55,9 +55,9 @@ class Suggestions:
             self._seen.popitem(last=False)
         return False
 
-    def message(self, span: LearnedSpan, rule: dict[str, str] | None) -> str:
+    def message(self, span: LearnedSpan, rule: dict[str, str] | None, *, pinned: bool) -> str:
         where = "system text" if span.scope == "system" else "a tool description"
-        done = "pinned" if self.mode == "pin" else "not changed (canonicalize.learn: suggest)"
+        done = "pinned" if pinned else f"not changed (canonicalize.learn: {self.mode})"
         if rule is None:
             return f"learned a volatile {span.cls} span in the {where}, {done}; no rule fits its context"
         return (
