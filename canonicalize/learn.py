@@ -19,10 +19,11 @@ prompt again with fresh values.  The two texts are compared
   ``learned.<class>``.  ``other`` changes reach the upstream as sent;
 - ``off``: nothing of this runs.
 
-Safety.  Which requests learn (:func:`learn_plan`): a continuation whose system text
-is not the lineage's, or a root whose history extends a recorded request of the
-same tenant *whole* (its every message, then a reply: two sessions that merely
-share a first message are two roots) with the same session identity (hermes'
+Safety.  Which requests learn (:func:`learn_plan`): a continuation whose system
+text is not the lineage's, or a root whose history extends a recorded request of
+the same tenant *whole* (its every message, then a reply: two sessions that
+merely share a first message are two roots; a lineage this one only branched
+from counts when it is the only one) with the same session identity (hermes'
 ``Session ID``, the agents' session headers; a different one is another
 session).  Among the lineages it could continue, the one whose text differs in
 the fewest lines is taken (a session's own previous turn differs by its
@@ -108,13 +109,16 @@ def learn_plan(prep: Prepared, lookup: Lookup, decision: Decision, policy: ForkP
         return Plan(((parent, lookup.depth),), tuple(r for r in wanted if r is not None), True)
     if decision.role != "root" or not lookup.depth:
         return None
-    found: list[tuple[LineageRecord, int]] = []
+    whole: list[tuple[LineageRecord, int]] = []
+    branched: list[tuple[LineageRecord, int]] = []
     for i, rec in enumerate(lookup.candidates):
         depth = lookup.depth_of(i)
-        if _extends(prep, rec, depth):
-            found.append((rec, depth))
-            if len(found) == CANDIDATES:
-                break
+        if _continues(prep, rec, depth):
+            (whole if _replays_last(rec, depth) else branched).append((rec, depth))
+    # Lineages whose last request this one replays whole; else a lone one it branched
+    # from (its last request went another way: a fork no signal told, a retry with a new
+    # last message).  Two or more such are sessions that went further than this one.
+    found = whole[:CANDIDATES] or (branched if len(branched) == 1 else [])
     if not found:
         return None
     refs: list[str] = []
@@ -125,15 +129,18 @@ def learn_plan(prep: Prepared, lookup: Lookup, decision: Decision, policy: ForkP
     return Plan(tuple(found), tuple(refs), False)
 
 
-def _extends(prep: Prepared, rec: LineageRecord, depth: int) -> bool:
-    """``prep`` replays ``rec``'s last request whole, then a reply (recorded or not),
-    in the same session identity."""
+def _continues(prep: Prepared, rec: LineageRecord, depth: int) -> bool:
+    """``prep`` replays ``rec``'s history to ``depth``, then a reply (recorded or not: one
+    at or before ``depth``), in the same session identity."""
     sig = prep.signals
     if rec.kind != "root" or rec.system_ref is None or sig.identity != rec.identity:
         return False
-    if sig.first_assistant is None or sig.first_assistant > depth:
-        return False
-    return depth >= (rec.fingerprint.n_messages if rec.fingerprint is not None else depth + 1)
+    return sig.first_assistant is not None and sig.first_assistant <= depth
+
+
+def _replays_last(rec: LineageRecord, depth: int) -> bool:
+    """The request replays ``rec``'s last request whole (its every message)."""
+    return rec.fingerprint is not None and depth >= rec.fingerprint.n_messages
 
 
 def _tools_changed(prep: Prepared, rec: LineageRecord) -> bool:

@@ -300,3 +300,15 @@ def test_a_request_naming_its_previous_response_learns_its_changed_instructions(
     assert out.role == "continuation" and out.record.id == first.record.id
     assert out.body["instructions"] == system()
     assert out.body["input"] == "Strip it.\n\n(Note: the current time is now 14:31:02.)"
+
+
+def test_a_side_request_no_signal_told_leaves_the_parents_next_turn_its_lineage() -> None:
+    # An agent's background "review" request replays the conversation with fresh values
+    # and no fork signal: it continues the lineage (it is that conversation); the next
+    # turn, which does not replay the review, still does.
+    h = harness("pin")
+    first = h.send(chat(system(), U1), reply=R1)
+    review = h.send(chat(system(clock="14:31:00", rid=UUID2), U1, R1, {"role": "user", "content": "Review this."}))
+    assert review.role == "continuation" and sys_of(review) == system()
+    out = h.send(chat(system(clock="14:31:30", rid=UUID3), U1, R1, U2))
+    assert out.role == "continuation" and out.record.id == first.record.id and sys_of(out) == system()
