@@ -40,7 +40,7 @@ tenant's own.
 Cost: an agent whose system text comes back as the lineage forwarded it (the
 packs' spans masked) never reaches this module; a request that does costs one
 store call for the recorded texts, a line-level comparison with each candidate
-lineage (at most ``CANDIDATES``) and a token-level one with the closest.
+lineage (at most the lookup's ``CANDIDATES``) and a token-level one with the closest.
 """
 
 from __future__ import annotations
@@ -64,9 +64,6 @@ PINNED = CLASSES[:-1]  # every class but other
 REWRITES = tuple(f"learned.{c}" for c in PINNED)
 MIN_KEPT = 0.5  # share of the lineage's text a request must keep outside its "other" changes
 MAX_SPANS = 64  # value changes in one request: more is a different prompt, not fresh values
-# Lineages a request is compared with, deepest first: its session's previous turn, and
-# others whose history it extends as far (another session with the same messages).
-CANDIDATES = 3
 SEP = "\n\x1e\n"  # between a request's system texts when they are compared as one
 
 
@@ -118,7 +115,11 @@ def learn_plan(prep: Prepared, lookup: Lookup, decision: Decision, policy: ForkP
     # Lineages whose last request this one replays whole; else a lone one it branched
     # from (its last request went another way: a fork no signal told, a retry with a new
     # last message).  Two or more such are sessions that went further than this one.
-    found = whole[:CANDIDATES] or (branched if len(branched) == 1 else [])
+    # Every one at the two deepest depths is compared: the request's own session must be
+    # among them (another session with the same messages may own a link one deeper, its
+    # reply or its next message), or another session's would be the closest.
+    depths = sorted({d for _, d in whole}, reverse=True)[:2]
+    found = [(r, d) for r, d in whole if d in depths] or (branched if len(branched) == 1 else [])
     if not found:
         return None
     refs: list[str] = []
@@ -259,8 +260,8 @@ def _lines_against(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) 
         return None
     old = recorded_texts(prep.exchange, blob)
     base = restored(prep, rec.pins)
-    if old is None or any("\x1e" in t for t in (*old, *base)):
-        return None
+    if old is None or bool(old) != bool(base) or any("\x1e" in t for t in (*old, *base)):
+        return None  # (none: another wire API's system part; links of equal messages are equal)
     old_text, new_text = SEP.join(old), SEP.join(base)
     return _Lines(old_text, new_text, base, textdiff.lines(old_text, new_text))
 

@@ -312,3 +312,15 @@ def test_a_side_request_no_signal_told_leaves_the_parents_next_turn_its_lineage(
     assert review.role == "continuation" and sys_of(review) == system()
     out = h.send(chat(system(clock="14:31:30", rid=UUID3), U1, R1, U2))
     assert out.role == "continuation" and out.record.id == first.record.id and sys_of(out) == system()
+
+
+def test_a_lineage_of_another_wire_api_with_the_same_messages_is_never_learned_from() -> None:
+    # Equal messages hash to equal links whatever the API: three other sessions, one of
+    # them on /v1/messages, own the same first turn; the request continues its own.
+    h = harness("pin")
+    mine = h.send(chat(system(), U1), reply=R1)
+    for clock, ws in (("14:30:20", "0f0e0d0c0b0a"), ("14:30:25", "1f1e1d1c1b1a")):
+        h.send(chat(system(clock=clock, rid=UUID3, ws=ws), U1), reply=R1)
+    h.send(_messages(system(clock="14:30:30", rid=UUID3), U1), exchange=MESSAGES, reply=R1)
+    out = h.send(chat(system(clock="14:31:02", rid=UUID2), U1, R1, U2))
+    assert out.role == "continuation" and out.record.id == mine.record.id and sys_of(out) == system()
