@@ -12,6 +12,7 @@ from canonicalize.bodies import Kept
 from canonicalize.edits import AddMember, Op, render
 from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
+from canonicalize.learn import Learned, Plan
 from canonicalize.lineage import (
     CANDIDATES,
     LINKS_PER_KEY,
@@ -28,6 +29,7 @@ from canonicalize.pipeline import Canonicalizer
 from canonicalize.predict import Prediction, predict
 from canonicalize.rules import Rule, RuleError, compile_rule
 from canonicalize.ruleset import Settings
+from canonicalize.spans import Span as LearnedSpan
 from canonicalize.sse import Event, SSESplitter, encode
 from canonicalize.usage import Usage, UsageAccumulator, parse_usage
 from canonicalize.wire import CHAT, EXCHANGES, MESSAGES, RESPONSES, Exchange, Reply, match
@@ -50,12 +52,15 @@ __all__ = [
     "ForkPolicy",
     "JsonDoc",
     "Kept",
+    "Learned",
+    "LearnedSpan",
     "LineageRecord",
     "Lookup",
     "Memos",
     "Op",
     "Outcome",
     "Pack",
+    "Plan",
     "Prediction",
     "Prepared",
     "Reply",

@@ -204,6 +204,21 @@ def _scan_system(rules: RuleSet, text: str) -> _SystemText:
     )
 
 
+def shape_of(rules: RuleSet, texts: Texts, scope: str, system: Sequence[str]) -> tuple[str, str]:
+    """The skeleton and head of system texts as forwarded (what a request that sends
+    them again has as its signals'), each text's analysis found in ``scope``'s memo."""
+    masked_hashes, heads = [], []
+    for text in system:
+        entry = texts.entry(scope, text)
+        res = entry.derived.get("slot")
+        if res is None:
+            res = _scan_system(rules, text)
+            res = texts.derive(entry, "slot", res, len(res.text) if res.text is not text else 0)
+        masked_hashes.append(res.masked_hash)
+        heads.append(res.head)
+    return _skeleton(masked_hashes, heads)
+
+
 def _skeleton(masked_hashes: Sequence[str], heads: Sequence[str]) -> tuple[str, str]:
     """The signals' skeleton and head of the system slots whose masked hashes and heads these are."""
     return hash_text("\x1e".join(masked_hashes)), hash_text("\x1e".join(heads)[:HEAD_CHARS])

@@ -24,13 +24,15 @@ from typing import Any
 
 import orjson
 
-from canonicalize import identity, notes, pins
+from canonicalize import analysis, identity, notes, pins
 from canonicalize.analysis import Prepared
 from canonicalize.edits import Op, SetString, SetValue
+from canonicalize.learn import Learned
 from canonicalize.lineage import Decision, Fingerprint, LineageRecord, Lookup, Role
 from canonicalize.memo import Memos
 from canonicalize.repair import branch, repair_fork, set_tools
 from canonicalize.ruleset import RuleSet
+from canonicalize.spans import Span
 from canonicalize.texts import Texts
 
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
@@ -53,6 +55,7 @@ class Outcome:
     parent_fp: Fingerprint | None = None
     fork_signal: str | None = None
     depth: int = 0  # how many of the request's links were recorded (the prefix its parent shares)
+    learned: tuple[Span, ...] = ()  # the spans learned from this request (canonicalize.learn)
 
 
 @dataclass(slots=True)
@@ -94,10 +97,12 @@ def finalize(
     *,
     new_id: str,
     blobs: dict[str, bytes],
+    learned: Learned | None = None,
 ) -> Outcome:
     """Pins, date notes, the lineage's tools[] and fork repair, as edits, and what
     to record.  A fork (or a fork's own later request) whose parent's blobs are
-    missing is forwarded as a new root, never half-repaired."""
+    missing is forwarded as a new root, never half-repaired.  ``learned``: what the
+    request learned (:mod:`canonicalize.learn`); its pins apply to a continuation."""
     rewrites = list(prep.rewrites)
     parent = decision.parent
     fork_action = "disabled" if decision.fork_disabled else None
@@ -109,8 +114,12 @@ def finalize(
         else:
             applied = _root(prep, new_id, "missing_parent")
     else:
-        applied = _continuation(memos.texts, prep, lookup, parent, blobs, rewrites, fork_action)
-    return _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
+        pinned = learned if learned is not None and learned.pin else None
+        applied = _continuation(rules, memos.texts, prep, lookup, parent, blobs, rewrites, fork_action, pinned)
+    outcome = _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
+    if learned is not None:
+        outcome.learned = learned.spans
+    return outcome
 
 
 def _root(prep: Prepared, new_id: str, fork_action: str | None) -> _Applied:
@@ -132,6 +141,7 @@ def _root(prep: Prepared, new_id: str, fork_action: str | None) -> _Applied:
 
 
 def _continuation(
+    rules: RuleSet,
     texts: Texts,
     prep: Prepared,
     lookup: Lookup,
@@ -139,8 +149,10 @@ def _continuation(
     blobs: dict[str, bytes],
     rewrites: list[str],
     fork_action: str | None,
+    learned: Learned | None,
 ) -> _Applied:
-    """The next request of a root lineage: its pins, notes and tools[] as recorded."""
+    """The next request of a root lineage: its pins, notes and tools[] as recorded;
+    ``learned``: the spans learned from it, pinned."""
     sig, tools = prep.signals, prep.tools
     own_tools = tools.names if tools else ()
     changed = _restore(texts, prep, parent.pins)
@@ -148,17 +160,33 @@ def _continuation(
     merged = dict(_first_values(prep.spans))
     merged.update(parent.pins)
     added = notes.new_notes(prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth)
+    skeleton, head = sig.skeleton, sig.head
+    if learned is not None:
+        scopes = {"tools"} if learned.tools is not None else set()
+        if _pin_learned(texts, prep, learned):
+            scopes.add("system")
+            # What the lineage forwards now: a request sending it again is this session's.
+            skeleton, head = analysis.shape_of(rules, texts, prep.scope, [s.get() for s in prep.system_slots])
+        for span in learned.spans:
+            name = f"learned.{span.cls}"
+            if span.scope in scopes and span.cls != "other" and name not in rewrites:
+                rewrites.append(name)
+        said = parent.notes + tuple(added)
+        added += notes.told(learned.told, said, newest_user=sig.last_user_index, depth=lookup.depth)
     changes: dict[str, Any] = {
         "identity": sig.identity or parent.identity,
-        "skeleton": sig.skeleton,
-        "head": sig.head,
+        "skeleton": skeleton,
+        "head": head,
         "pins": merged,
         "own_tools": own_tools,
         "notes": parent.notes + tuple(added),
     }
-    _apply_notes(prep, changes["notes"], rewrites)
+    _apply_notes(prep, changes["notes"], rewrites, learned=learned is not None)
     structural: list[Op] = []
-    if _recorded_tools(prep, parent) and parent.tools_ref in blobs:
+    if learned is not None and learned.tools is not None:  # descriptions pinned: the lineage's tools[]
+        structural.append(SetValue(prep.exchange.tools_path(prep.body), learned.tools))
+        set_tools(prep.exchange, prep.body, orjson.loads(learned.tools))
+    elif _recorded_tools(prep, parent) and parent.tools_ref in blobs:
         blob = blobs[parent.tools_ref]
         structural.append(SetValue(prep.exchange.tools_path(prep.body), blob))
         set_tools(prep.exchange, prep.body, orjson.loads(blob))
@@ -301,15 +329,33 @@ def _restore(texts: Texts, prep: Prepared, recorded: dict[str, str]) -> list[str
     return changed
 
 
-def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str]) -> None:
-    """The lineage's date notes, each on the user message it was first added to."""
+def _pin_learned(texts: Texts, prep: Prepared, learned: Learned) -> bool:
+    """The system texts with the learned spans pinned, when they are still the texts
+    learning compared (the lineage's pack pins restored); True if they were set."""
+    slots = prep.system_slots
+    if not learned.texts or len(learned.base) != len(slots):
+        return False
+    if any(s.get() != b for s, b in zip(slots, learned.base, strict=True)):
+        return False
+    for slot, text in zip(slots, learned.texts, strict=True):
+        slot.set(texts.intern(prep.scope, text))
+    return True
+
+
+def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str], *, learned: bool = False) -> None:
+    """The lineage's date notes, each on the user message it was first added to
+    (named by the date rule, else by learning's class)."""
+    rule = next((s.rule.name for s in prep.spans if s.rule.action == "date"), None)
     for index, line in recorded:
         slot = prep.exchange.note_slot(prep.body, index - prep.offset) if index >= prep.offset else None
         if slot is None:
             continue
         prep.originals.setdefault(slot.path, (slot, slot.get()))
         slot.set(notes.appended(slot.get(), line))
-        name = next((s.rule.name for s in prep.spans if s.rule.action == "date"), "date")
+        if notes.is_time(line) and (learned or rule is None):
+            name = "learned.time"
+        else:
+            name = rule or ("learned.date" if learned else "date")
         if name not in rewrites:
             rewrites.append(name)
 

@@ -341,6 +341,14 @@ def _fork_signal(sig: Signals, rec: LineageRecord, depth: int, policy: ForkPolic
     return None
 
 
+def fork_signal(sig: Signals, rec: LineageRecord, depth: int, policy: ForkPolicy) -> str | None:
+    """The fork signal ``sig`` carries against ``rec`` when it replays enough of it
+    (``fork.min_depth`` messages, a reply among them) and forks are enabled; else None."""
+    if not policy.enabled or depth < max(policy.min_depth, 1) or not _has_reply(sig, depth):
+        return None
+    return _fork_signal(sig, rec, depth, policy)
+
+
 def classify(sig: Signals, lookup: Lookup, policy: ForkPolicy) -> Decision:
     """Root, continuation of a recorded lineage, or fork of one."""
     if lookup.depth == 0:

@@ -1,5 +1,6 @@
 """Date notes: the system prompt keeps the lineage's first date, and the model
-is still told when the agent's date moves on.
+is still told when the agent's date moves on (a learned time or date too:
+:mod:`canonicalize.learn`).
 
 A ``date`` rule pins its span like ``pin`` does, so the system prompt (and the
 whole cached prefix behind it) stays byte-stable across midnight.  When the
@@ -12,16 +13,24 @@ new in this request: an already-forwarded message never changes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from canonicalize.pins import Span
 
 Note = tuple[int, str]  # (history index of a user message, the line appended to it)
+_CLOCK = re.compile(r"\d:[0-5]\d")
 
 
 def line(value: str) -> str:
-    """The line that tells the model the current date."""
-    return f"(Note: the current date is now {value}.)"
+    """The line that tells the model the current date (or time: a value with a clock)."""
+    what = "time" if _CLOCK.search(value) else "date"
+    return f"(Note: the current {what} is now {value}.)"
+
+
+def is_time(note: str) -> bool:
+    """``note`` (a :func:`line`) tells a time, not a date."""
+    return note.startswith("(Note: the current time ")
 
 
 def new_notes(
@@ -32,17 +41,24 @@ def new_notes(
     ``newest_user`` is the history index of the request's newest user message and
     ``depth`` how much of the history is already recorded: a note goes only to a
     message the upstream has not seen yet (else it waits for the next one)."""
+    moved = []
+    for span in spans:
+        if span.rule.action == "date":
+            first = pinned.get(span.key)
+            if first is not None and first != span.value:
+                moved.append(span.value)
+    return told(moved, notes, newest_user=newest_user, depth=depth)
+
+
+def told(values: Sequence[str], notes: Sequence[Note], *, newest_user: int | None, depth: int) -> list[Note]:
+    """Notes that tell the model each of ``values`` (current dates or times) it was not
+    told yet, on the newest user message when it is new in this request."""
     if newest_user is None or newest_user < depth:
         return []
     said = {text for _, text in notes}
     out: list[Note] = []
-    for span in spans:
-        if span.rule.action != "date":
-            continue
-        first = pinned.get(span.key)
-        if first is None or first == span.value:
-            continue
-        text = line(span.value)
+    for value in values:
+        text = line(value)
         if text not in said:
             said.add(text)
             out.append((newest_user, text))

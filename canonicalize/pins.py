@@ -1,7 +1,8 @@
 """Pinned spans: find them, key them by their line, restore recorded values.
 
-A pin is keyed by its rule and the *line it sits on with the span masked*, so a
-value is only ever restored into the same line it was recorded from.  A line that
+A pin is keyed by its rule and the *line it sits on with the span masked* (and
+every other pinned span on that line), so a value is only ever restored into the
+same line it was recorded from.  A line that
 is new (changed content, a new memory entry with a datetime) has no recorded
 value and is forwarded as sent: pins never move a value between contexts.
 """
@@ -29,12 +30,23 @@ class Span:
     value: str
 
 
-def _line_key(rule: Rule, text: str, start: int, end: int) -> str:
+def _line_key(rule: Rule, text: str, start: int, end: int, on_line: Sequence[tuple[int, int]]) -> str:
+    """The rule's name and the hash of the span's line with every pinned span on it
+    (``on_line``, in order) masked: another span's fresh value on the same line
+    does not make it a new line."""
     line_start = text.rfind("\n", 0, start) + 1
     line_end = text.find("\n", end)
     if line_end < 0:
         line_end = len(text)
-    masked = text[line_start:start] + MASK + text[end:line_end]
+    parts: list[str] = []
+    pos = line_start
+    for s, e in on_line:
+        if s < line_start or e > line_end or s < pos:
+            continue
+        parts += (text[pos:s], MASK)
+        pos = e
+    parts.append(text[pos:line_end])
+    masked = "".join(parts)
     return f"{rule.name}:{xxhash.xxh64_hexdigest(masked.encode('utf-8', 'surrogatepass'))}"
 
 
@@ -43,9 +55,13 @@ def find_spans(rules: Sequence[Rule], slots: Sequence[Slot]) -> list[Span]:
     spans: list[Span] = []
     for i, slot in enumerate(slots):
         text = slot.get()
-        for rule in rules:
-            for start, end in rule.spans(text):
-                spans.append(Span(rule, i, start, end, _line_key(rule, text, start, end), text[start:end]))
+        found = [(start, end, rule) for rule in rules for start, end in rule.spans(text)]
+        if not found:
+            continue
+        found.sort(key=lambda f: f[0])  # by position; rules in order at one position
+        where = [(start, end) for start, end, _ in found]
+        for start, end, rule in found:
+            spans.append(Span(rule, i, start, end, _line_key(rule, text, start, end, where), text[start:end]))
     spans.sort(key=lambda s: (s.slot, s.start))
     return spans
 

@@ -13,6 +13,10 @@ module that owns it:
                     the signals (:mod:`canonicalize.analysis`)
 ``classify``        root, continuation or fork, from what the store found
                     (:mod:`canonicalize.lineage`)
+``learning``        the lineages a request whose system text changed may learn its
+                    volatile spans from, and the blobs that takes; ``learn``: the
+                    spans, and with ``learn: pin`` the decision and pins
+                    (:mod:`canonicalize.learn`)
 ``blobs_needed``    the recorded parts finalizing needs (a fork's parent's system
                     and tools[], a lineage's tools[]) (:mod:`canonicalize.finalize`)
 ``finalize``        pins, notes, the lineage's tools[] and fork repair as edits,
@@ -40,6 +44,7 @@ from canonicalize.bodies import Kept
 from canonicalize.finalize import Outcome
 from canonicalize.identity import ToolsId
 from canonicalize.jsonspan import JsonDoc
+from canonicalize.learn import Learned, Plan, learn_plan, learn_spans
 from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, Lookup, classify
 from canonicalize.memo import Memos
 from canonicalize.ruleset import RuleSet, Settings
@@ -109,15 +114,39 @@ class Canonicalizer:
                     return Decision("continuation", rec)
         return classify(prep.signals.at_depth(lookup.depth), lookup, self.rules.fork)
 
+    def learning(self, prep: Prepared, lookup: Lookup, decision: Decision) -> Plan | None:
+        """What ``prep`` may learn from (:func:`canonicalize.learn.learn_plan`); None with
+        ``learn: off``, or when its system text and tools are what its lineage forwarded."""
+        if self.settings.learn == "off":
+            return None
+        return learn_plan(prep, lookup, decision, self.rules.fork)
+
+    def learn(
+        self, prep: Prepared, lookup: Lookup, decision: Decision, plan: Plan, blobs: dict[str, bytes]
+    ) -> Learned | None:
+        """The spans ``prep`` learns from ``plan``'s lineages (their blobs fetched), and
+        with ``learn: pin`` the decision and lookup to finalize with
+        (:func:`canonicalize.learn.learn_spans`)."""
+        return learn_spans(prep, lookup, decision, plan, blobs, self.settings.learn, self.rules.fork)
+
     def blobs_needed(self, prep: Prepared, decision: Decision) -> tuple[str, ...]:
         """The recorded blobs :meth:`finalize` needs for ``decision``."""
         return finalize.blobs_needed(prep, decision)
 
     def finalize(
-        self, prep: Prepared, lookup: Lookup, decision: Decision, *, new_id: str, blobs: dict[str, bytes]
+        self,
+        prep: Prepared,
+        lookup: Lookup,
+        decision: Decision,
+        *,
+        new_id: str,
+        blobs: dict[str, bytes],
+        learned: Learned | None = None,
     ) -> Outcome:
         """Step 3: :func:`canonicalize.finalize.finalize` (edits ``prep``'s parse)."""
-        return finalize.finalize(self.rules, self.memos, prep, lookup, decision, new_id=new_id, blobs=blobs)
+        return finalize.finalize(
+            self.rules, self.memos, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned
+        )
 
     def tools_id(self, exchange: Exchange, tool_list: list[Any], *, hold: bool = False) -> ToolsId | None:
         """What identifies ``tool_list``; None when it cannot be hashed (such tools are

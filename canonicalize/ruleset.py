@@ -7,18 +7,25 @@ request, *pin* rules (``pin``, ``date``) find spans whose values a continuation
 gets back from its lineage's first request; scope ``system`` reaches the system
 part, ``tools`` the tool descriptions, ``all`` both and every message.  The
 packs also name the session outside the system text (request params, headers)
-and add fork markers and inherited params to the ``fork`` policy.
+and add fork markers and inherited params to the ``fork`` policy.  The agents' own session headers
+(``SESSION_HEADERS``) name the session whichever packs are enabled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from canonicalize.lineage import ForkPolicy
 from canonicalize.packs import PACKS, Pack
 from canonicalize.rules import Rule
+
+LearnMode = Literal["off", "suggest", "pin"]  # the config's canonicalize.learn (module canonicalize.learn)
+# The agents' own session headers (Claude Code, Codex, opencode): every built-in pack's
+# are honoured whichever packs are enabled, since a header names its session wherever
+# an agent sends it (SPEC section 2d).
+SESSION_HEADERS = tuple(dict.fromkeys(h for p in PACKS.values() for h in p.identity_headers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +36,7 @@ class Settings:
     rules: tuple[Rule, ...] = ()  # user rules, applied after the packs'
     disabled: tuple[str, ...] = ()  # rule names to leave out
     fork: ForkPolicy = field(default_factory=ForkPolicy)
+    learn: LearnMode = "suggest"  # what becomes of the volatile spans learned from traffic
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +77,7 @@ class RuleSet:
             pin_system=tuple(r for r in rules if not r.static and r.scope in ("system", "all")),
             pin_tools=pin_tools,
             identity_params=tuple(dict.fromkeys(q for p in packs for q in p.identity_params)),
-            identity_headers=tuple(dict.fromkeys(h for p in packs for h in p.identity_headers)),
+            identity_headers=tuple(dict.fromkeys((*(h for p in packs for h in p.identity_headers), *SESSION_HEADERS))),
             fork=ForkPolicy(
                 enabled=policy.enabled,
                 min_depth=policy.min_depth,

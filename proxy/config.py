@@ -16,12 +16,13 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
 from canonicalize import PACKS, ForkPolicy, RuleError, Settings, compile_rule
+from canonicalize.ruleset import LearnMode
 from proxy.redact import redact
 
 
@@ -125,6 +126,7 @@ class UserRule:
 @dataclass(frozen=True)
 class Canonicalize:
     packs: tuple[str, ...] = ("generic", "hermes")
+    learn: str = "suggest"  # off | suggest | pin: volatile spans learned from traffic (SPEC section 2d)
     rules: tuple[UserRule, ...] = ()
     disable: tuple[str, ...] = ()
 
@@ -265,6 +267,7 @@ class Config:
             packs=self.canonicalize.packs,
             rules=tuple(rules),
             disabled=self.canonicalize.disable,
+            learn=cast(LearnMode, self.canonicalize.learn),  # one of _ENUMS' (validated on load)
             fork=ForkPolicy(
                 enabled=self.fork.enabled,
                 min_depth=self.fork.min_depth,
@@ -310,6 +313,7 @@ _ENUMS = {
     "provider_cache.anthropic_ttl": ("5m", "1h", "auto"),
     "provider_cache.openai_retention": ("off", "24h"),
     "provider_cache.diagnostics": ("off", "auto"),
+    "canonicalize.learn": ("off", "suggest", "pin"),
 }
 _POSITIVE = {
     "listen.port",
@@ -341,6 +345,7 @@ _OFF_WORDS = {
     "provider_cache.anthropic_breakpoints",
     "provider_cache.openai_retention",
     "provider_cache.diagnostics",
+    "canonicalize.learn",
 }
 
 

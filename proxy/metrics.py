@@ -16,6 +16,8 @@ import prometheus_client
 from prometheus_client import CollectorRegistry
 
 from canonicalize import EXCHANGES
+from canonicalize.learn import CLASSES as LEARNED_CLASSES
+from canonicalize.learn import REWRITES as LEARNED_REWRITES
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -217,6 +219,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="sum",
         )
+        self.learned_spans = Counter(
+            "prefixpin_learned_spans_total",
+            "Changed spans of continuations' system text and tool descriptions, by class (canonicalize.learn)",
+            ("class",),
+            registry=r,
+        )
+        for cls in LEARNED_CLASSES:
+            self.learned_spans.labels(cls)
         self.cache_verdicts = Counter(
             "prefixpin_cache_verdicts_total",
             "Requests whose provider explained its cache result, by whether prefixpin's break cause agrees",
@@ -236,7 +246,7 @@ class Metrics:
             self.upstream_errors.labels(kind)
         for action in FORK_ACTIONS:
             self.forks.labels(action)
-        for rule in (*rules, *LINEAGE_REWRITES):
+        for rule in (*rules, *LINEAGE_REWRITES, *LEARNED_REWRITES):
             self.rewrites.labels(rule)
         for route in (exchange.name for exchange in EXCHANGES):
             for role in ROLES:

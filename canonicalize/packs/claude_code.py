@@ -3,7 +3,9 @@
 - the billing-header nonce in system[0]
   (``x-anthropic-billing-header: cc_version=2.1.117.48f; cc_entrypoint=cli; cch=71fea;``)
   changes on every request: pinned;
-- older builds put ``Today's date: YYYY-MM-DD`` in the system ``<env>``: pinned.
+- older builds put ``Today's date: YYYY-MM-DD`` in the system ``<env>``: pinned;
+- the ``x-claude-code-session-id`` header names the session (honoured whichever
+  packs are enabled: :data:`canonicalize.ruleset.SESSION_HEADERS`).
 """
 
 from __future__ import annotations
@@ -22,4 +24,5 @@ PACK = Pack(
         ),
         compile_rule("claude_code.env_date", r"Today's date: (?P<v>\d{4}-\d{2}-\d{2})", "pin"),
     ),
+    identity_headers=("x-claude-code-session-id",),
 )

@@ -3,7 +3,8 @@
 ``Today's date: Thu Jan 01 2026`` in the system ``<env>`` block is recomputed per
 request and changes at local midnight in the middle of a session: a ``date``
 rule keeps the first date in the system prompt and tells the model the new one
-in the newest user message.
+in the newest user message.  The ``x-session-id`` header names the session
+(honoured whichever packs are enabled: :data:`canonicalize.ruleset.SESSION_HEADERS`).
 """
 
 from __future__ import annotations
@@ -21,4 +22,5 @@ PACK = Pack(
             "date",
         ),
     ),
+    identity_headers=("x-session-id",),
 )

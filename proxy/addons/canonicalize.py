@@ -2,6 +2,11 @@
 fork repair: the edits that make this request extend its lineage's cached
 prefix.
 
+A request whose system text (or a tool description) is not what the lineage it
+continues forwarded learns the spans that changed (``canonicalize.learn``): one
+more store call, for the recorded text; they are counted and logged
+(:mod:`proxy.learned`) and, with ``learn: pin``, pinned.
+
 A body that is not a JSON object is not ours to judge: it goes upstream
 untouched and the upstream answers it.  A big body is parsed, hashed and
 finalized on a worker thread so the event loop keeps serving everyone else; a
@@ -20,9 +25,10 @@ from collections.abc import Callable
 
 import orjson
 
-from canonicalize import JsonDoc, Lookup, Prepared
+from canonicalize import Decision, JsonDoc, Learned, Lookup, Plan, Prepared
 from proxy.errors import StoreError
 from proxy.flow import Flow
+from proxy.learned import Suggestions
 from proxy.services import Services
 from proxy.store import ISOLATED
 
@@ -36,6 +42,7 @@ class Canonicalize:
     def __init__(self, s: Services, *, new_id: Callable[[], str] | None = None) -> None:
         self.s = s
         self.new_id = new_id or _Ids()
+        self.suggestions = Suggestions(s.metrics, s.canon.settings.learn)
 
     async def request(self, flow: Flow) -> None:
         if flow.skip:
@@ -57,6 +64,12 @@ class Canonicalize:
         except StoreError:
             lookup, flow.store_ok = Lookup(), False
         decision = canon.classify(prep, lookup)
+        learned = None
+        plan = canon.learning(prep, lookup, decision) if flow.store_ok else None
+        if plan is not None:
+            learned = await self._learn(flow, prep, lookup, decision, plan)
+            if learned is not None:
+                decision, lookup = learned.decision, learned.lookup
         blobs: dict[str, bytes] = {}
         refs = canon.blobs_needed(prep, decision)
         if refs and flow.store_ok:
@@ -67,9 +80,11 @@ class Canonicalize:
                 flow.store_ok = False
         new_id = self.new_id()
         if flow.big:
-            outcome = await asyncio.to_thread(canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs)
+            outcome = await asyncio.to_thread(
+                canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned
+            )
         else:
-            outcome = canon.finalize(prep, lookup, decision, new_id=new_id, blobs=blobs)
+            outcome = canon.finalize(prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned)
         flow.ops.extend(outcome.ops)
         flow.rewrites = outcome.rewrites
         if flow.store_ok:
@@ -77,6 +92,28 @@ class Canonicalize:
         else:
             s.metrics.fail_open.labels("store").inc()
             flow.role = "fail-open"
+
+    async def _learn(
+        self, flow: Flow, prep: Prepared, lookup: Lookup, decision: Decision, plan: Plan
+    ) -> Learned | None:
+        """What the request learns from the lineages of ``plan`` (their recorded blobs
+        fetched in one store call); counted and logged.  The store down: nothing (the
+        request goes on as classified)."""
+        s, canon = self.s, self.s.canon
+        blobs: dict[str, bytes] = {}
+        if plan.refs:
+            try:
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, plan.refs))
+            except StoreError:
+                return None
+            blobs = {ref: raw for ref, raw in zip(plan.refs, found, strict=True) if raw is not None}
+        if flow.big:
+            learned = await asyncio.to_thread(canon.learn, prep, lookup, decision, plan, blobs)
+        else:
+            learned = canon.learn(prep, lookup, decision, plan, blobs)
+        if learned is not None:
+            self.suggestions.note(flow.tenant, learned)
+        return learned
 
     def _parse(self, flow: Flow) -> bool:
         """The body parsed by pieces of the tenant's recent bodies where they are equal."""

@@ -58,7 +58,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from proxy.cli.audit import run_audit
 
     config = _load_or_exit(args.config)
-    return run_audit(args.trace, config, as_json=args.json, progress=not args.no_progress)
+    return run_audit(
+        args.trace, config, as_json=args.json, progress=not args.no_progress, suggest_rules=args.suggest_rules
+    )
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -103,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--config", help="YAML config file")
     audit.add_argument("--json", action="store_true", help="machine-readable output")
     audit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    audit.add_argument(
+        "--suggest-rules",
+        action="store_true",
+        help="print a config document with a rule for every volatile span learned from the trace (learn: pin)",
+    )
     audit.set_defaults(func=cmd_audit)
 
     replay = sub.add_parser("replay", help="send a trace to an upstream (or through prefixpin) and report")

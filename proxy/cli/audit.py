@@ -33,6 +33,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from canonicalize import Exchange, Fingerprint, Usage, predict
+from proxy.cli import suggest
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Config
@@ -239,12 +240,19 @@ def render(report: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_audit(path: str, config: Config, *, as_json: bool = False, progress: bool = True) -> int:
+def run_audit(
+    path: str, config: Config, *, as_json: bool = False, progress: bool = True, suggest_rules: bool = False
+) -> int:
     try:
         lines, bad = read_trace(path, sys.stderr, "audit")
     except TraceError as exc:
         print(f"prefixpin audit: {exc}", file=sys.stderr)
         return 2
+    if suggest_rules:  # the rules learning would pin, as a config document (proxy.cli.suggest)
+        with Progress(len(lines), "learning", enabled=progress) as bar:
+            rules, unwritten = asyncio.run(suggest.learned_rules(lines, config, bar))
+        sys.stdout.write(suggest.document(rules, config, path, len(lines), unwritten))
+        return 0
     with Progress(len(lines), "auditing", enabled=progress) as bar:
         report = asyncio.run(audit(lines, config, bar, sys.stderr))
     report["malformed_lines"] = bad
