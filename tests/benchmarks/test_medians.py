@@ -1,11 +1,11 @@
 """The overhead benchmark's rounds: one row per target and phase, each figure the
-median of its rounds, errors summed (tests/bench/overhead/run.py ``medians``)."""
+median of its rounds, errors summed (benchmarks/overhead/run.py ``medians``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tests.bench.overhead.run import medians
+from benchmarks.overhead.run import medians
 
 
 def _run(target: str, p50: float, rps: float, errors: int = 0) -> dict[str, Any]:

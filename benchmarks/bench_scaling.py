@@ -1,8 +1,8 @@
 """How prefixpin's per-request cost grows with the conversation's length.
 
-    python -m tests.bench.bench_scaling [--messages 10,100,300,1000] [--json]
+    python -m benchmarks.bench_scaling [--messages 10,100,300,1000] [--json]
 
-Times the in-process request path on hermes-style bodies (tests/bench/overhead/
+Times the in-process request path on hermes-style bodies (benchmarks/overhead/
 body.py) of 10 to 1000 history messages, the same system prompt and tools[]:
 
     root          orjson.loads -> prepare -> classify / finalize against an empty
@@ -34,11 +34,11 @@ from typing import Any, TypeVar
 import orjson
 from starlette.datastructures import Headers
 
+from benchmarks.overhead.body import hermes_body
 from canonicalize import CHAT, Canonicalizer, JsonDoc, Lookup, render
 from proxy.config import load
 from proxy.flow import Flow
 from proxy.offline import Offline
-from tests.bench.overhead.body import hermes_body
 
 T = TypeVar("T")
 KEY = {"authorization": "Bearer sk-bench"}
@@ -157,7 +157,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.bench.bench_scaling", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_scaling", description=__doc__.split("\n")[0])
     ap.add_argument("--messages", default="10,100,300,1000", help="history lengths to time")
     ap.add_argument("--budget", type=float, default=1.5, help="seconds of sampling per figure")
     ap.add_argument("--json", action="store_true")

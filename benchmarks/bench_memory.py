@@ -1,10 +1,10 @@
 """Memory stays bounded: prefixpin's RSS over 100,000 distinct conversations.
 
-    python -m tests.bench.bench_memory              # 1,000 tenants x 100 conversations x 2 turns (~5 min on 2 cores)
-    python -m tests.bench.bench_memory --smoke      # 20 x 10 x 2: proves the script works (CI)
-    python -m tests.bench.bench_memory --tenants 500 --conversations 200 --turns 3 --every 10000
+    python -m benchmarks.bench_memory              # 1,000 tenants x 100 conversations x 2 turns (~5 min on 2 cores)
+    python -m benchmarks.bench_memory --smoke      # 20 x 10 x 2: proves the script works (CI)
+    python -m benchmarks.bench_memory --tenants 500 --conversations 200 --turns 3 --every 10000
 
-Starts the instant Go upstream (tests/bench/overhead/upstream) and ``prefixpin
+Starts the instant Go upstream (benchmarks/overhead/upstream) and ``prefixpin
 serve`` (default config: memory store, default bounds) in front of it, then
 plays distinct conversations through it from a small asyncio HTTP/1.1 client
 with ``--concurrency`` keep-alive connections.  Every tenant has its own API
@@ -34,8 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.bench.overhead import targets
-from tests.bench.overhead.tools import BIN_DIR, Unavailable
+from benchmarks.overhead import targets
+from benchmarks.overhead.tools import BIN_DIR, Unavailable
 from tests.infra.procs import start_prefixpin
 
 SYSTEM = (
@@ -209,7 +209,7 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.bench.bench_memory", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n")[0])
     ap.add_argument("--tenants", type=int, default=1_000, help="distinct API keys")
     ap.add_argument("--conversations", type=int, default=100, help="conversations per tenant")
     ap.add_argument("--turns", type=int, default=2, help="requests per conversation")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.bench.overhead.targets import CLIENT_HEADERS, Target
+from benchmarks.overhead.targets import CLIENT_HEADERS, Target
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
-from tests.bench.overhead.body import MODEL
-from tests.bench.overhead.tools import CACHE, HERE, Unavailable, ensure_deb, go_binary
+from benchmarks.overhead.body import MODEL
+from benchmarks.overhead.tools import CACHE, HERE, Unavailable, ensure_deb, go_binary
 from tests.infra.procs import REPO, Proc, free_port, start_prefixpin
 
 CHAT = "/v1/chat/completions"

@@ -1,6 +1,6 @@
 """Provider prompt caching with and without prefixpin's ``provider_cache``.
 
-Replays the seeded hermes traces (``tests/bench/traces.py``: the pre-fix agent
+Replays the seeded hermes traces (``benchmarks/traces.py``: the pre-fix agent
 and its ideal twin, sessions interleaved by time, review forks included) with
 the real ``openai`` and ``anthropic`` SDKs against ``tests/infra/provider.py``
 (a scripted provider cache over N machines), directly and through two prefixpin
@@ -9,7 +9,7 @@ lineage`` and ``anthropic_breakpoints: auto``.  The Messages runs send the same
 conversations converted to Anthropic's shape, with no ``cache_control`` of their
 own.  The hit ratio is cached / prompt tokens as the clients saw them.
 
-    python -m tests.bench.bench_provider [--sessions 6 --turns 8 --machines 4] [--smoke] [--json]
+    python -m benchmarks.bench_provider [--sessions 6 --turns 8 --machines 4] [--smoke] [--json]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import httpx
 import openai
 import yaml
 
-from tests.bench.traces import SMOKE, TraceSpec, generate
+from benchmarks.traces import SMOKE, TraceSpec, generate
 from tests.infra.procs import Proc, free_port, start_prefixpin
 
 Json = Any

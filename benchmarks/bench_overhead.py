@@ -1,14 +1,14 @@
 """What prefixpin adds to a request, next to no proxy, nginx and LiteLLM.
 
-    python -m tests.bench.bench_overhead            # full run (~8 min on 2 cores), markdown tables
-    python -m tests.bench.bench_overhead --smoke    # a few seconds once built: proves the script works (CI)
-    python -m tests.bench.bench_overhead --json     # the same, as JSON
-    python -m tests.bench.bench_overhead --compare-ref 346c122 --conns 1,32   # this tree next to an older one
+    python -m benchmarks.bench_overhead            # full run (~8 min on 2 cores), markdown tables
+    python -m benchmarks.bench_overhead --smoke    # a few seconds once built: proves the script works (CI)
+    python -m benchmarks.bench_overhead --json     # the same, as JSON
+    python -m benchmarks.bench_overhead --compare-ref 346c122 --conns 1,32   # this tree next to an older one
 
 One run starts, in one process tree on this machine: the instant Go upstream
-(tests/bench/overhead/upstream), prefixpin (default config), nginx and LiteLLM
+(benchmarks/overhead/upstream), prefixpin (default config), nginx and LiteLLM
 in front of it, then drives each with the open-loop Go load generator
-(tests/bench/overhead/loadgen) at fixed rates and in saturation.  It builds the
+(benchmarks/overhead/loadgen) at fixed rates and in saturation.  It builds the
 Go binaries, installs nginx-light (as root, if missing) and LiteLLM (from
 requirements-litellm.lock into ~/.cache/prefixpin/litellm-venv) as needed; a
 target it cannot have is reported as "unavailable: <reason>".  ``--compare-ref REF``
@@ -36,10 +36,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from tests.bench.overhead import body, report, targets
-from tests.bench.overhead.run import Phase, Plan, Runner, log, medians
-from tests.bench.overhead.targets import Target
-from tests.bench.overhead.tools import BIN_DIR, Unavailable, go_binary
+from benchmarks.overhead import body, report, targets
+from benchmarks.overhead.run import Phase, Plan, Runner, log, medians
+from benchmarks.overhead.targets import Target
+from benchmarks.overhead.tools import BIN_DIR, Unavailable, go_binary
 from tests.infra.procs import Proc
 
 Run = dict[str, Any]
@@ -50,7 +50,7 @@ STRICT = ("direct", "prefixpin", "prefixpin-bypass", "nginx")  # --smoke fails o
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tests.bench.bench_overhead", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_overhead", description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny rates, 1 s runs; LiteLLM only if installed")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--rates", default="25,50,200,500", help="open-loop rates, non-streamed (req/s)")
