@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -64,7 +65,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2, help="whole seconds of warm-up before each run (0: none)")
     ap.add_argument("--timeout", type=int, default=5, help="wrk's per-request timeout, seconds")
     ap.add_argument("--repeat", type=int, default=3, help="rounds, the targets taking turns in each")
-    ap.add_argument("--idle-wait", type=float, default=15.0, help="seconds to wait for other load to leave (0: never)")
+    ap.add_argument("--idle-wait", type=float, default=60.0, help="seconds to wait for other load to leave (0: never)")
+    ap.add_argument(
+        "--max-other",
+        type=float,
+        default=0.3,
+        metavar="CORES",
+        help="measure a run again (up to 3 times) if other processes used more than CORES meanwhile (inf: never)",
+    )
     ap.add_argument("--conversations", type=int, default=64, help="mix: conversations in flight (round robin)")
     ap.add_argument("--turns", type=int, default=8, help="mix: turns per conversation before new ones start")
     ap.add_argument("--upstream", choices=("nginx", "go"), default="nginx", help="the instant upstream")
@@ -72,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.smoke:
         args.conns, args.duration, args.warmup, args.repeat, args.idle_wait = "1,4", 1, 0, 1, 0.0
+        args.max_other = math.inf
         args.conversations, args.turns = 8, 3
     args.conns = sorted({int(c) for c in args.conns.split(",") if c.strip() and int(c) > 0})
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -207,8 +216,16 @@ def failures(doc: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     phases = tuple(Phase(w, c) for w in args.workloads for c in sorted(args.conns, reverse=True))
-    plan = Plan(phases, args.duration, args.warmup, args.timeout, settle_s=3.0 if args.smoke else 15.0,
-                idle_wait_s=args.idle_wait, repeat=max(1, args.repeat))  # fmt: skip
+    plan = Plan(
+        phases,
+        args.duration,
+        args.warmup,
+        args.timeout,
+        settle_s=3.0 if args.smoke else 15.0,
+        idle_wait_s=args.idle_wait,
+        repeat=max(1, args.repeat),
+        max_other=None if math.isinf(args.max_other) else args.max_other,
+    )
     info = machine()
     all_targets, every_run, extra = run_all(args, plan)
     runs = medians(every_run)
@@ -229,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             "conversations": args.conversations,
             "turns": args.turns,
             "compare_ref": args.compare_ref,
+            "idle_wait_s": args.idle_wait,
+            "max_other": plan.max_other,
             "smoke": args.smoke,
         },
         **extra,
