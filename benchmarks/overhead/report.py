@@ -104,6 +104,23 @@ def compare(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def cpu(doc: dict[str, Any]) -> list[str]:
+    """CPU per request of each target next to nginx's at the top connection count: a ratio a
+    busy machine moves less than req/s (it counts the target's own work, not its share of the cores)."""
+    idx, top, out = _index(doc["runs"]), max(doc["config"]["conns"]), []
+    for w in doc["config"]["workloads"]:
+        n = idx.get(("nginx", f"{w}-c{top}"))
+        if n is None or not n["cpu_ms_per_req"]:
+            continue
+        parts = [f"nginx {n['cpu_ms_per_req']:.3f} ms"]
+        for name in doc["targets"]:
+            r = idx.get((name, f"{w}-c{top}"))
+            if r is not None and name not in ("nginx", "direct"):
+                parts.append(f"{name} {r['cpu_ms_per_req']:.3f} ms ({r['cpu_ms_per_req'] / n['cpu_ms_per_req']:.1f}x)")
+        out.append(f"- {w}: " + ", ".join(parts))
+    return out
+
+
 def rounds(doc: dict[str, Any]) -> list[str]:
     """Each round's req/s at saturation, per workload and target: the spread behind a median."""
     top = max(doc["config"]["conns"])
@@ -145,6 +162,7 @@ def render(doc: dict[str, Any]) -> str:
     out += ["", table(doc)]
     if doc["config"].get("compare_ref"):
         out += ["", f"This tree over prefixpin@{doc['config']['compare_ref']}, same rounds:", *compare(doc)]
+    out += ["", f"CPU per request at {top} connections, against nginx's:", *cpu(doc)]
     out += ["", f"Each round's req/s at {top} connections:", *rounds(doc)]
     seen = [r for r in doc["runs"] if r.get("roles")]
     if seen:
@@ -162,4 +180,4 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["compare", "generator_check", "ratio", "render", "table"]
+__all__ = ["compare", "cpu", "generator_check", "ratio", "render", "table"]
