@@ -44,7 +44,7 @@ from typing import Any
 from benchmarks.overhead import litellm, nginx, report, roles, targets, workloads, wrk
 from benchmarks.overhead.rounds import Phase, Plan, Runner, log, medians
 from benchmarks.overhead.targets import Target
-from benchmarks.overhead.tools import BIN_DIR, Unavailable
+from benchmarks.overhead.tools import BIN_DIR, Unavailable, prioritize
 from tests.infra.procs import Proc
 
 TARGETS = ("direct", "nginx", "prefixpin", "prefixpin-bypass", "prefixpin-auto", "litellm")
@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--conversations", type=int, default=64, help="mix: conversations in flight (round robin)")
     ap.add_argument("--turns", type=int, default=8, help="mix: turns per conversation before new ones start")
+    ap.add_argument(
+        "--priority",
+        type=int,
+        metavar="NICE",
+        help="on a shared machine: the scheduling weight of every benchmark process (e.g. -10; root)",
+    )
     ap.add_argument("--upstream", choices=("nginx", "go"), default="nginx", help="the instant upstream")
     ap.add_argument("--no-install", action="store_true", help="never install LiteLLM (use it only if present)")
     args = ap.parse_args(argv)
@@ -175,7 +181,10 @@ def run_all(args: argparse.Namespace, plan: Plan) -> tuple[list[Target], list[di
             up_proc, up = nginx.upstream(work, logs)
         else:
             up_proc, up = targets.start_upstream(logs)
+        prioritize(up_proc.popen.pid, args.priority)
         all_targets = make_targets(args, up_proc, up, work)
+        for t in all_targets:
+            t.priority = args.priority
         try:
             for t in all_targets:
                 log(f"starting {t.name} ...")
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         idle_wait_s=args.idle_wait,
         repeat=max(1, args.repeat),
         max_other=None if math.isinf(args.max_other) else args.max_other,
+        priority=args.priority,
     )
     info = machine()
     all_targets, every_run, extra = run_all(args, plan)
@@ -248,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             "compare_ref": args.compare_ref,
             "idle_wait_s": args.idle_wait,
             "max_other": plan.max_other,
+            "priority": args.priority,
             "smoke": args.smoke,
         },
         **extra,

@@ -148,6 +148,11 @@ def render(doc: dict[str, Any]) -> str:
             f"; a run during which other processes used over {cfg['max_other']:g} cores was measured again."
             if cfg.get("max_other") is not None
             else "."
+        )
+        + (
+            f" Every benchmark process ran with scheduling weight nice {cfg['priority']} (--priority)."
+            if cfg.get("priority") is not None
+            else ""
         ),
         "",
         "Workloads:",

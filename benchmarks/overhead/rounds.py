@@ -64,6 +64,7 @@ class Plan:
     repeat: int = 1
     max_other: float | None = None  # a run during which others used more cores is measured again
     retries: int = 3
+    priority: int | None = None  # wrk's scheduling weight (tools.prioritize)
 
 
 def machine_busy_s() -> float:
@@ -141,6 +142,7 @@ class Runner:
             start=self.next_start(workload),
             headers={**CLIENT_HEADERS, **target.headers},
             timeout_s=self.plan.timeout_s,
+            priority=self.plan.priority,
         )
 
     def measure(self, target: Target, phase: Phase) -> Run:

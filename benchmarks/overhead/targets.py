@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.overhead.tools import Unavailable, go_binary
+from benchmarks.overhead.tools import Unavailable, go_binary, prioritize
 from tests.infra.procs import REPO, Proc, free_port, start_prefixpin
 
 CHAT = "/v1/chat/completions"
@@ -46,6 +46,7 @@ class Target:
     watch: list[Proc] = field(default_factory=list)  # whose CPU time is the target's cost
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request, on top of CLIENT_HEADERS
     alias_of: Target | None = None  # the same processes, driven differently (headers)
+    priority: int | None = None  # the scheduling weight of its processes' sessions (tools.prioritize)
 
     @property
     def url(self) -> str:
@@ -60,6 +61,8 @@ class Target:
         try:
             self.procs, self.base = self.launch(log_dir)
             self.watch = list(self.procs)
+            for proc in self.procs:
+                prioritize(proc.popen.pid, self.priority)
         except (Unavailable, RuntimeError, OSError) as exc:
             self.reason = one_line(str(exc))
             self.base = None

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.overhead.tools import ensure_deb
+from benchmarks.overhead.tools import ensure_deb, prioritize
 
 SCRIPT = Path(__file__).resolve().parent / "wrk.lua"
 ERROR_KINDS = ("connect", "read", "write", "timeout", "status")
@@ -60,16 +60,23 @@ def run(
     start: int = 0,
     headers: dict[str, str] | None = None,
     timeout_s: int = 5,
+    priority: int | None = None,
 ) -> Load:
-    """wrk against ``url`` for ``duration_s`` whole seconds; request numbers begin at ``start``."""
+    """wrk against ``url`` for ``duration_s`` whole seconds; request numbers begin at ``start``;
+    ``priority``: its session's scheduling weight (``tools.prioritize``)."""
     argv = [wrk_binary(), "-t1", f"-c{conns}", f"-d{max(1, duration_s)}s", f"--timeout={timeout_s}s"]
     for k, v in (headers or {}).items():
         argv += ["-H", f"{k}: {v}"]
     argv += ["-s", str(SCRIPT), url, "--", str(bodies), str(start)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + timeout_s + 60)
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}")
+    # A session of its own, like the targets', so that its priority is its own.
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as proc:
+        prioritize(proc.pid, priority)
+        out, err = proc.communicate(timeout=duration_s + timeout_s + 60)
+    line = next((ln for ln in out.splitlines() if ln.startswith("WRKJSON ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {(err or out).strip()[-500:]}")
     return parse(line.removeprefix("WRKJSON "))
 
 
