@@ -14,7 +14,9 @@ body.py) of 10 to 1000 history messages, the same system prompt and tools[]:
                   edits are spliced, and it is recorded in turn by the Record
                   addon (``record`` column)
 
-Each figure is the median of many ``time.perf_counter`` samples.  The store is
+Each figure is the median of many samples of the thread's CPU time
+(``time.thread_time``: on a machine shared with other jobs, wall time would
+count the time others had the core).  The store is
 the proxy's own MemoryStore; its coroutines never suspend, so they are driven
 with ``coro.send(None)``, as cheap as awaiting them inside the proxy's loop.
 The cost must stay linear: the marginal cost per extra message (between two
@@ -62,9 +64,9 @@ def median_us(fn: Callable[[], object], budget_s: float, min_n: int = 15) -> tup
     samples: list[float] = []
     deadline = time.perf_counter() + budget_s
     while len(samples) < min_n or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         fn()
-        samples.append(time.perf_counter() - t0)
+        samples.append(time.thread_time() - t0)
     return statistics.median(samples) * 1e6, len(samples)
 
 
