@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in RUNS:
         print(f"bench: {run.name} ...", file=sys.stderr, flush=True)
         results[run.name] = run_once(run, traces[run.trace], log_dir)
-    out = {
+    out: dict[str, Any] = {
         "git": _git_state(),
         "trace": f"sessions={spec.sessions} turns={spec.turns} fork_every={spec.fork_every} seed={spec.seed}",
         "llama": LLAMA,

@@ -208,6 +208,10 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n")[0])
     ap.add_argument("--tenants", type=int, default=1_000, help="distinct API keys")
@@ -223,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = BIN_DIR / "logs-memory"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    loadavg = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
-    doc: dict[str, Any] = {"config": vars(args) | {"smoke": args.smoke}, "loadavg_start": loadavg()}
+    doc: dict[str, Any] = {"config": vars(args) | {"smoke": args.smoke}, "loadavg_start": _loadavg()}
     up_proc, up = targets.start_upstream(logs)
     try:
         proc, base = start_prefixpin(logs, upstream=up, name="prefixpin")
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed_s=round(run.samples[-1]["elapsed_s"], 1),
         samples=run.samples,
         growth=growth(run.samples),
-        loadavg_end=loadavg(),
+        loadavg_end=_loadavg(),
     )
     print(json.dumps(doc, indent=2) if args.json else render(doc))
     if run.errors:

@@ -45,7 +45,7 @@ from benchmarks.overhead import litellm, nginx, report, roles, targets, workload
 from benchmarks.overhead.rounds import Phase, Plan, Runner, log, medians
 from benchmarks.overhead.targets import Target
 from benchmarks.overhead.tools import BIN_DIR, Unavailable, prioritize
-from tests.infra.procs import Proc
+from tests.infra.procs import REPO, Proc
 
 TARGETS = ("direct", "nginx", "prefixpin", "prefixpin-bypass", "prefixpin-auto", "litellm")
 DEFAULT = ("direct", "nginx", "prefixpin")
@@ -124,7 +124,7 @@ def machine() -> dict[str, Any]:
         "nginx": cmd(nginx.binary(), "-v").replace("nginx version: ", ""),
         "wrk": cmd(wrk.wrk_binary(), "-v").split(" [")[0],
         "loadavg_start": loadavg(),
-        "revision": cmd("git", "-C", str(targets.REPO), "describe", "--always", "--dirty"),
+        "revision": cmd("git", "-C", str(REPO), "describe", "--always", "--dirty"),
     }
 
 

@@ -51,6 +51,16 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _get(r: Run | None, *path: str) -> float | None:
+    """``r[path[0]][path[1]]...``, or None for a run that is not there."""
+    value: Any = r
+    for key in path:
+        if value is None:
+            return None
+        value = value[key]
+    return None if value is None else float(value)
+
+
 def table(doc: dict[str, Any]) -> str:
     runs, cfg = doc["runs"], doc["config"]
     idx = _index(runs)
@@ -72,14 +82,14 @@ def table(doc: dict[str, Any]) -> str:
             cells = [w, name]
             for c in sat:
                 r, n = idx.get((name, f"{w}-c{c}")), idx.get(("nginx", f"{w}-c{c}"))
-                cells += [_f(r and r["rps"], ",.0f"), "-" if name == "direct" else _f(ratio(r, n), ".3f")]
+                cells += [_f(_get(r, "rps"), ",.0f"), "-" if name == "direct" else _f(ratio(r, n), ".3f")]
             if one:
                 r, d = idx.get((name, f"{w}-c1")), idx.get(("direct", f"{w}-c1"))
-                p50 = r and r["latency_ms"]["p50"]
-                added = None if r is None or d is None or name == "direct" else p50 - d["latency_ms"]["p50"]
-                cells += [_f(p50, ".3f"), _f(added, "+.3f"), _f(r and r["latency_ms"]["p99"], ".3f")]
+                p50, d50 = _get(r, "latency_ms", "p50"), _get(d, "latency_ms", "p50")
+                added = None if p50 is None or d50 is None or name == "direct" else p50 - d50
+                cells += [_f(p50, ".3f"), _f(added, "+.3f"), _f(_get(r, "latency_ms", "p99"), ".3f")]
             top = idx.get((name, f"{w}-c{max(cfg['conns'])}"))
-            cells.append(_f(top and top["cpu_ms_per_req"], ".3f"))
+            cells.append(_f(_get(top, "cpu_ms_per_req"), ".3f"))
             errors = sum(r["errors"] for r in runs if r["target"] == name and r["phase"].startswith(f"{w}-c"))
             cells.append(str(errors))
             rows.append("| " + " | ".join(cells) + " |")
