@@ -182,10 +182,11 @@ def run_all(args: argparse.Namespace, plan: Plan) -> tuple[list[Target], list[di
         else:
             up_proc, up = targets.start_upstream(logs)
         prioritize(up_proc.popen.pid, args.priority)
-        all_targets = make_targets(args, up_proc, up, work)
-        for t in all_targets:
-            t.priority = args.priority
+        all_targets: list[Target] = []
         try:
+            all_targets = make_targets(args, up_proc, up, work)
+            for t in all_targets:
+                t.priority = args.priority
             for t in all_targets:
                 log(f"starting {t.name} ...")
                 t.start(logs)
