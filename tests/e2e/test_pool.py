@@ -21,8 +21,8 @@ import httpx
 import openai
 import pytest
 
+from benchmarks.bench_cache import _metric_sums
 from tests import hermes
-from tests.bench.bench_cache import _metric_sums
 from tests.conftest import track
 from tests.infra.procs import Proc, start_llama
 

@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
+from benchmarks import bench_provider
+from benchmarks.traces import SMOKE
 from tests import hermes
-from tests.bench import bench_provider
-from tests.bench.traces import SMOKE
 from tests.conftest import Recorder, track
 from tests.infra.procs import Proc, free_port
 

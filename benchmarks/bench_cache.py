@@ -17,9 +17,9 @@ trace annotation implies (root -> root, turn -> continuation, fork -> fork).
 Targets: through prefixpin >= 98% of the ideal's cached ratio, forks >= 95% cached.
 Exit code 1 when a target is missed or a request failed.
 
-    python -m tests.bench.bench_cache            # 4 sessions x 6 turns, fork every 3rd
-    python -m tests.bench.bench_cache --smoke    # 1 session, 4 turns, one fork (CI)
-    python -m tests.bench.bench_cache --json
+    python -m benchmarks.bench_cache            # 4 sessions x 6 turns, fork every 3rd
+    python -m benchmarks.bench_cache --smoke    # 1 session, 4 turns, one fork (CI)
+    python -m benchmarks.bench_cache --json
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from tests.bench.traces import SMOKE, TraceSpec, work_dirs, write_pair
+from benchmarks.traces import SMOKE, TraceSpec, work_dirs, write_pair
 from tests.infra.procs import REPO, Proc, prefixpin_argv, start_llama, start_prefixpin
 
 _PORT = re.compile(r"127\.0\.0\.1:\d+")
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in RUNS:
         print(f"bench: {run.name} ...", file=sys.stderr, flush=True)
         results[run.name] = run_once(run, traces[run.trace], log_dir)
-    out = {
+    out: dict[str, Any] = {
         "git": _git_state(),
         "trace": f"sessions={spec.sessions} turns={spec.turns} fork_every={spec.fork_every} seed={spec.seed}",
         "llama": LLAMA,

@@ -27,7 +27,7 @@ what the upstream answered; llama.cpp caches the prompt it was sent either way.
 Lines carry annotations replay shows and totals: ``kind`` (root | turn | fork),
 ``session``, ``turn``.
 
-    python -m tests.bench.traces --out DIR [--sessions 4 --turns 6 --fork-every 3 --seed 7]
+    python -m benchmarks.traces --out DIR [--sessions 4 --turns 6 --fork-every 3 --seed 7]
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ Bodies: the load generator's compact hermes templates (``ensure_ascii=False``,
 what the openai SDK sends) and one ``json.dumps`` default body (``", "``
 separators, every non-ASCII character escaped as ``\\uXXXX``).
 
-    python -m tests.bench.bench_jsonspan            # 3000 runs per case
-    python -m tests.bench.bench_jsonspan --runs 500
+    python -m benchmarks.bench_jsonspan            # 3000 runs per case
+    python -m benchmarks.bench_jsonspan --runs 500
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import orjson
 
+from benchmarks.overhead.body import MINUTE, SEQ, hermes_body, templates
 from canonicalize.jsonspan import Edits, JsonDoc
-from tests.bench.overhead.body import MINUTE, SEQ, hermes_body, templates
 
 TARGETS_US = {"span messages[0].content": 15.0, "span tools": 80.0, "edits round": 100.0}
 

@@ -188,9 +188,15 @@ def _block(title: str, entries: list[str], used: int, limit: int) -> str:
     return f"{bar}\n{title} [{pct}% — {used:,}/{limit:,} chars]\n{bar}\n" + "\n§\n".join(entries)
 
 
-def system_prompt(session: int, minute: str = "30") -> str:
-    """The system prompt of ``session``; ``minute`` is the pre-fix per-turn timestamp's minute."""
-    sid = f"20260513_2045{11 + session:02d}_{(0xD02A5D + 7919 * session) & 0xFFFFFF:06x}"
+def session_id(session: int, day: str = "20260513") -> str:
+    """Hermes' ``Session ID`` of ``session`` (``YYYYMMDD_HHMMSS_hex6``, the shape its pack pins)."""
+    return f"{day}_{204511 + session % 100:06d}_{(0xD02A5D + 7919 * session) & 0xFFFFFF:06x}"
+
+
+def system_prompt(session: int, minute: str = "30", *, sid: str | None = None) -> str:
+    """The system prompt of ``session``; ``minute`` is the pre-fix per-turn timestamp's minute;
+    ``sid``: its ``Session ID`` (default :func:`session_id`)."""
+    sid = sid or session_id(session)
     skills = "\n".join(f"    - {name}: {desc}" for name, desc in sorted(_SKILLS + _EXTRA_SKILLS))
     tool_notes = "\n".join(f"- {name}: {note}" for name, note in _TOOL_GUIDANCE)
     guidance = "\n".join(f"- {g}" for g in _GUIDANCE)
@@ -553,9 +559,11 @@ def history(session: int, n_messages: int) -> list[dict[str, Any]]:
     return out
 
 
-def hermes_body(session: int, n_messages: int, *, user: str | None = None, minute: str = "30") -> dict[str, Any]:
+def hermes_body(
+    session: int, n_messages: int, *, user: str | None = None, minute: str = "30", sid: str | None = None
+) -> dict[str, Any]:
     """One chat completions body: system + ``n_messages`` history + a new user message."""
-    msgs = [{"role": "system", "content": system_prompt(session, minute)}, *history(session, n_messages)]
+    msgs = [{"role": "system", "content": system_prompt(session, minute, sid=sid)}, *history(session, n_messages)]
     msgs.append({"role": "user", "content": user or f"Thanks. Next: {_ASKS[session % len(_ASKS)]}"})
     return {"model": MODEL, "messages": msgs, "tools": tools(), "temperature": 0.7, "max_tokens": 4096}
 
@@ -574,4 +582,4 @@ def templates(*, stream: bool) -> list[str]:
     return out
 
 
-__all__ = ["MODEL", "hermes_body", "history", "system_prompt", "templates", "tools"]
+__all__ = ["MODEL", "hermes_body", "history", "session_id", "system_prompt", "templates", "tools"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench.traces import REVIEW_TOOL_NAMES, SMOKE, TraceSpec, generate, write_pair
+from benchmarks.traces import REVIEW_TOOL_NAMES, SMOKE, TraceSpec, generate, write_pair
 
 Json = dict[str, Any]
 

@@ -20,13 +20,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.mark.parametrize(
     "argv",
     [
-        ["-m", "tests.bench.bench_cache", "--smoke"],
-        ["-m", "tests.bench.bench_overhead", "--smoke", "--no-install"],
-        ["-m", "tests.bench.bench_provider", "--smoke"],
-        ["-m", "tests.bench.bench_bigbody", "--smoke"],
-        ["-m", "tests.bench.bench_memory", "--smoke"],
+        ["-m", "benchmarks.bench_cache", "--smoke"],
+        ["-m", "benchmarks.bench_overhead", "--smoke", "--no-install"],
+        ["-m", "benchmarks.bench_provider", "--smoke"],
+        ["-m", "benchmarks.bench_bigbody", "--smoke"],
+        ["-m", "benchmarks.bench_memory", "--smoke"],
+        ["-m", "benchmarks.bench_inprocess", "--requests", "64", "--conversations", "8", "--turns", "3"],
     ],
-    ids=["cache", "overhead", "provider", "bigbody", "memory"],
+    ids=["cache", "overhead", "provider", "bigbody", "memory", "inprocess"],
 )
 def test_benchmark_smoke_run(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -36,7 +37,7 @@ def test_benchmark_smoke_run(argv: list[str]) -> None:
 
 def test_affinity_benchmark_smoke_run() -> None:
     """Every contender ran; nothing was lost but what was in flight on the killed replica."""
-    argv = [sys.executable, "-m", "tests.bench.bench_affinity", "--smoke", "--json"]
+    argv = [sys.executable, "-m", "benchmarks.bench_affinity", "--smoke", "--json"]
     out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-2000:]
     report = json.loads(out.stdout)

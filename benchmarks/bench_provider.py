@@ -1,6 +1,6 @@
 """Provider prompt caching with and without prefixpin's ``provider_cache``.
 
-Part ``ratio``: replays the seeded hermes traces (``tests/bench/traces.py``: the
+Part ``ratio``: replays the seeded hermes traces (``benchmarks/traces.py``: the
 pre-fix agent and its ideal twin, sessions interleaved by time, review forks
 included) with the real ``openai`` and ``anthropic`` SDKs against
 ``tests/infra/provider.py`` (a scripted provider cache over N machines), directly
@@ -21,7 +21,7 @@ pauses replay in seconds.  Dollars are the usage the client saw at Claude
 Sonnet-like prices (:data:`PRICE`); prefixpin's own ``prefixpin_saved_usd_total``
 is read back as a check.
 
-    python -m tests.bench.bench_provider [--part ratio|ttl|all] [--sessions 6 --turns 8 --machines 4]
+    python -m benchmarks.bench_provider [--part ratio|ttl|all] [--sessions 6 --turns 8 --machines 4]
                                          [--smoke] [--json]
 """
 
@@ -45,9 +45,9 @@ import orjson
 import yaml
 from starlette.testclient import TestClient
 
+from benchmarks.traces import SMOKE, TraceSpec, generate
 from proxy.app import create_app
 from proxy.config import load
-from tests.bench.traces import SMOKE, TraceSpec, generate
 from tests.infra.procs import Proc, free_port, start_prefixpin
 from tests.infra.provider import ManualClock, Provider, Rejected
 
@@ -190,7 +190,9 @@ def with_pauses(lines: list[Json], profile: str, seed: int) -> list[Json]:
     """``lines`` (sorted by ``t``) with a pause drawn from ``profile`` before each
     session's next turn; the seconds within a turn (tool loop, forks) kept."""
     rng = random.Random(f"{profile}-{seed}")
-    out, shift, last = [], 0.0, {}
+    out: list[Json] = []
+    shift = 0.0
+    last: dict[Any, Any] = {}
     for line in lines:
         session, turn = line["session"], line["turn"]
         if session in last and turn != last[session]:
@@ -228,8 +230,9 @@ def replay_ttl(lines: list[Json], mode: str | None) -> dict[str, Any]:
     config = load(None, env={}, overrides={f"provider_cache.{k}": v for k, v in pc.items()})
     totals = dict.fromkeys(("prompt", "input", "read", "write_5m", "write_1h", "output"), 0)
     saved = 0.0
+    http: httpx.Client | TestClient
     if mode is None:
-        http: httpx.Client = httpx.Client(transport=httpx.MockTransport(upstream), base_url="http://provider")
+        http = httpx.Client(transport=httpx.MockTransport(upstream), base_url="http://provider")
     else:
         http = TestClient(create_app(config, transport=httpx.MockTransport(upstream), clock=clock))
     with http:

@@ -1,10 +1,10 @@
 """Memory stays bounded: prefixpin's RSS over 100,000 distinct conversations.
 
-    python -m tests.bench.bench_memory              # 1,000 tenants x 100 conversations x 2 turns (~5 min on 2 cores)
-    python -m tests.bench.bench_memory --smoke      # 20 x 10 x 2: proves the script works (CI)
-    python -m tests.bench.bench_memory --tenants 500 --conversations 200 --turns 3 --every 10000
+    python -m benchmarks.bench_memory              # 1,000 tenants x 100 conversations x 2 turns (~5 min on 2 cores)
+    python -m benchmarks.bench_memory --smoke      # 20 x 10 x 2: proves the script works (CI)
+    python -m benchmarks.bench_memory --tenants 500 --conversations 200 --turns 3 --every 10000
 
-Starts the instant Go upstream (tests/bench/overhead/upstream) and ``prefixpin
+Starts the instant Go upstream (benchmarks/overhead/upstream) and ``prefixpin
 serve`` (default config: memory store, default bounds) in front of it, then
 plays distinct conversations through it from a small asyncio HTTP/1.1 client
 with ``--concurrency`` keep-alive connections.  Every tenant has its own API
@@ -34,8 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.bench.overhead import targets
-from tests.bench.overhead.tools import BIN_DIR, Unavailable
+from benchmarks.overhead import targets
+from benchmarks.overhead.tools import BIN_DIR, Unavailable
 from tests.infra.procs import start_prefixpin
 
 SYSTEM = (
@@ -208,8 +208,12 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.bench.bench_memory", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n")[0])
     ap.add_argument("--tenants", type=int, default=1_000, help="distinct API keys")
     ap.add_argument("--conversations", type=int, default=100, help="conversations per tenant")
     ap.add_argument("--turns", type=int, default=2, help="requests per conversation")
@@ -223,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = BIN_DIR / "logs-memory"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    loadavg = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
-    doc: dict[str, Any] = {"config": vars(args) | {"smoke": args.smoke}, "loadavg_start": loadavg()}
+    doc: dict[str, Any] = {"config": vars(args) | {"smoke": args.smoke}, "loadavg_start": _loadavg()}
     up_proc, up = targets.start_upstream(logs)
     try:
         proc, base = start_prefixpin(logs, upstream=up, name="prefixpin")
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed_s=round(run.samples[-1]["elapsed_s"], 1),
         samples=run.samples,
         growth=growth(run.samples),
-        loadavg_end=loadavg(),
+        loadavg_end=_loadavg(),
     )
     print(json.dumps(doc, indent=2) if args.json else render(doc))
     if run.errors:

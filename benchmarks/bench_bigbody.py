@@ -1,10 +1,10 @@
 """One huge request must not stall the others: /healthz latency while a 30 MB body is in flight.
 
-    python -m tests.bench.bench_bigbody                          # ~30 MB, 650,000 messages, 3 rounds
-    python -m tests.bench.bench_bigbody --compare-ref 346c122    # the same against an older revision, same run
-    python -m tests.bench.bench_bigbody --smoke                  # 3 MB, one round: proves the script works (CI)
+    python -m benchmarks.bench_bigbody                          # ~30 MB, 650,000 messages, 3 rounds
+    python -m benchmarks.bench_bigbody --compare-ref 346c122    # the same against an older revision, same run
+    python -m benchmarks.bench_bigbody --smoke                  # 3 MB, one round: proves the script works (CI)
 
-Starts the instant Go upstream (tests/bench/overhead/upstream) and ``prefixpin
+Starts the instant Go upstream (benchmarks/overhead/upstream) and ``prefixpin
 serve`` (default config, memory store) in front of it, then, per round: one
 thread sends a chat completions request of ~650,000 short messages (with an
 Authorization header) on its own connection while another polls ``GET /healthz``
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.bench.overhead import targets
-from tests.bench.overhead.tools import BIN_DIR, Unavailable
+from benchmarks.overhead import targets
+from benchmarks.overhead.tools import BIN_DIR, Unavailable
 from tests.infra.procs import Proc, start_prefixpin
 
 POLL_S = 0.010
@@ -164,7 +164,7 @@ def loadavg() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.bench.bench_bigbody", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_bigbody", description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=650_000, help="messages in the big body (~46 bytes each)")
     ap.add_argument("--rounds", type=int, default=3, help="big requests per target")
     ap.add_argument("--compare-ref", metavar="REF", help="also run prefixpin at git revision REF")

@@ -2,7 +2,7 @@
 
 Every contender gets fresh real ``llama-server`` processes (``--parallel 3``, llama.cpp's
 default slot similarity, the tiny GGUF of bench_cache) and the seeded hermes traces of
-:mod:`tests.bench.traces`; three client threads ("users", see :class:`Pace`) send the
+:mod:`benchmarks.traces`; three client threads ("users", see :class:`Pace`) send the
 sessions concurrently, each one session at a time with think time between requests,
 so sessions contend for slots and replicas.
 
@@ -23,9 +23,9 @@ first-try failures are counted apart from lost requests (failed after every try)
 Exit code 1 when a goal is missed or a request was lost (``--smoke``: only when a
 request was lost that was not in flight on the killed replica).
 
-    python -m tests.bench.bench_affinity            # ~12.5 min on 2 cores
-    python -m tests.bench.bench_affinity --smoke    # ~75 s: no router peer, no serial rows (CI)
-    python -m tests.bench.bench_affinity --json
+    python -m benchmarks.bench_affinity            # ~12.5 min on 2 cores
+    python -m benchmarks.bench_affinity --smoke    # ~75 s: no router peer, no serial rows (CI)
+    python -m benchmarks.bench_affinity --json
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.bench_cache import LLAMA_METRICS, _git_state, _labelled, _metric_sums, _pct
+from benchmarks.traces import TraceSpec, work_dirs, write_pair
 from proxy.cli.replay import ATTEMPTS, Result, Totals, send
 from proxy.cli.trace import TraceLine, read_trace
-from tests.bench.bench_cache import LLAMA_METRICS, _git_state, _labelled, _metric_sums, _pct
-from tests.bench.traces import TraceSpec, work_dirs, write_pair
 from tests.infra import router
 from tests.infra.procs import Proc, start_llama, start_prefixpin
 

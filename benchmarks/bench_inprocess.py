@@ -1,0 +1,82 @@
+"""The overhead benchmark's workloads in process: prefixpin's request path without sockets.
+
+    python -m benchmarks.bench_inprocess                  # CPU µs per request, body and mix
+    python -m benchmarks.bench_inprocess --profile mix    # and where the mix's time goes (cProfile)
+
+Sends the same requests as ``bench_overhead`` (``overhead/workloads.py``, in wrk's
+order) through the proxy's own request hooks, render and record
+(``proxy.offline``: the addons on an embedded store, one tenant), each answered
+with the instant upstream's reply.  The first quarter warms the memos and the
+store up; the rest is timed by this thread's CPU time, so other jobs on a shared
+machine do not count.  What is left between this and ``bench_overhead``'s CPU
+per request is the HTTP shell, the sockets and the cold caches of a live server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.overhead import mix, workloads
+from benchmarks.overhead.targets import CLIENT_HEADERS
+from proxy.config import load
+from proxy.offline import Offline
+
+REPLY = {"role": "assistant", "content": mix.REPLY}
+
+
+async def run(w: workloads.Workload, count: int, profile: cProfile.Profile | None = None) -> tuple[float, Counter[str]]:
+    """(CPU µs per timed request, their roles): ``count`` requests, the first quarter untimed."""
+    offline = Offline(load(None, env={}))
+    headers = {k.lower(): v for k, v in CLIENT_HEADERS.items()}
+    bodies = [w.render(n).encode() for n in range(count)]
+    warm = count // 4
+    for raw in bodies[:warm]:
+        await offline.send(raw, headers=headers, reply=REPLY)
+    roles: Counter[str] = Counter()
+    if profile is not None:
+        profile.enable()
+    t0 = time.thread_time()
+    for raw in bodies[warm:]:
+        flow = await offline.send(raw, headers=headers, reply=REPLY)
+        roles[flow.role] += 1
+    spent = time.thread_time() - t0
+    if profile is not None:
+        profile.disable()
+    return 1e6 * spent / (count - warm), roles
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_inprocess", description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=2048, help="requests per workload (a quarter of them warm-up)")
+    ap.add_argument("--conversations", type=int, default=64, help="mix: conversations in flight")
+    ap.add_argument("--turns", type=int, default=8, help="mix: turns per conversation")
+    ap.add_argument("--profile", choices=("body", "mix"), help="also profile this workload (cProfile, CPU time)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
+        loads = {
+            "body": workloads.repeated(Path(tmp)),
+            "mix": workloads.conversations(Path(tmp), args.conversations, args.turns),
+        }
+        print("| workload | CPU µs per request | roles |")
+        print("|---|---:|---|")
+        for name, w in loads.items():
+            us, roles = asyncio.run(run(w, args.requests))
+            print(f"| {name} | {us:,.0f} | {', '.join(f'{k} {v}' for k, v in roles.most_common())} |")
+        if args.profile:
+            profile = cProfile.Profile(time.thread_time)
+            asyncio.run(run(loads[args.profile], args.requests, profile))
+            print(f"\n{args.profile}, by cumulative CPU time (cProfile roughly doubles it):\n", file=sys.stdout)
+            pstats.Stats(profile, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
