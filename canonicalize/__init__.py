@@ -10,6 +10,7 @@ from canonicalize import chain
 from canonicalize.analysis import Prepared
 from canonicalize.bodies import Kept
 from canonicalize.edits import AddMember, Op, render
+from canonicalize.evidence import Evidence, evidence
 from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.lineage import (
@@ -25,7 +26,7 @@ from canonicalize.lineage import (
 from canonicalize.memo import Memos
 from canonicalize.packs import PACKS, Pack
 from canonicalize.pipeline import Canonicalizer
-from canonicalize.predict import Prediction, predict
+from canonicalize.predict import UNCACHED_CAUSES, Parent, Prediction, parent_of, predict, split_uncached
 from canonicalize.rules import Rule, RuleError, compile_rule
 from canonicalize.ruleset import Settings
 from canonicalize.sse import Event, SSESplitter, encode
@@ -41,10 +42,12 @@ __all__ = [
     "PACKS",
     "RESPONSES",
     "SCAN_UP",
+    "UNCACHED_CAUSES",
     "AddMember",
     "Canonicalizer",
     "Decision",
     "Event",
+    "Evidence",
     "Exchange",
     "Fingerprint",
     "ForkPolicy",
@@ -56,6 +59,7 @@ __all__ = [
     "Op",
     "Outcome",
     "Pack",
+    "Parent",
     "Prediction",
     "Prepared",
     "Reply",
@@ -68,8 +72,11 @@ __all__ = [
     "chain",
     "compile_rule",
     "encode",
+    "evidence",
     "match",
+    "parent_of",
     "parse_usage",
     "predict",
     "render",
+    "split_uncached",
 ]

@@ -56,6 +56,7 @@ class Canonicalize:
             lookup = await s.guard.call(lambda: self._lookup(flow.tenant, prep))
         except StoreError:
             lookup, flow.store_ok = Lookup(), False
+        flow.lookup = lookup
         decision = canon.classify(prep, lookup)
         blobs: dict[str, bytes] = {}
         refs = canon.blobs_needed(prep, decision)
