@@ -15,7 +15,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry
 
-from canonicalize import EXCHANGES
+from canonicalize import EXCHANGES, UNCACHED_CAUSES
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -155,6 +155,12 @@ class Metrics:
             ("cause",),
             registry=r,
         )
+        self.uncached_tokens = Counter(
+            "prefixpin_uncached_tokens_total",
+            "Prompt tokens the upstream did not serve from cache, by cause (new content, a prefix break, eviction)",
+            ("cause",),
+            registry=r,
+        )
         self.fail_open = Counter(
             "prefixpin_fail_open_total",
             "Requests forwarded unchanged after an internal failure",
@@ -222,6 +228,8 @@ class Metrics:
         # and alerts on a lone event would miss it.
         for cause in BREAK_CAUSES:
             self.prefix_breaks.labels(cause)
+        for cause in UNCACHED_CAUSES:
+            self.uncached_tokens.labels(cause)
         for stage in FAIL_OPEN_STAGES:
             self.fail_open.labels(stage)
         for kind in UPSTREAM_ERROR_KINDS:
