@@ -37,14 +37,19 @@ SHORT_TEXT = 256  # a system text shorter than this is serialized again rather t
 # ``params_changed``.  Sampling members (temperature, max_tokens, ...) are not.
 PROMPT_PARAMS = (
     "chat_template_kwargs",
+    "enable_thinking",
     "reasoning_effort",
     "reasoning",
     "thinking",
     "tool_choice",
     "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "mcp_servers",
     "response_format",
     "text",
     "output_config",
+    "output_format",
 )
 
 
