@@ -60,8 +60,12 @@ UNCACHED_CAUSES = (
     "model_changed",
     "evicted",
 )
-EVICTION_SLACK = 0.1  # of the predicted cacheable tokens: within it, a shortfall is the estimate's error
-EVICTION_SLACK_TOKENS = 32  # ... or within this many tokens (engines cache in blocks, re-read the last token)
+# A shortfall within EVICTION_SLACK of the predicted cacheable tokens, or EVICTION_SLACK_TOKENS,
+# is the byte-to-token estimate's error (a byte-level tokenizer: within 0.1%; BPE tokenizers
+# read JSON and prose at different rates) or the engine's granularity (llama.cpp re-reads
+# the last token, a token may straddle the prefix's end; vLLM caches 16-token blocks).
+EVICTION_SLACK = 0.05
+EVICTION_SLACK_TOKENS = 4
 
 
 @dataclass(frozen=True, slots=True)

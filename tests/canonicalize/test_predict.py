@@ -161,7 +161,8 @@ def test_eviction_is_what_the_parent_sent_and_the_upstream_no_longer_had() -> No
 def test_a_small_shortfall_is_not_an_eviction() -> None:
     p = Prediction(0.99, 990, 1000, None)
     assert "evicted" not in split_uncached(p, 1000, 990 - EVICTION_SLACK_TOKENS)
-    assert "evicted" not in split_uncached(Prediction(0.9, 9000, 10000, None), 10000, 8200)
+    assert "evicted" not in split_uncached(Prediction(0.9, 9000, 10000, None), 10000, 8600)
+    assert split_uncached(Prediction(0.02, 20, 1000, None), 1000, 5)["evicted"] == 15  # a short prompt's eviction
     assert split_uncached(Prediction(0.9, 9000, 10000, None), 10000, 7000)["evicted"] == 2000
 
 

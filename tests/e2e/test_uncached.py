@@ -99,3 +99,29 @@ def test_eviction_mid_conversation_is_counted_evicted(proxy: tuple[str, Proc]) -
     assert 'prefixpin_prefix_breaks_total{cause="system_changed"} 1.0' in text
     assert MARKER not in text
     assert MARKER not in proc.log_path.read_text(errors="replace")
+
+
+def test_a_short_conversations_eviction_is_counted_too(proxy: tuple[str, Proc]) -> None:
+    """No system prompt, a few words a turn: the eviction is tens of tokens, still counted."""
+    base, _ = proxy
+    client = httpx.Client(base_url=base, trust_env=False, timeout=120, headers={"authorization": "Bearer sk-short"})
+    seen: list[tuple[int, int]] = []
+
+    def chat(history: list[dict[str, Any]]) -> None:
+        r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": history, "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        seen.append((usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
+        history.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
+
+    a: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+    with client:
+        chat(a)
+        a.append({"role": "user", "content": "more"})
+        chat(a)
+        chat([{"role": "user", "content": "bonjour"}])  # takes the one slot
+        a.append({"role": "user", "content": "again"})
+        chat(a)
+        counted, _ = _metrics(base, 4)
+    assert sum(counted.values()) == sum(p - c for p, c in seen)
+    assert counted["evicted"] > 0, (seen, counted)
