@@ -47,6 +47,7 @@ from canonicalize import (
     UNCACHED_CAUSES,
     Exchange,
     Fingerprint,
+    Parent,
     Prediction,
     Usage,
     evidence,
@@ -196,7 +197,6 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         }
         requests.append(entry)
         usage = _usage_of(line)
-        before_p: Prediction | None = None
         outcome, prep = flow.outcome, flow.prep
         if outcome is None or prep is None:  # bypassed or not ours: forwarded as sent
             total.add(total_bytes, 0, 0, None, None)
@@ -210,25 +210,9 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         forwarded = _forwarded(flow, line.body)
         parent = parent_of(outcome, prep, flow.lookup)
         seen = last.get(parent.lineage) if parent is not None else None
-        fp_after, depth = rec.fingerprint, outcome.depth
-        before = after = 0
-        cause_before = cause_after = None
-        if parent is not None and fp_after is not None:
-            p = predict(fp_after, parent.fingerprint, depth, prep.sizes)
-            after, cause_after = p.shared, p.cause
-            # Ratios are per request, so scale "after" to the bytes as received.
-            scale = total_bytes / p.total if p.total else 0.0
-            after = round(p.shared * scale)
-            entry["new_bytes"] = round(p.new * scale)
-            if seen is not None:
-                entry["parent"] = seen.index
-                before_p = predict(raw_fp, seen.raw_fp, depth, raw_sizes)
-                before, cause_before = before_p.shared, before_p.cause
-                if cause_after is not None:
-                    entry["evidence"] = evidence(exchange, seen.forwarded, forwarded, cause_after, params).to_json()
-                if cause_before is not None:
-                    entry["evidence_before"] = evidence(exchange, seen.sent, line.body, cause_before, params).to_json()
-        entry.update(cause=cause_after, cause_before=cause_before, cacheable_bytes=after, cacheable_bytes_before=before)
+        before_p = _judge(entry, flow, parent, seen, line, forwarded, (raw_fp, raw_sizes), params)
+        before, after = entry["cacheable_bytes_before"], entry["cacheable_bytes"]
+        cause_before, cause_after = entry["cause_before"], entry["cause"]
         _observed(entry, usage, before_p)
         last[rec.id] = Seen(index, raw_fp, line.body, forwarded)
         lin.tally.add(total_bytes, before, after, cause_before, cause_after)
@@ -254,6 +238,38 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         "total": total.as_dict(),
         "savings": _savings(by_model, Pricing(config.provider_cache.price_map())),
     }
+
+
+def _judge(
+    entry: dict[str, Any],
+    flow: Flow,
+    parent: Parent | None,
+    seen: Seen | None,
+    line: TraceLine,
+    forwarded: dict[str, Any],
+    raw: tuple[Fingerprint, list[int]],
+    params: tuple[str, ...],
+) -> Prediction | None:
+    """The request against its parent, after canonicalization and as sent: its cause,
+    evidence and cacheable bytes into ``entry``; returns the prediction as sent."""
+    outcome, prep = flow.outcome, flow.prep
+    assert outcome is not None and prep is not None
+    fp = outcome.record.fingerprint
+    if parent is None or fp is None:
+        return None
+    p = predict(fp, parent.fingerprint, outcome.depth, prep.sizes)
+    # Ratios are per request, so scale "after" to the bytes as received.
+    scale = entry["prompt_bytes"] / p.total if p.total else 0.0
+    entry.update(cause=p.cause, cacheable_bytes=round(p.shared * scale), new_bytes=round(p.new * scale))
+    if seen is None:
+        return None
+    q = predict(raw[0], seen.raw_fp, outcome.depth, raw[1])
+    entry.update(parent=seen.index, cause_before=q.cause, cacheable_bytes_before=q.shared)
+    if p.cause is not None:
+        entry["evidence"] = evidence(line.exchange, seen.forwarded, forwarded, p.cause, params).to_json()
+    if q.cause is not None:
+        entry["evidence_before"] = evidence(line.exchange, seen.sent, line.body, q.cause, params).to_json()
+    return q
 
 
 def _observed(entry: dict[str, Any], usage: Usage | None, p: Prediction | None) -> None:
