@@ -3,12 +3,13 @@ and split the tokens the upstream did not serve from cache by cause.
 
 **The parent** (:func:`parent_of`) is the deepest recorded request of the same
 tenant whose history this one extends, whatever role the request gets: a
-continuation's lineage, a fork's parent, or, for a request that starts a lineage
-of its own while it replays a recorded conversation (it carries an assistant
-message and shares recorded history), the lineage owning the deepest link it
-shares.  A request that replays a recorded history under an edited system prompt
-is therefore ``system_changed``, not a fresh start.  A root that shares nothing
-recorded (or only user messages: two sessions that open alike) has no parent.
+continuation's lineage, a fork's parent, the lineage its conversation went on
+under (after a system edit made it a lineage of its own), or, for a request that
+starts a lineage of its own while it replays a recorded conversation (it carries
+an assistant message and shares recorded history), that conversation.  A request
+that replays a recorded history under an edited system prompt is therefore
+``system_changed``, not a fresh start.  A root that shares nothing recorded (or
+only user messages: two sessions that open alike) has no parent.
 
 **The prediction** (:func:`predict`).  The prompt is taken in the order templates
 render it: system, tools[], then the messages.  The share of it (in bytes, as
