@@ -167,10 +167,16 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
     requests: list[dict[str, Any]] = []
     total = Tally()
     by_model: dict[str, list[int]] = {}  # model -> [cacheable bytes before, after]
+    skipped: list[dict[str, Any]] = []
     for line in lines:
         progress.advance()
         exchange = line.exchange
-        raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
+        try:
+            raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
+        except TypeError as exc:  # e.g. a lone surrogate, which JSON text can carry and UTF-8 cannot
+            print(f"prefixpin audit: line {line.line}: skipped: {exc}", file=errors)
+            skipped.append({"line": line.line, "error": str(exc)})
+            continue
         flow = await offline.send(
             line.body,
             exchange=exchange,
@@ -230,7 +236,7 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         entry["lineage"] = names.get(entry["lineage"] or "")
     return {
         "requests": requests,
-        "malformed_lines": [],
+        "malformed_lines": skipped,
         "lineages": [
             {"id": lin.id, "kind": lin.kind, "parent": lin.parent, **lin.tally.as_dict()} for lin in lineages.values()
         ],
@@ -402,10 +408,11 @@ def run_audit(
         return 2
     with Progress(len(lines), "auditing", enabled=progress) as bar:
         report = asyncio.run(audit(lines, config, bar, sys.stderr))
-    report["malformed_lines"] = bad
+    report["malformed_lines"] = sorted([*bad, *report["malformed_lines"]], key=lambda m: int(m["line"]))
     if html is not None:
         try:
-            Path(html).write_text(report_html.render(report, path), encoding="utf-8")
+            # errors="replace": a trace's JSON may hold lone surrogates, which UTF-8 cannot.
+            Path(html).write_text(report_html.render(report, path), encoding="utf-8", errors="replace")
         except OSError as exc:
             print(f"prefixpin audit: cannot write {html}: {exc}", file=sys.stderr)
             return 2

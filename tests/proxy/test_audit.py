@@ -265,3 +265,20 @@ def test_html_is_one_self_contained_page_and_escapes_the_trace(tmp_path: Path) -
     assert "<ins>" in html and "<del" in html
     unwritable = _run(str(_causes_trace(tmp_path)), "--html", str(tmp_path / "no" / "such" / "dir.html"))
     assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
+
+
+def test_a_line_with_a_lone_surrogate_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """JSON text can carry a lone surrogate, which no request body can hold as UTF-8."""
+    bad = _chat([{"role": "user", "content": "hi \ud800"}])
+    lines = [{"headers": KEY, "body": _chat([U1]), "response": R1}, {"headers": KEY, "body": bad}]
+    lines.append({"headers": KEY, "body": _chat([U1, R1, {"role": "user", "content": "more"}])})
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    out = _run(str(path), "--json", "--html", str(tmp_path / "r.html"))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [m["line"] for m in report["malformed_lines"]] == [2]
+    assert [(r["index"], r["role"], r["parent"]) for r in report["requests"]] == [
+        (0, "root", None),
+        (2, "continuation", 0),
+    ]
