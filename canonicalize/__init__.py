@@ -10,6 +10,7 @@ from canonicalize import chain
 from canonicalize.analysis import Prepared
 from canonicalize.bodies import Kept
 from canonicalize.edits import AddMember, Op, render
+from canonicalize.evidence import Evidence, evidence
 from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.learn import Learned, Plan
@@ -26,7 +27,7 @@ from canonicalize.lineage import (
 from canonicalize.memo import Memos
 from canonicalize.packs import PACKS, Pack
 from canonicalize.pipeline import Canonicalizer
-from canonicalize.predict import Prediction, predict
+from canonicalize.predict import UNCACHED_CAUSES, Parent, Prediction, parent_of, predict, split_uncached
 from canonicalize.rules import Rule, RuleError, compile_rule
 from canonicalize.ruleset import Settings
 from canonicalize.spans import Span as LearnedSpan
@@ -43,10 +44,12 @@ __all__ = [
     "PACKS",
     "RESPONSES",
     "SCAN_UP",
+    "UNCACHED_CAUSES",
     "AddMember",
     "Canonicalizer",
     "Decision",
     "Event",
+    "Evidence",
     "Exchange",
     "Fingerprint",
     "ForkPolicy",
@@ -60,6 +63,7 @@ __all__ = [
     "Op",
     "Outcome",
     "Pack",
+    "Parent",
     "Plan",
     "Prediction",
     "Prepared",
@@ -73,8 +77,11 @@ __all__ = [
     "chain",
     "compile_rule",
     "encode",
+    "evidence",
     "match",
+    "parent_of",
     "parse_usage",
     "predict",
     "render",
+    "split_uncached",
 ]

@@ -286,7 +286,14 @@ def _outcome(
         **changes, system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
     )
     repaired_now = applied.fork_action == "repaired"
-    start = branch(prep, lookup) if repaired_now else max(lookup.depth - 1, 0)
+    if repaired_now:
+        start = branch(prep, lookup)
+    elif applied.role == "root":
+        # A root owns its whole history, replayed or not: a later request of it that
+        # rewinds into the replayed part finds it (canonicalize.predict's parent).
+        start = 0
+    else:
+        start = max(lookup.depth - 1, 0)
     return Outcome(
         ops=ops,
         role=applied.role,

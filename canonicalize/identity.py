@@ -8,8 +8,8 @@ of its prompt, for the store and for prefix prediction.
   (``meaning``: the same tools and schemas, keys in any order);
 - a :class:`~canonicalize.lineage.Fingerprint` (:func:`fingerprint`) is what the
   prefix predictor compares between a request and its parent: the model, the
-  inherited params, the system text in blocks of ``BLOCK_BYTES``, the tools' ref
-  and sizes.
+  prompt-shaping params (``PROMPT_PARAMS`` and the inherited ones), the system
+  text in blocks of ``BLOCK_BYTES``, the tools' ref and sizes.
 
 Every function here is a pure function of content.  Those given a
 :class:`~canonicalize.texts.Texts` memo keep what they derive from a big system
@@ -32,6 +32,25 @@ from canonicalize.wire.base import Exchange, Slot
 
 BLOCK_BYTES = 256  # the fingerprint's unit of the system text (prefix prediction's granularity)
 SHORT_TEXT = 256  # a system text shorter than this is serialized again rather than looked up
+# Request members that shape the prompt the upstream renders (chat templates' kwargs,
+# reasoning, tool choice, structured output): a change is a prefix break,
+# ``params_changed``.  Sampling members (temperature, max_tokens, ...) are not.
+PROMPT_PARAMS = (
+    "chat_template_kwargs",
+    "enable_thinking",
+    "reasoning_effort",
+    "reasoning",
+    "thinking",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "mcp_servers",
+    "response_format",
+    "text",
+    "output_config",
+    "output_format",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +140,7 @@ def fingerprint(
             found = text_blocks(joined)
             found = texts.derive(entry, "blocks", found, 24 * len(found[0]))  # a short str per block
         blocks, size = found
-    params = {p: body[p] for p in inherit_params if p in body}
+    params = {p: body[p] for p in (*inherit_params, *PROMPT_PARAMS) if p in body}
     try:
         params_hash = hash_text(orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()) if params else ""
     except TypeError:

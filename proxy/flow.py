@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from canonicalize import Exchange, JsonDoc, Kept, Op, Outcome, Prepared, Reply
+from canonicalize import Exchange, JsonDoc, Kept, Lookup, Op, Outcome, Prepared, Reply
 
 # Bodies from 1 MiB up are parsed, hashed, spliced and recorded on a worker thread,
 # so one huge request never stalls the event loop (and /healthz) for the others.
@@ -36,6 +36,7 @@ class Flow:
     failed: bool = False  # an addon failed: forward what the client sent, edit nothing more
     tenant: str = ""
     prep: Prepared | None = None
+    lookup: Lookup | None = None  # what the store found for the request's chain (its parent: canonicalize.predict)
     outcome: Outcome | None = None
     store_ok: bool = True
     ops: list[Op] = field(default_factory=list)

@@ -15,7 +15,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry
 
-from canonicalize import EXCHANGES
+from canonicalize import EXCHANGES, UNCACHED_CAUSES
 from canonicalize.learn import CLASSES as LEARNED_CLASSES
 from canonicalize.learn import REWRITES as LEARNED_REWRITES
 
@@ -161,6 +161,12 @@ class Metrics:
             ("cause",),
             registry=r,
         )
+        self.uncached_tokens = Counter(
+            "prefixpin_uncached_tokens_total",
+            "Prompt tokens the upstream did not serve from cache, by cause (new content, a prefix break, eviction)",
+            ("cause",),
+            registry=r,
+        )
         self.fail_open = Counter(
             "prefixpin_fail_open_total",
             "Requests forwarded unchanged after an internal failure",
@@ -240,6 +246,8 @@ class Metrics:
         # and alerts on a lone event would miss it.
         for cause in BREAK_CAUSES:
             self.prefix_breaks.labels(cause)
+        for cause in UNCACHED_CAUSES:
+            self.uncached_tokens.labels(cause)
         for stage in FAIL_OPEN_STAGES:
             self.fail_open.labels(stage)
         for kind in UPSTREAM_ERROR_KINDS:

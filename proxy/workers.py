@@ -93,7 +93,9 @@ def serve(config: Config, workers: int) -> int:
         return 3
     metrics_dir = tempfile.mkdtemp(prefix="prefixpin-metrics-")
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
-    payload = pickle.dumps(dataclasses.replace(share(config, workers), environment=config.environment))
+    # The workers' /metrics sum every worker's files: their config names the directory.
+    environment = dataclasses.replace(config.environment, metrics_dir=metrics_dir)
+    payload = pickle.dumps(dataclasses.replace(share(config, workers), environment=environment))
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:

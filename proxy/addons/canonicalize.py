@@ -63,6 +63,7 @@ class Canonicalize:
             lookup = await s.guard.call(lambda: self._lookup(flow.tenant, prep))
         except StoreError:
             lookup, flow.store_ok = Lookup(), False
+        flow.lookup = lookup
         decision = canon.classify(prep, lookup)
         learned = None
         plan = canon.learning(prep, lookup, decision) if flow.store_ok else None

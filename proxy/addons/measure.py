@@ -1,11 +1,22 @@
 """After the response: usage by model and role, rewrites, forks, blocked tool
-calls, and the predicted prefix against the parent (with the cause of a break)."""
+calls, the predicted prefix against the parent (with the cause of a break), and
+the uncached tokens by cause.
+
+``prefixpin_uncached_tokens_total{cause}``: each answered request's ``prompt -
+cached`` tokens, split by :func:`canonicalize.split_uncached` from the byte
+prediction against its parent (:func:`canonicalize.parent_of`): ``new`` (what the
+parent never sent; all of a request without a parent, bypassed and failed-open
+ones included), the break's cause, and ``evicted`` (bytes the parent had sent that
+the upstream no longer served).  The parts sum to ``prompt - cached`` exactly,
+request by request, so the family sums to prompt minus cached tokens.  Only
+counts leave this hook: no prompt text reaches a label or a log line.
+"""
 
 from __future__ import annotations
 
 import time
 
-from canonicalize import predict
+from canonicalize import Prediction, parent_of, predict, split_uncached
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 
@@ -21,6 +32,7 @@ class Measure:
         m = self.m
         m.requests.labels(flow.exchange.name, flow.role, str(flow.status)).inc()
         m.request_duration.labels(flow.exchange.name).observe((flow.ended or time.perf_counter()) - flow.started)
+        p = self._predict(flow)
         reply = flow.reply
         usage = reply.usage.result if reply is not None else None
         if usage is not None:
@@ -28,17 +40,26 @@ class Measure:
             m.prompt_tokens.labels(model, flow.role).inc(usage.prompt)
             m.cached_tokens.labels(model, flow.role).inc(usage.cached)
             m.cache_write_tokens.labels(model, flow.role).inc(usage.cache_write)
+            for cause, tokens in split_uncached(p, usage.prompt, usage.cached).items():
+                m.uncached_tokens.labels(cause).inc(tokens)
         if reply is not None and reply.blocked:
             m.blocked_tool_calls.inc(reply.blocked)
         for rule in flow.rewrites:
             m.rewrites.labels(rule).inc()
-        outcome, prep = flow.outcome, flow.prep
-        if outcome is None or prep is None:
-            return
-        if outcome.fork_action:
-            m.forks.labels(outcome.fork_action).inc()
-        if outcome.parent_fp is not None and outcome.record.fingerprint is not None:
-            p = predict(outcome.record.fingerprint, outcome.parent_fp, outcome.depth, prep.sizes)
+        if flow.outcome is not None and flow.outcome.fork_action:
+            m.forks.labels(flow.outcome.fork_action).inc()
+        if p is not None:
             m.predicted_prefix_ratio.observe(p.ratio)
             if p.cause is not None:
                 m.prefix_breaks.labels(p.cause).inc()
+
+    @staticmethod
+    def _predict(flow: Flow) -> Prediction | None:
+        """The forwarded request against its parent; None: it has none (or is not ours)."""
+        outcome, prep = flow.outcome, flow.prep
+        if outcome is None or prep is None or outcome.record.fingerprint is None:
+            return None
+        parent = parent_of(outcome, prep, flow.lookup)
+        if parent is None:
+            return None
+        return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, prep.sizes)

@@ -59,7 +59,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     config = _load_or_exit(args.config)
     return run_audit(
-        args.trace, config, as_json=args.json, progress=not args.no_progress, suggest_rules=args.suggest_rules
+        args.trace,
+        config,
+        as_json=args.json,
+        progress=not args.no_progress,
+        html=args.html,
+        fail_on=args.fail_on,
+        min_ratio=args.min_ratio,
+        suggest_rules=args.suggest_rules,
     )
 
 
@@ -104,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("trace", help="trace file (JSON Lines)")
     audit.add_argument("--config", help="YAML config file")
     audit.add_argument("--json", action="store_true", help="machine-readable output")
+    audit.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page")
+    audit.add_argument(
+        "--fail-on",
+        metavar="CAUSES",
+        help="exit 3 when a request still breaks its prefix for one of these causes after canonicalization "
+        "(comma-separated: system_changed, tools_changed, params_changed, model_changed, history_rewritten, any)",
+    )
+    audit.add_argument(
+        "--min-ratio",
+        metavar="X",
+        type=float,
+        help="exit 3 when the trace's predicted cacheable ratio after canonicalization is below X (0..1)",
+    )
     audit.add_argument("--no-progress", action="store_true", help="no progress bar")
     audit.add_argument(
         "--suggest-rules",

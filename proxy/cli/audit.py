@@ -1,14 +1,26 @@
 """``prefixpin audit TRACE.jsonl``: what prefixpin would do to a recorded trace, offline.
 
 Each request goes through the same canonicalizer and lineage logic as the proxy,
-against an embedded store; nothing is sent anywhere.  For every request with a
-parent (the previous request of its lineage, or a fork's parent) the predicted
-cacheable prefix is computed twice: as the agent sent it (*before*) and as
-prefixpin would forward it (*after*), with the first divergence named by cause.
-Roots count as fully uncached.  A trace line may carry the upstream's reply under
-``"response"`` (an assistant message or a whole completion); it is recorded like
-the proxy records real replies.  Unknown keys are ignored; a malformed line is
-reported with its number and skipped.
+against an embedded store; nothing is sent anywhere.  Every request is compared
+with its parent (:func:`canonicalize.parent_of`: the deepest recorded request
+whose history it extends, whatever role it gets, so a root that replays a
+recorded conversation under an edited system prompt is compared too): the
+predicted cacheable prefix is computed twice, as the agent sent it (*before*) and
+as prefixpin would forward it (*after*), the first divergence named by cause,
+with its evidence (:mod:`canonicalize.evidence`: the changed field, the first
+differing byte, the texts around it).  Requests without a parent count as fully
+uncached.  A trace line may carry the upstream's reply under ``"response"`` (an
+assistant message or a whole completion); it is recorded like the proxy records
+real replies.  The usage the upstream reported (the line's ``"usage"``, else the
+response's) is shown next to the prediction, with its uncached tokens split by
+cause as ``prefixpin_uncached_tokens_total`` splits them (against the trace as
+sent: what that upstream was sent).  Unknown keys are ignored; a malformed line
+is reported with its number and skipped.
+
+``--json`` lists every request under ``requests`` (SPEC section 2e);
+``--fail-on`` and ``--min-ratio`` gate CI (:mod:`proxy.cli.gate`); ``--html``
+writes the report as one page (:mod:`proxy.cli.report_html`).  Evidence holds
+prompt text: it goes to this output only, never to a log.
 
 The saving: predicted cacheable bytes are turned into tokens at
 :data:`BYTES_PER_TOKEN` (an estimate: compact JSON of English text and code runs
@@ -29,14 +41,31 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from canonicalize import Exchange, Fingerprint, Usage, predict
-from proxy.cli import suggest
+import orjson
+
+from canonicalize import (
+    UNCACHED_CAUSES,
+    Exchange,
+    Fingerprint,
+    Parent,
+    Prediction,
+    Usage,
+    evidence,
+    parent_of,
+    parse_usage,
+    predict,
+    split_uncached,
+)
+from canonicalize.identity import PROMPT_PARAMS
+from proxy.cli import gate, report_html, suggest
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Config
+from proxy.flow import Flow
 from proxy.offline import Offline
 from proxy.pricing import Pricing, saved
 
@@ -66,6 +95,8 @@ class Tally:
         return {
             "requests": self.requests,
             "prompt_bytes": self.total,
+            "cacheable_bytes_before": self.before,
+            "cacheable_bytes_after": self.after,
             "cacheable_before": round(self.before / self.total, 4) if self.total else 0.0,
             "cacheable_after": round(self.after / self.total, 4) if self.total else 0.0,
             "breaks_before": dict(self.breaks_before),
@@ -79,7 +110,17 @@ class Lineage:
     kind: str
     parent: str | None
     tally: Tally = field(default_factory=Tally)
-    last_raw: tuple[Fingerprint, int] | None = None  # as received, with its message count
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A lineage's last request: what its next request (or a fork, or a root that
+    replays it) is compared with."""
+
+    index: int
+    raw_fp: Fingerprint  # as received (no rule applied)
+    sent: dict[str, Any]  # the body as the trace has it
+    forwarded: dict[str, Any]  # the body as prefixpin forwards it
 
 
 def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
@@ -99,19 +140,50 @@ def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
     return resp if resp.get("role") == "assistant" else None
 
 
+def _usage_of(line: TraceLine) -> Usage | None:
+    """What the upstream reported for the line: its ``usage`` annotation (any shape the
+    proxy reads, or this report's own ``{"prompt_tokens", "cached_tokens"}``), else the
+    usage of its ``response``."""
+    usage = line.extra.get("usage")
+    if isinstance(usage, dict):
+        found = parse_usage({"usage": usage})
+        cached = usage.get("cached_tokens")
+        if found is not None and isinstance(cached, int) and not isinstance(cached, bool) and not found.cached:
+            found = Usage(found.prompt, cached, found.cache_write)
+        return found
+    resp = line.extra.get("response")
+    return parse_usage(resp) if isinstance(resp, dict) else None
+
+
+def _forwarded(flow: Flow, body: dict[str, Any]) -> dict[str, Any]:
+    if not flow.out or flow.out == flow.raw:
+        return body
+    parsed = orjson.loads(flow.out)
+    return parsed if isinstance(parsed, dict) else body
+
+
 async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
     # A trace's credentials are usually stripped: its anonymous lines are one user's.
     # Its time is the trace's (``t``): a lineage's pauses are the ones it recorded.
     now = [0.0]
     offline = Offline(replace(config, tenancy=replace(config.tenancy, anonymous="shared")), clock=lambda: now[0])
+    params = (*offline.s.canon.fork.inherit_params, *PROMPT_PARAMS)
     lineages: dict[str, Lineage] = {}
+    last: dict[str, Seen] = {}  # lineage id -> its last request
+    requests: list[dict[str, Any]] = []
     total = Tally()
     by_model: dict[str, list[int]] = {}  # model -> [cacheable bytes before, after, prompt bytes]
+    skipped: list[dict[str, Any]] = []
     for line in lines:
         progress.advance()
         now[0] = line.t
         exchange = line.exchange
-        raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
+        try:
+            raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
+        except TypeError as exc:  # e.g. a lone surrogate, which JSON text can carry and UTF-8 cannot
+            print(f"prefixpin audit: line {line.line}: skipped: {exc}", file=errors)
+            skipped.append({"line": line.line, "error": str(exc)})
+            continue
         flow = await offline.send(
             line.body,
             exchange=exchange,
@@ -120,29 +192,42 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
             reply=_reply_of(line, exchange),
         )
         total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
+        index = line.line - 1
+        entry: dict[str, Any] = {
+            "index": index,
+            "lineage": None,
+            "role": flow.role,
+            "parent": None,
+            "cause": None,
+            "evidence": None,
+            "cause_before": None,
+            "evidence_before": None,
+            "prompt_bytes": total_bytes,
+            "cacheable_bytes": 0,
+            "cacheable_bytes_before": 0,
+            "new_bytes": total_bytes,
+            "rewrites": list(flow.rewrites),
+        }
+        requests.append(entry)
+        usage = _usage_of(line)
         outcome, prep = flow.outcome, flow.prep
         if outcome is None or prep is None:  # bypassed or not ours: forwarded as sent
             total.add(total_bytes, 0, 0, None, None)
+            _observed(entry, usage, None)
             continue
         rec = outcome.record
         lin = lineages.get(rec.id)
         if lin is None:
             lin = lineages[rec.id] = Lineage(rec.id, rec.kind, rec.parent)
-        repaired_fork = outcome.role == "fork" and outcome.fork_action == "repaired"
-        parent_lin = lineages.get(rec.parent or "") if repaired_fork else lin
-        fp_after, depth = rec.fingerprint, outcome.depth
-        before = after = 0
-        cause_before = cause_after = None
-        if outcome.parent_fp is not None and fp_after is not None:
-            p = predict(fp_after, outcome.parent_fp, depth, prep.sizes)
-            after, cause_after = p.shared, p.cause
-            total_after = p.total
-            if parent_lin is not None and parent_lin.last_raw is not None:
-                q = predict(raw_fp, parent_lin.last_raw[0], depth, raw_sizes)
-                before, cause_before = q.shared, q.cause
-            # Ratios are per request, so scale "after" to the bytes as received.
-            after = round(after / total_after * total_bytes) if total_after else 0
-        lin.last_raw = (raw_fp, len(raw_sizes))
+        entry["lineage"] = rec.id
+        forwarded = _forwarded(flow, line.body)
+        parent = parent_of(outcome, prep, flow.lookup)
+        seen = last.get(parent.lineage) if parent is not None else None
+        before_p = _judge(entry, flow, parent, seen, line, forwarded, (raw_fp, raw_sizes), params)
+        before, after = entry["cacheable_bytes_before"], entry["cacheable_bytes"]
+        cause_before, cause_after = entry["cause_before"], entry["cause"]
+        _observed(entry, usage, before_p)
+        last[rec.id] = Seen(index, raw_fp, line.body, forwarded)
         lin.tally.add(total_bytes, before, after, cause_before, cause_after)
         total.add(total_bytes, before, after, cause_before, cause_after)
         model = line.body.get("model") if isinstance(line.body, dict) else None
@@ -155,9 +240,11 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
     names = {lid: f"L{i}" for i, lid in enumerate(lineages, 1)}
     for lin in lineages.values():
         lin.id, lin.parent = names[lin.id], names.get(lin.parent or "", lin.parent)
+    for entry in requests:
+        entry["lineage"] = names.get(entry["lineage"] or "")
     return {
-        "requests": total.requests,
-        "malformed_lines": [],
+        "requests": requests,
+        "malformed_lines": skipped,
         "lineages": [
             {"id": lin.id, "kind": lin.kind, "parent": lin.parent, **lin.tally.as_dict()} for lin in lineages.values()
         ],
@@ -165,6 +252,48 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         "total": total.as_dict(),
         "savings": _savings(by_model, Pricing(config.provider_cache.price_map())),
     }
+
+
+def _judge(
+    entry: dict[str, Any],
+    flow: Flow,
+    parent: Parent | None,
+    seen: Seen | None,
+    line: TraceLine,
+    forwarded: dict[str, Any],
+    raw: tuple[Fingerprint, list[int]],
+    params: tuple[str, ...],
+) -> Prediction | None:
+    """The request against its parent, after canonicalization and as sent: its cause,
+    evidence and cacheable bytes into ``entry``; returns the prediction as sent."""
+    outcome, prep = flow.outcome, flow.prep
+    assert outcome is not None and prep is not None
+    fp = outcome.record.fingerprint
+    if parent is None or fp is None:
+        return None
+    p = predict(fp, parent.fingerprint, outcome.depth, prep.sizes)
+    # Ratios are per request, so scale "after" to the bytes as received.
+    scale = entry["prompt_bytes"] / p.total if p.total else 0.0
+    entry.update(cause=p.cause, cacheable_bytes=round(p.shared * scale), new_bytes=round(p.new * scale))
+    if seen is None:
+        return None
+    q = predict(raw[0], seen.raw_fp, outcome.depth, raw[1])
+    entry.update(parent=seen.index, cause_before=q.cause, cacheable_bytes_before=q.shared)
+    if p.cause is not None:
+        entry["evidence"] = evidence(line.exchange, seen.forwarded, forwarded, p.cause, params).to_json()
+    if q.cause is not None:
+        entry["evidence_before"] = evidence(line.exchange, seen.sent, line.body, q.cause, params).to_json()
+    return q
+
+
+def _observed(entry: dict[str, Any], usage: Usage | None, p: Prediction | None) -> None:
+    """The upstream's usage recorded with the line, and its uncached tokens by cause
+    (split against the trace as sent: the bodies that upstream was sent)."""
+    if usage is None:
+        entry["usage"] = entry["uncached"] = None
+        return
+    entry["usage"] = {"prompt_tokens": usage.prompt, "cached_tokens": usage.cached}
+    entry["uncached"] = split_uncached(p, usage.prompt, usage.cached)
 
 
 def _savings(by_model: dict[str, list[int]], pricing: Pricing) -> dict[str, Any]:
@@ -200,7 +329,7 @@ def render(report: dict[str, Any], path: str) -> str:
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(report["lineage_kinds"].items()))
     lines = [
         f"prefixpin audit: {path}",
-        f"{report['requests']} requests, {len(report['lineages'])} lineages ({kinds or 'none'}), "
+        f"{report['total']['requests']} requests, {len(report['lineages'])} lineages ({kinds or 'none'}), "
         f"{len(report['malformed_lines'])} malformed lines skipped",
         "",
         f"{'lineage':<8} {'kind':<5} {'parent':<8} {'reqs':>5} {'prompt KB':>10} {'before':>7} {'after':>7}  "
@@ -218,9 +347,11 @@ def render(report: dict[str, Any], path: str) -> str:
         f"{'total':<23} {t['requests']:>5} {t['prompt_bytes'] / 1024:>10.1f} {_pct(t['cacheable_before']):>7} "
         f"{_pct(t['cacheable_after']):>7}  {_breaks(t['breaks_before'])} -> {_breaks(t['breaks_after'])}",
         "",
-        "before/after: predicted share of prompt bytes a prefix cache can serve (roots count as uncached),",
-        "as the agent sent them and as prefixpin forwards them.",
+        "before/after: predicted share of prompt bytes a prefix cache can serve (requests without a parent",
+        "count as uncached), as the agent sent them and as prefixpin forwards them.",
     ]
+    lines += _break_lines(report["requests"])
+    lines += _uncached_lines(report["requests"])
     savings = report.get("savings") or {}
     if savings:
         lines += [
@@ -240,12 +371,58 @@ def render(report: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+BREAKS_SHOWN = 20  # breaks the text report lists (--json and --html list all)
+
+
+def _break_lines(requests: list[dict[str, Any]]) -> list[str]:
+    """The breaks left after canonicalization: where each request's prefix broke."""
+    broken = [r for r in requests if r["cause"]]
+    if not broken:
+        return []
+    out = ["", "breaks after canonicalization (line: lineage role, cause, changed field at byte):"]
+    for r in broken[:BREAKS_SHOWN]:
+        ev = r["evidence"] or {}
+        where = f"{ev['field']} at byte {ev['offset']}" if ev else "-"
+        out.append(f"  {r['index'] + 1:>5}: {r['lineage']} {r['role']}, {r['cause']}, {where}")
+    if len(broken) > BREAKS_SHOWN:
+        out.append(f"  ... and {len(broken) - BREAKS_SHOWN} more (--json or --html lists them all)")
+    return out
+
+
+def _uncached_lines(requests: list[dict[str, Any]]) -> list[str]:
+    """The upstream's uncached tokens by cause, when the trace carries usage."""
+    observed = [r for r in requests if r["usage"] is not None]
+    if not observed:
+        return []
+    prompt = sum(r["usage"]["prompt_tokens"] for r in observed)
+    cached = sum(r["usage"]["cached_tokens"] for r in observed)
+    by_cause: Counter[str] = Counter()
+    for r in observed:
+        by_cause.update(r["uncached"])
+    causes = ", ".join(f"{k} {by_cause[k]}" for k in UNCACHED_CAUSES if by_cause[k]) or "-"
+    return [
+        "",
+        f"observed ({len(observed)} requests with usage): {prompt} prompt tokens, {cached} cached;",
+        f"uncached by cause: {causes}",
+    ]
+
+
 def run_audit(
-    path: str, config: Config, *, as_json: bool = False, progress: bool = True, suggest_rules: bool = False
+    path: str,
+    config: Config,
+    *,
+    as_json: bool = False,
+    progress: bool = True,
+    html: str | None = None,
+    fail_on: str | None = None,
+    min_ratio: float | None = None,
+    suggest_rules: bool = False,
 ) -> int:
+    """Exit codes: 0 done (and the gate passed), 2 usage error, 3 the gate failed."""
     try:
+        checks = gate.Gate.parse(fail_on, min_ratio)
         lines, bad = read_trace(path, sys.stderr, "audit")
-    except TraceError as exc:
+    except (gate.GateError, TraceError) as exc:
         print(f"prefixpin audit: {exc}", file=sys.stderr)
         return 2
     if suggest_rules:  # the rules learning would pin, as a config document (proxy.cli.suggest)
@@ -255,10 +432,21 @@ def run_audit(
         return 0
     with Progress(len(lines), "auditing", enabled=progress) as bar:
         report = asyncio.run(audit(lines, config, bar, sys.stderr))
-    report["malformed_lines"] = bad
+    report["malformed_lines"] = sorted([*bad, *report["malformed_lines"]], key=lambda m: int(m["line"]))
+    if html is not None:
+        try:
+            # errors="replace": a trace's JSON may hold lone surrogates, which UTF-8 cannot.
+            Path(html).write_text(report_html.render(report, path), encoding="utf-8", errors="replace")
+        except OSError as exc:
+            print(f"prefixpin audit: cannot write {html}: {exc}", file=sys.stderr)
+            return 2
     if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render(report, path))
+    failures = checks.failures(report)
+    if failures:
+        sys.stderr.write(gate.report_failures(failures))
+        return gate.FAILED
     return 0

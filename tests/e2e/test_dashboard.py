@@ -50,6 +50,7 @@ SPEC_METRICS = {
     "prefixpin_forks_total": {"action"},
     "prefixpin_blocked_tool_calls_total": set(),
     "prefixpin_prefix_breaks_total": {"cause"},
+    "prefixpin_uncached_tokens_total": {"cause"},
     "prefixpin_fail_open_total": {"stage"},
     "prefixpin_upstream_errors_total": {"kind"},
     "prefixpin_request_duration_seconds": {"route"},
@@ -266,6 +267,8 @@ def test_every_dashboard_query_returns_data(session: Session) -> None:
 
     assert prom.scalar("sum(prefixpin_cached_tokens_total)") == s.cached_tokens
     assert prom.scalar("sum(prefixpin_prompt_tokens_total)") == s.prompt_tokens
+    # Uncached tokens by cause: together, exactly what the client saw uncached.
+    assert prom.scalar("sum(prefixpin_uncached_tokens_total)") == s.prompt_tokens - s.cached_tokens
     assert s.cached_tokens > 0, "continuations must hit llama-server's prefix cache"
     assert prom.scalar('sum(prefixpin_forks_total{action="repaired"})') == 1
     assert prom.scalar('sum(prefixpin_upstream_errors_total{kind="http_4xx"})') == 1

@@ -133,6 +133,7 @@ def test_metrics_exposition_has_every_spec_name() -> None:
         "prefixpin_forks_total",
         "prefixpin_blocked_tool_calls_total",
         "prefixpin_prefix_breaks_total",
+        "prefixpin_uncached_tokens_total",
         "prefixpin_fail_open_total",
         "prefixpin_upstream_errors_total",
         "prefixpin_request_duration_seconds",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def test_audit_json(tmp_path: Path) -> None:
     out = _run(str(_trace(tmp_path)), "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["requests"] == 4
+    assert report["total"]["requests"] == len(report["requests"]) == 4
     assert [m["line"] for m in report["malformed_lines"]] == [3, 6]
     assert "trace.jsonl:6: skipped: not JSON" in out.stderr
     kinds = {lin["id"]: (lin["kind"], lin["parent"]) for lin in report["lineages"]}
@@ -113,7 +114,7 @@ def test_audit_reads_responses_lines(tmp_path: Path) -> None:
     result = _run(str(path), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["requests"] == 3
+    assert len(report["requests"]) == 3
     assert [(lin["kind"], lin["parent"]) for lin in report["lineages"]] == [("root", None)]
 
 
@@ -133,3 +134,155 @@ def test_audit_prices_the_saving(tmp_path: Path) -> None:
     text = _run(str(_trace(tmp_path)), "--no-progress", "--config", str(config)).stdout
     assert "saving at the model's prices (cached tokens ~ bytes / 4; minus cache writes' extra cost)" in text
     assert f"tiny: ${tiny['saved_usd_before']:.4f} -> ${tiny['saved_usd_after']:.4f}" in text
+
+
+# -- every request named, with evidence; the CI gate; the HTML page ---------------------------
+SYSTEM = "You are Atlas, a coding agent. Read the code before you change it. " * 12 + "Now: 2026-05-14T14:30:00Z"
+
+
+def _tool(name: str, desc: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": desc, "parameters": {"type": "object"}}}
+
+
+TOOLS = [_tool("shell", "Run a command."), _tool("read", "Read a file.")]
+
+
+def _chat(history: list[dict[str, Any]], *, system: str = SYSTEM, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "system", "content": system}, *history], "tools": TOOLS, **extra}
+
+
+def _causes_trace(tmp_path: Path, *, hostile: str = "") -> Path:
+    """One conversation: a moved timestamp (pinned: fixed), a tool added (left), an
+    earlier user message rewritten (left), then the conversation replayed under an
+    edited system (a lineage of its own: left); the lines carry usage."""
+    u = [{"role": "user", "content": f"Find the flaky test {i}.{hostile}"} for i in range(6)]
+    a = [{"role": "assistant", "content": f"Looked at test {i}."} for i in range(6)]
+    now = SYSTEM.replace("14:30", "14:31")  # generic.iso_datetime pins it
+    grep = [*TOOLS, _tool("grep", "Search files.")]
+    h: list[dict[str, Any]] = [u[0]]
+    bodies = [_chat(h)]
+    h += [a[0], u[1]]
+    bodies.append(_chat(h, system=now))
+    h += [a[1], u[2]]
+    bodies.append({**_chat(h, system=now), "tools": grep})
+    h = [*h[:2], {"role": "user", "content": "Find the flaky test 1, please."}, *h[3:], a[2], u[3]]
+    bodies.append({**_chat(h, system=now), "tools": grep})
+    h += [a[3], u[4]]
+    bodies.append({**_chat(h, system=now.replace("Atlas", "Atlas 2" + hostile, 1)), "tools": grep})
+    lines = [
+        {
+            "t": i,
+            "headers": KEY,
+            "body": b,
+            "response": a[i],
+            "usage": {"prompt_tokens": 1000 + i, "cached_tokens": 900},
+        }
+        for i, b in enumerate(bodies)
+    ]
+    path = tmp_path / "causes.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_audit_json_names_every_request_with_its_evidence(tmp_path: Path) -> None:
+    out = _run(str(_causes_trace(tmp_path)), "--json")
+    assert out.returncode == 0, out.stderr
+    requests = json.loads(out.stdout)["requests"]
+    assert [r["index"] for r in requests] == [0, 1, 2, 3, 4]
+    assert [r["role"] for r in requests] == ["root", "continuation", "continuation", "continuation", "root"]
+    assert [r["lineage"] for r in requests] == ["L1", "L1", "L1", "L1", "L2"]
+    assert [r["parent"] for r in requests] == [None, 0, 1, 2, 3]
+    assert [r["cause_before"] for r in requests] == [
+        None,
+        "system_changed",
+        "tools_changed",
+        "history_rewritten",
+        "system_changed",
+    ]
+    assert [r["cause"] for r in requests] == [None, None, "tools_changed", "history_rewritten", "system_changed"]
+    assert requests[0]["evidence"] is None and requests[1]["evidence"] is None
+    fixed = requests[1]["evidence_before"]
+    assert fixed["field"] == "system" and fixed["offset"] == len(SYSTEM) - len("0:00Z")
+    assert (fixed["before"], fixed["after"]) == (SYSTEM[-29:], SYSTEM[-29:].replace("14:30", "14:31"))
+    assert requests[2]["evidence"] == {"field": "tools[2]", "offset": 0, "before": "", "after": ANY_GREP}
+    rewrite = requests[3]["evidence"]
+    assert rewrite["field"] == "messages[3].content" and rewrite["offset"] == len("Find the flaky test 1")
+    assert (rewrite["before"], rewrite["after"]) == ("Find the flaky test 1.", "Find the flaky test 1, please.")
+    edit = requests[4]["evidence"]
+    assert edit["field"] == "system" and edit["offset"] == len("You are Atlas")
+    for r in requests:
+        for ev in (r["evidence"], r["evidence_before"]):
+            assert ev is None or (len(ev["before"]) <= 80 and len(ev["after"]) <= 80)
+        assert r["usage"]["prompt_tokens"] == 1000 + r["index"]
+        assert sum(r["uncached"].values()) == 100 + r["index"]
+
+
+ANY_GREP = '{"name":"grep","description":"Search files.","parameters":{"type":"object"}}'
+
+
+def test_audit_text_names_the_breaks_left(tmp_path: Path) -> None:
+    out = _run(str(_causes_trace(tmp_path)), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "breaks after canonicalization" in out.stdout
+    assert "      3: L1 continuation, tools_changed, tools[2] at byte 0" in out.stdout
+    assert "      5: L2 root, system_changed, system at byte 13" in out.stdout
+    assert "uncached by cause:" in out.stdout
+
+
+def test_fail_on_and_min_ratio_gate_ci(tmp_path: Path) -> None:
+    trace = str(_causes_trace(tmp_path))
+    out = _run(trace, "--fail-on", "system_changed,tools_changed", "--no-progress")
+    assert out.returncode == 3, out.stderr
+    assert "gate failed: request 2 (L1, continuation): tools_changed in tools[2] at byte 0 against request 1" in (
+        out.stderr
+    )
+    assert "request 4 (L2, root): system_changed in system at byte 13" in out.stderr
+    assert "prefixpin audit:" in out.stdout  # the report is printed all the same
+    assert _run(trace, "--fail-on", "model_changed,params_changed", "--json").returncode == 0
+    assert _run(trace, "--fail-on", "any", "--json").returncode == 3
+    assert _run(trace, "--min-ratio", "0.1", "--json").returncode == 0
+    low = _run(trace, "--min-ratio", "0.99", "--json")
+    assert low.returncode == 3 and "is below 0.99" in low.stderr
+    for bad in (["--fail-on", "sytem_changed"], ["--fail-on", ","], ["--min-ratio", "2"], ["--min-ratio", "x"]):
+        usage = _run(trace, *bad)
+        assert usage.returncode == 2, (bad, usage.stderr)
+    ok = tmp_path / "ok.jsonl"
+    lines = [{"headers": KEY, "body": _chat([{"role": "user", "content": "hi"}]), "response": R1}]
+    lines.append({"headers": KEY, "body": _chat([{"role": "user", "content": "hi"}, R1, U1])})
+    ok.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert _run(str(ok), "--fail-on", "any", "--min-ratio", "0.4", "--json").returncode == 0
+
+
+def test_html_is_one_self_contained_page_and_escapes_the_trace(tmp_path: Path) -> None:
+    hostile = '</pre><script>alert(1)</script><img src="http://evil.example/x.png">'
+    page = tmp_path / "report.html"
+    out = _run(str(_causes_trace(tmp_path, hostile=hostile)), "--html", str(page), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "<script" not in html and "evil.example" not in html.replace("&quot;http://evil.example", "")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert re.findall(r'(?:src|href)="([^"#][^"]*)"', html) == []  # nothing loaded, no link out
+    assert "default-src 'none'" in html
+    assert html.count('class="request"') == 5
+    assert html.count('<article class="break"') == 4
+    assert "<ins>" in html and "<del" in html
+    unwritable = _run(str(_causes_trace(tmp_path)), "--html", str(tmp_path / "no" / "such" / "dir.html"))
+    assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
+
+
+def test_a_line_with_a_lone_surrogate_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """JSON text can carry a lone surrogate, which no request body can hold as UTF-8."""
+    bad = _chat([{"role": "user", "content": "hi \ud800"}])
+    lines = [{"headers": KEY, "body": _chat([U1]), "response": R1}, {"headers": KEY, "body": bad}]
+    lines.append({"headers": KEY, "body": _chat([U1, R1, {"role": "user", "content": "more"}])})
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    out = _run(str(path), "--json", "--html", str(tmp_path / "r.html"))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [m["line"] for m in report["malformed_lines"]] == [2]
+    assert [(r["index"], r["role"], r["parent"]) for r in report["requests"]] == [
+        (0, "root", None),
+        (2, "continuation", 0),
+    ]
