@@ -1,9 +1,10 @@
 """Section 2c: serve each lineage where its prefix is cached.
 
-The affinity key of a request is its lineage root id (one id for a lineage and
-all its forks): the pool's policy routes on it (proxy.upstream.pool), preferring
-the replica the lineage's record says last served it (a fork's record starts with
-its parent's; Record writes the replica that answered).  That record came with
+The request's :class:`~proxy.upstream.policy.Route` names its lineage root (one id
+for a lineage and all its forks), the replica the lineage's record says last served
+it (a fork's record starts with its parent's; Record writes the replica that
+answered) and whether the lineage is new (a root: it goes to the least loaded
+replica).  The pool's policy places it (proxy.upstream.pool).  The record came with
 the lineage lookup, so sharing the route through the store costs no extra round
 trip.  This addon also
 
@@ -14,7 +15,7 @@ trip.  This addon also
 - sets each ``affinity.headers`` name to the key, replacing a client's own value.
 
 A request without a lineage (bypassed, not JSON, failed open, store down) gets
-no key, no slot and none of these headers.
+no route, no slot and none of these headers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections import OrderedDict
 from canonicalize import AddMember
 from proxy.config import Affinity as AffinityConfig
 from proxy.flow import Flow
+from proxy.upstream.policy import Route
 
 
 class SlotTable:
@@ -61,9 +63,9 @@ class Affinity:
     async def request(self, flow: Flow) -> None:
         if flow.outcome is None or not flow.editable or flow.body is None:
             return
-        root = flow.outcome.record.root_id
-        flow.affinity_key = root
-        flow.home = flow.outcome.record.replica
+        record = flow.outcome.record
+        root = record.root_id
+        flow.route = Route(root, record.replica, new=flow.role == "root")
         flow.set_headers = tuple((h, root) for h in self.headers)
         if self.slots is not None and "id_slot" not in flow.body:
             slot = self.slots.slot(root)

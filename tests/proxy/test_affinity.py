@@ -1,10 +1,11 @@
 """Section 2c in-process: a pool of fake replicas (one mock transport, told apart
-by host), lineage routing, failover only before any byte left, id_slot and
-affinity headers."""
+by host), lineage routing and placement, failover only before any byte left,
+id_slot and affinity headers."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -20,17 +21,29 @@ POOL = ["http://r0.test", "http://r1.test", "http://r2.test"]
 
 
 class Replicas(httpx.AsyncBaseTransport):
-    """Three fake replicas; bodies stream unread, as from the real transport."""
+    """Three fake replicas; bodies stream unread, as from the real transport.  Their
+    ``/props`` and ``/slots`` answer 404 (not a llama-server) unless ``slots`` holds
+    what ``/slots`` should answer (then ``/props`` says ``total_slots``)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, bytes, httpx.Headers]] = []
         self.refuse: set[str] = set()
         self.reset: set[str] = set()
+        self.slots: list[dict[str, Any]] | None = None
+        self.total_slots = 4
+        self.reads = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
         if host in self.refuse:
             raise httpx.ConnectError("refused")
+        if request.url.path in ("/props", "/slots"):
+            self.reads += request.url.path == "/slots"
+            if self.slots is None:
+                return httpx.Response(404, json={"error": "not found"})
+            if request.url.path == "/props":
+                return httpx.Response(200, json={"total_slots": self.total_slots})
+            return httpx.Response(200, json=self.slots)
         self.seen.append((host, await request.aread(), request.headers))
         if host in self.reset:
             raise httpx.ReadError("reset after the request was written")
@@ -103,6 +116,23 @@ def test_a_request_written_to_a_replica_is_never_resent() -> None:
         assert r.status_code == 502
         assert len(up.seen) == before + 1
         assert _metric(client, "prefixpin_replica_failovers_total") == 0
+
+
+def test_new_lineages_go_where_the_load_is_least() -> None:
+    """Three sessions on two replicas, turns interleaved: both replicas serve (placed by
+    load, not by where the hash of a few random ids happens to fall), each session stays."""
+    up = Replicas()
+    cfg = from_mapping({"upstream": {"pool": POOL[:2]}})
+    with TestClient(create_app(cfg, transport=up), headers={"authorization": "Bearer sk-test"}) as client:
+        sessions = {s: _turns(s, 3) for s in ("x", "y", "z")}
+        homes: dict[str, set[str]] = {s: set() for s in sessions}
+        for t in range(3):
+            for s, turns in sessions.items():
+                r = client.post("/v1/chat/completions", json=turns[t])
+                assert r.headers["x-prefixpin-role"] == ("root" if t == 0 else "continuation")
+                homes[s].add(r.headers["x-prefixpin-replica"])
+        assert all(len(h) == 1 for h in homes.values()), homes
+        assert sorted(Counter(h.pop() for h in homes.values()).values()) == [1, 2]
 
 
 def test_llama_slots_add_id_slot_and_keep_every_other_byte() -> None:
