@@ -12,6 +12,7 @@ from proxy.config import Config
 from proxy.metrics import Metrics
 from proxy.store import Store
 from proxy.store.guard import StoreGuard
+from proxy.upstream.slot_watch import SlotWatch
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Services:
     store: Store
     guard: StoreGuard
     metrics: Metrics
+    slots: SlotWatch | None = None  # affinity.llama_slots: the llama-servers' slots, as read
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

@@ -1,6 +1,6 @@
 """Section 2c in-process: a pool of fake replicas (one mock transport, told apart
 by host), lineage routing and placement, failover only before any byte left,
-id_slot and affinity headers."""
+id_slot as llama-server's /slots say, and affinity headers."""
 
 from __future__ import annotations
 
@@ -238,3 +238,88 @@ def test_a_fork_goes_to_its_parents_recorded_replica() -> None:
         assert fork.headers["x-prefixpin-role"] == "fork"
         assert fork.headers["x-prefixpin-replica"] == moved.headers["x-prefixpin-replica"]
         assert moved.headers["x-prefixpin-replica"] != home.headers["x-prefixpin-replica"]
+
+
+# -- llama_slots follows what llama-server does with its slots ------------------------------
+def _slots(*held: tuple[int | None, int]) -> list[dict[str, Any]]:
+    """``/slots`` of idle slots: per slot (id_task or None, n_prompt_tokens)."""
+    out: list[dict[str, Any]] = []
+    for i, (task, tokens) in enumerate(held):
+        item: dict[str, Any] = {"id": i, "n_ctx": 8192, "is_processing": False}
+        if task is not None:
+            item |= {"id_task": task, "n_prompt_tokens": tokens}
+        out.append(item)
+    return out
+
+
+def _read_slots(client: TestClient) -> str:
+    """Read the servers' /slots now (the app reads them in the background); the plan's mode."""
+    app: Any = client.app
+    assert client.portal is not None
+    watch = app.state.services.slots
+    return str(client.portal.call(watch.read).mode)
+
+
+def _slot(client: TestClient, body: dict[str, Any]) -> str | None:
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    return r.headers.get("x-prefixpin-slot")
+
+
+def _one_replica(up: Replicas, **affinity: Any) -> TestClient:
+    cfg = from_mapping({"upstream": {"url": POOL[0]}, "affinity": affinity})
+    return TestClient(create_app(cfg, transport=up), headers={"authorization": "Bearer sk-test"})
+
+
+def test_a_server_that_clears_idle_slots_is_never_pinned() -> None:
+    """llama-server's defaults: unknown at first (a fresh server), so only a new lineage
+    and the lineage just served are pinned; once an idle slot is seen emptied, none."""
+    up = Replicas()
+    up.slots = _slots((None, 0), (None, 0), (None, 0), (None, 0))
+    a, b, c = _turns("a", 4), _turns("b", 2), _turns("c", 1)
+    with _one_replica(up, llama_slots=4) as client:
+        assert _read_slots(client) == "careful"
+        assert [_slot(client, a[0]), _slot(client, a[1]), _slot(client, b[0])] == ["0", "0", "1"]
+        assert _slot(client, a[2]) is None  # b was sent since: a's slot may have been emptied
+        assert b'"id_slot"' not in up.seen[-1][1]
+        up.slots = _slots((30, 0), (21, 3900), (None, 0), (None, 0))  # slot 0 emptied when b started
+        assert _read_slots(client) == "none"
+        why = client.get("/readyz").json()["llama_slots"]
+        assert why["pinning"] == "none" and why["slots"] == 4 and "clears idle slots" in why["why"]
+        assert [_slot(client, b[1]), _slot(client, a[3]), _slot(client, c[0])] == [None, None, None]
+        assert all(b'"id_slot"' not in body for _, body, _ in up.seen[-3:])
+
+
+def test_a_server_whose_slots_keep_their_prompts_is_pinned() -> None:
+    """Fixed slots without the RAM cache: a slot kept its prompt while idle as another
+    task started; from then on every lineage is pinned, as configured."""
+    up = Replicas()
+    up.slots = _slots((0, 3500), (None, 0), (None, 0))
+    up.total_slots = 3
+    with _one_replica(up, llama_slots="auto") as client:
+        assert _read_slots(client) == "careful"
+        up.slots = _slots((0, 3500), (11, 3600), (None, 0))
+        assert _read_slots(client) == "all"
+        got = {s: {_slot(client, body) for body in _turns(s, 2)} for s in ("a", "b", "c", "d")}
+        assert got == {"a": {"0"}, "b": {"1"}, "c": {"2"}, "d": {"0"}}  # auto: /props' 3 slots, LRU
+
+
+def test_auto_without_slots_to_read_pins_nothing() -> None:
+    up = Replicas()  # /props and /slots: 404
+    with _one_replica(up, llama_slots="auto") as client:
+        assert _read_slots(client) == "none"
+        assert _slot(client, _turns("a", 1)[0]) is None
+
+
+def test_slots_are_read_after_responses_off_the_request_path() -> None:
+    up = Replicas()
+    up.slots = _slots((None, 0), (None, 0))
+    with _one_replica(up, llama_slots=2) as client:
+        deadline = time.monotonic() + 5
+        while up.reads < 1 and time.monotonic() < deadline:  # the read at start
+            time.sleep(0.01)
+        before = up.reads
+        _slot(client, _turns("a", 1)[0])
+        while up.reads == before and time.monotonic() < deadline:  # one after the response
+            time.sleep(0.01)
+        assert up.reads > before

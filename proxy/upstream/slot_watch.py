@@ -1,0 +1,139 @@
+"""``affinity.llama_slots``: each replica's ``/props`` and ``/slots``, read off the request path.
+
+:class:`SlotWatch` reads every replica once when the app starts, then after
+responses (the affinity addon's done hook calls :meth:`SlotWatch.poke`), one read at
+a time: while the servers' verdict is unknown after every response (at most every
+``UNDECIDED_EVERY_S``; a response that ends during a read asks for one more), then
+at most every ``DECIDED_EVERY_S`` (a restarted server, a slot count that changed).
+The request path reads :attr:`SlotWatch.plan` and never waits on a read.  What the
+reads mean and what prefixpin does with them: proxy.upstream.slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import orjson
+
+from proxy.errors import UpstreamError
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.slots import Judge, SlotPlan, combine, parse_slots, parse_total, plan
+
+log = logging.getLogger("prefixpin")
+UNDECIDED_EVERY_S = 0.02
+DECIDED_EVERY_S = 10.0
+READ_TIMEOUT_S = 2.0
+_NOT_SERVED = frozenset({404, 405, 501})  # llama-server --no-slots answers 501
+
+
+class SlotWatch:
+    """The replicas' slots as last read, and the :class:`SlotPlan` they make."""
+
+    def __init__(
+        self,
+        clients: Sequence[UpstreamClient],
+        configured: int | Literal["auto"],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clients = clients
+        self.configured = configured
+        self.clock = clock
+        self.judges = [Judge() for _ in clients]
+        self.totals: list[int | None] = [None] * len(clients)
+        self.plan = plan(configured, "unknown", None)
+        self.reads = 0  # completed reads of every replica (tests wait on it)
+        self._answered = [False] * len(clients)  # /slots answered (or refused) at least once
+        self._last = -float("inf")
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def start(self) -> None:
+        """The first read, in the background."""
+        self._spawn()
+
+    def poke(self) -> None:
+        """A response ended: read again when due (never waits)."""
+        if self._task is not None:
+            self._again = self.undecided
+        elif self.undecided or self.clock() - self._last >= DECIDED_EVERY_S:
+            self._spawn()
+
+    @property
+    def undecided(self) -> bool:
+        """Pinning carefully, or a replica not heard from yet."""
+        return self.plan.mode == "careful" or not all(self._answered)
+
+    def _spawn(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self._again = False
+                wait = self._last + UNDECIDED_EVERY_S - self.clock()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._last = self.clock()
+                await self.read()
+                if not self._again:
+                    return
+        except Exception:
+            log.exception("reading the llama-server slots failed")
+        finally:
+            self._task = None
+
+    async def read(self) -> SlotPlan:
+        """Read every replica once; the plan they make now."""
+        for i, client in enumerate(self.clients):
+            props = await _get(client, "/props")
+            if props is not None and (props[0] < 400 or props[0] in _NOT_SERVED):
+                self.totals[i] = parse_total(props[1]) if props[0] < 400 else None
+            got = await _get(client, "/slots")
+            if got is None:
+                continue  # no answer now: judged on the next read
+            status, data = got
+            slots = parse_slots(data) if status < 400 else None
+            if slots is not None:
+                self.judges[i].see(slots)
+            elif status < 400 or status in _NOT_SERVED:
+                self.judges[i].blind()
+            else:
+                continue  # e.g. 503 while the model loads
+            self._answered[i] = True
+        totals = [t for t in self.totals if t is not None]
+        new = plan(self.configured, combine([j.verdict for j in self.judges]), min(totals) if totals else None)
+        if (new.mode, new.slots) != (self.plan.mode, self.plan.slots):
+            pins = {"all": "pinning every lineage", "careful": "pinning carefully", "none": "not pinning"}[new.mode]
+            log.info("affinity.llama_slots: %s to %d slot(s) of llama-server: %s", pins, new.slots, new.why)
+        self.plan = new
+        self.reads += 1
+        return new
+
+    async def aclose(self) -> None:
+        task = self._task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _get(client: UpstreamClient, path: str) -> tuple[int, Any] | None:
+    """``(status, JSON or None)``; None when the server did not answer."""
+    try:
+        resp = await client.send("GET", path, "", [("accept", "application/json")], b"", timeout=READ_TIMEOUT_S)
+        body = await resp.read()
+    except (UpstreamError, TimeoutError):
+        return None
+    try:
+        return resp.status, orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return resp.status, None
+
+
+__all__ = ["DECIDED_EVERY_S", "SlotWatch"]
