@@ -154,6 +154,9 @@ def create_app(config: Config, *, transport: Any = None, store: Store | None = N
 
     async def other(scope: Scope, receive: Receive, send: Send) -> None:
         upstream = state["handler"].upstream
+        slots = state["handler"].s.slots
+        if slots is not None and scope["method"] == "POST":
+            slots.last_sent = None  # e.g. /v1/completions: a task on some slot, unrouted
         watch = ClientWatch(scope, receive)
         try:
             try:

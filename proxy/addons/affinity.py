@@ -75,18 +75,21 @@ class Affinity:
         n = cfg.llama_slots
         self._fixed = SlotPlan("all", n, "configured") if n != "auto" and n > 0 else SlotPlan("none", 0, "off")
         self.table: SlotTable | None = None
-        self._last: tuple[str, int | None] | None = None  # the last request sent: its root and slot
 
     async def request(self, flow: Flow) -> None:
-        last, self._last = self._last, None
+        watch = self.watch
+        last = None
+        if watch is not None:
+            last, watch.last_sent = watch.last_sent, None
         if flow.outcome is None or not flow.editable or flow.body is None:
             return
         record = flow.outcome.record
         root = record.root_id
         flow.route = Route(root, record.replica, new=flow.role == "root")
         flow.set_headers = tuple((h, root) for h in self.headers)
-        self._last = (root, None)
-        plan = self.watch.plan if self.watch is not None else self._fixed
+        if watch is not None:
+            watch.last_sent = (root, None)
+        plan = watch.plan if watch is not None else self._fixed
         if plan.mode == "none" or "id_slot" in flow.body:
             return
         table = self.table
@@ -102,7 +105,8 @@ class Affinity:
         slot = table.slot(root)
         flow.ops.append(AddMember("id_slot", str(slot).encode()))
         flow.slot = slot
-        self._last = (root, slot)
+        if watch is not None:
+            watch.last_sent = (root, slot)
 
     def done(self, flow: Flow) -> None:
         if self.watch is not None:

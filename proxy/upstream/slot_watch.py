@@ -2,9 +2,12 @@
 
 :class:`SlotWatch` reads every replica once when the app starts, then after
 responses (the affinity addon's done hook calls :meth:`SlotWatch.poke`), one read at
-a time: while the servers' verdict is unknown after every response (at most every
-``UNDECIDED_EVERY_S``; a response that ends during a read asks for one more), then
-at most every ``DECIDED_EVERY_S`` (a restarted server, a slot count that changed).
+a time: while prefixpin pins carefully, after every response (at most every
+``UNDECIDED_EVERY_S``; a response that ends during a read asks for one more); while
+a replica has not answered yet, at most every ``UNHEARD_EVERY_S``; then at most every
+``DECIDED_EVERY_S`` (a restarted server, a slot count that changed, a server seen to
+clear its slots after all).  It also keeps what was last sent to the servers
+(:attr:`SlotWatch.last_sent`), which careful pinning needs.
 The request path reads :attr:`SlotWatch.plan` and never waits on a read.  What the
 reads mean and what prefixpin does with them: proxy.upstream.slots.
 """
@@ -26,6 +29,7 @@ from proxy.upstream.slots import Judge, SlotPlan, combine, parse_slots, parse_to
 
 log = logging.getLogger("prefixpin")
 UNDECIDED_EVERY_S = 0.02
+UNHEARD_EVERY_S = 1.0
 DECIDED_EVERY_S = 10.0
 READ_TIMEOUT_S = 2.0
 _NOT_SERVED = frozenset({404, 405, 501})  # llama-server --no-slots answers 501
@@ -48,6 +52,11 @@ class SlotWatch:
         self.totals: list[int | None] = [None] * len(clients)
         self.plan = plan(configured, "unknown", None)
         self.reads = 0  # completed reads of every replica (tests wait on it)
+        # The last request sent to the servers: its lineage root and the slot it named
+        # (None: a request without a lineage, or one prefixpin does not route, e.g.
+        # passthrough).  Careful pinning sends a lineage back to its slot only when it
+        # was the last one sent there.
+        self.last_sent: tuple[str, int | None] | None = None
         self._answered = [False] * len(clients)  # /slots answered (or refused) at least once
         self._last = -float("inf")
         self._task: asyncio.Task[None] | None = None
@@ -59,15 +68,13 @@ class SlotWatch:
 
     def poke(self) -> None:
         """A response ended: read again when due (never waits)."""
+        careful = self.plan.mode == "careful"
         if self._task is not None:
-            self._again = self.undecided
-        elif self.undecided or self.clock() - self._last >= DECIDED_EVERY_S:
+            self._again = careful
+            return
+        every = UNDECIDED_EVERY_S if careful else UNHEARD_EVERY_S if not all(self._answered) else DECIDED_EVERY_S
+        if self.clock() - self._last >= every or careful:
             self._spawn()
-
-    @property
-    def undecided(self) -> bool:
-        """Pinning carefully, or a replica not heard from yet."""
-        return self.plan.mode == "careful" or not all(self._answered)
 
     def _spawn(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -129,6 +136,9 @@ async def _get(client: UpstreamClient, path: str) -> tuple[int, Any] | None:
         resp = await client.send("GET", path, "", [("accept", "application/json")], b"", timeout=READ_TIMEOUT_S)
         body = await resp.read()
     except (UpstreamError, TimeoutError):
+        return None
+    except Exception as exc:  # an upstream that is no llama-server (upstream.kind: litellm) may fail otherwise
+        log.debug("reading %s failed: %r", path, exc)
         return None
     try:
         return resp.status, orjson.loads(body)

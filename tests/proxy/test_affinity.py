@@ -323,3 +323,16 @@ def test_slots_are_read_after_responses_off_the_request_path() -> None:
         while up.reads == before and time.monotonic() < deadline:  # one after the response
             time.sleep(0.01)
         assert up.reads > before
+
+
+def test_careful_pinning_counts_what_it_did_not_route() -> None:
+    """Not yet known: a lineage goes back to its slot only when nothing else was sent
+    since its last request, a passthrough completion included (it ran on some slot)."""
+    up = Replicas()
+    up.slots = _slots((None, 0), (None, 0))
+    a = _turns("a", 3)
+    with _one_replica(up, llama_slots=2) as client:
+        assert _read_slots(client) == "careful"
+        assert [_slot(client, a[0]), _slot(client, a[1])] == ["0", "0"]
+        client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1})
+        assert _slot(client, a[2]) is None
