@@ -6,19 +6,22 @@ Naming ``id_slot`` pins a request to that slot.  Whether that helps depends on h
 the server keeps prompts (llama.cpp ``tools/server/server-context.cpp``,
 ``get_available_slot``):
 
-- **Its slots keep their prompts** (``--cache-ram 0``; or ``--parallel N``, each slot
-  with its own KV): the slot is the cache.  A request that names no slot gets the idle
+- **Its slots keep their prompts** (``--cache-ram 0``, or ``--parallel N``: each slot
+  its own KV): the slot is the cache.  A request that names no slot gets the idle
   slot whose prompt shares the longest prefix with it, if that is over
   ``--slot-prompt-similarity`` (10%) of it.  Every session of an agent starts with the
   same system text, so a new session takes another session's slot, and that
-  session's next turn another's in turn.  A slot per lineage stops that.
+  session's next turn another's in turn.  A slot per lineage stops that.  (With
+  ``--parallel N`` and the RAM cache on, idle slots are also copied to the RAM cache;
+  a lineage pinned to a slot that holds another's prompt gets its own restored.)
 - **It clears idle slots** (its defaults: ``--parallel`` auto, 4 slots sharing one
   unified KV pool, and an 8 GiB host-RAM prompt cache): each time it starts a task
   it saves every idle slot's prompt to the RAM cache and empties the slot.  A
   request that names no slot is given the cached prompt that best matches its
   content.  A request that names a slot is given that slot, and the RAM cache is
-  read only when the slot holds another prompt: an emptied slot restores nothing,
-  and the request is prefilled from its first token.  Pinning there only costs.
+  read only when the slot holds a prompt the request keeps less than half of,
+  never when the slot is empty: an emptied slot restores nothing, and the request
+  is prefilled from its first token.  Pinning there only costs.
 
 ``/props`` gives the slot count (``total_slots``), not whether the RAM cache is on;
 so :class:`Judge` tells the two apart from successive reads of ``/slots``, each slot
@@ -32,7 +35,10 @@ last, ``n_prompt_tokens``: the prompt it holds now):
     unknown  neither yet (a fresh server)
     blind    the server has no ``/slots`` (``--no-slots``, or not a llama-server)
 
-A server whose task ids went back (restarted) is judged afresh.
+A server whose task ids went back (restarted) is judged afresh.  (A unified KV pool
+without the RAM cache, ``--cache-ram 0`` with ``--parallel`` auto, keeps prompts,
+but when the pool is full it purges idle slots one at a time: seen as ``clears``,
+and prefixpin stops pinning there.)
 
 :func:`plan` turns the verdict into what the affinity addon does
 (proxy.addons.affinity):
@@ -42,7 +48,10 @@ A server whose task ids went back (restarted) is judged afresh.
     unknown  pin carefully: a new lineage's first request (a slot of its own: that
              spreads the sessions, so that the next reads can tell), and a lineage's
              next request when nothing else was sent since its last (its slot holds
-             its prompt on either kind of server); the rest name no slot
+             its prompt on either kind of server); the rest name no slot.  On a fresh
+             server that clears, this costs once: the new lineage that shows it
+             (pinned to an empty slot) misses the prefix it shares with the sessions
+             before it
     blind    an explicit ``llama_slots: N`` pins every lineage, as configured;
              ``auto`` pins none
 
