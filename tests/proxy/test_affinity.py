@@ -10,10 +10,11 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from starlette.testclient import TestClient
 
 from proxy.app import create_app
-from proxy.config import from_mapping
+from proxy.config import ConfigError, from_mapping
 from proxy.store.memory import MemoryStore
 from tests import hermes
 
@@ -336,3 +337,14 @@ def test_careful_pinning_counts_what_it_did_not_route() -> None:
         assert [_slot(client, a[0]), _slot(client, a[1])] == ["0", "0"]
         client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1})
         assert _slot(client, a[2]) is None
+
+
+def test_llama_slots_takes_auto_a_count_or_off() -> None:
+    assert from_mapping({"affinity": {"llama_slots": "auto"}}).affinity.llama_slots == "auto"
+    assert from_mapping({"affinity": {"llama_slots": 4}}).affinity.llama_slots == 4
+    assert from_mapping({}).affinity.llama_slots == 0
+    for bad in ("many", -1, True, 2.5):
+        with pytest.raises(ConfigError, match=r"affinity\.llama_slots: must be auto, 0"):
+            from_mapping({"affinity": {"llama_slots": bad}})
+    with pytest.raises(ConfigError, match=r"listen\.workers: must be 1"):
+        from_mapping({"affinity": {"llama_slots": "auto"}, "listen": {"workers": 2}, "store": {"backend": "redis"}})
