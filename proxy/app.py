@@ -8,7 +8,8 @@ POST <an exchange's path>   the one request flow (proxy.handler): chat completio
 GET  /metrics               Prometheus exposition (per-app registry)
 GET  /healthz               200 while the process serves
 GET  /readyz                200 when the store and the upstream (a replica of the pool) answer, else
-                            503 + reason; with a pool, each replica's health
+                            503 + reason; with a pool, each replica's health; with
+                            affinity.llama_slots, what it pins now and why
 *    anything else          forwarded unchanged, streaming preserved (proxy.upstream.passthrough)
 """
 
@@ -42,6 +43,7 @@ from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
 from proxy.upstream.passthrough import forward, passthrough
 from proxy.upstream.pool import Pool
+from proxy.upstream.slot_watch import SlotWatch
 from proxy.watch import ClientGone, ClientWatch
 
 log = logging.getLogger("prefixpin")
@@ -105,14 +107,19 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         upstream = Pool(config, metrics, transport)
         the_store = store if store is not None else open_store(config.store)  # an empty MemoryStore is falsy
-        s = Services(config=config, canon=canon, store=the_store, guard=StoreGuard(), metrics=metrics)
+        slots = SlotWatch(upstream.clients, config.affinity.llama_slots) if config.affinity.llama_slots else None
+        s = Services(config=config, canon=canon, store=the_store, guard=StoreGuard(), metrics=metrics, slots=slots)
         if clock is not None:
             s.clock = clock
         state["handler"] = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
         app.state.services = s
+        if slots is not None:
+            slots.start()  # in the background: the first request does not wait for it
         try:
             yield
         finally:
+            if slots is not None:
+                await slots.aclose()
             state["handler"].runner.drain()
             await s.drain(timeout=5)  # let pending records land
             await upstream.aclose()
@@ -134,11 +141,15 @@ def create_app(
             problems += [f"upstream: {h}" for h in health if h is not None]  # names no URL
         elif all(h is not None for h in health):
             problems.append("upstream: no replica of upstream.pool answers")
-        extra = {"replicas": [{"replica": i, "ok": h is None, "problem": h} for i, h in enumerate(health)]}
+        extra: dict[str, Any] = {}
+        if pool.pooled:
+            extra["replicas"] = [{"replica": i, "ok": h is None, "problem": h} for i, h in enumerate(health)]
+        if handler.s.slots is not None:  # what affinity.llama_slots does now, and why
+            plan = handler.s.slots.plan
+            extra["llama_slots"] = {"pinning": plan.mode, "slots": plan.slots, "why": plan.why}
         if problems:
-            body = {"status": "not ready", "reasons": problems, **(extra if pool.pooled else {})}
-            return JSONResponse(body, status_code=503)
-        return JSONResponse({"status": "ready", **(extra if pool.pooled else {})})
+            return JSONResponse({"status": "not ready", "reasons": problems, **extra}, status_code=503)
+        return JSONResponse({"status": "ready", **extra})
 
     async def metrics_endpoint(request: Request) -> Response:
         if not config.metrics.enabled:
@@ -148,6 +159,9 @@ def create_app(
 
     async def other(scope: Scope, receive: Receive, send: Send) -> None:
         upstream = state["handler"].upstream
+        slots = state["handler"].s.slots
+        if slots is not None and scope["method"] == "POST":
+            slots.last_sent = None  # e.g. /v1/completions: a task on some slot, unrouted
         watch = ClientWatch(scope, receive)
         try:
             try:

@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
@@ -88,7 +88,9 @@ class Affinity:
     replicas: str = "lineage"  # lineage | round_robin (only used with upstream.pool)
     max_load: float = 1.25  # no replica takes more than this x the mean in-flight requests
     retry_after_s: float = 10.0  # a replica that refused connections is tried again after this
-    llama_slots: int = 0  # N > 0: pin each lineage to an id_slot of llama-server --parallel N
+    # N > 0: pin each lineage to one of llama-server's N slots (id_slot); auto: N from its
+    # /props; either way only where its /slots show that pinning keeps prompts (section 2c)
+    llama_slots: int | Literal["auto"] = 0
     headers: tuple[str, ...] = ()  # request headers set to the lineage root id
 
 
@@ -458,6 +460,8 @@ def _section(name: str, cls: Any, data: Any) -> Any:
             values[k] = _rules(v)
         elif key == "listen.workers":
             values[k] = _workers(v)
+        elif key == "affinity.llama_slots":
+            values[k] = _llama_slots(v)
         elif key == "provider_cache.prices":
             values[k] = _prices(v)
         elif isinstance(default, tuple):
@@ -487,6 +491,15 @@ def _workers(value: Any) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 256:
         raise ConfigError(f"listen.workers: must be auto or a number of processes, 1-256 (got {value!r})")
+    return value
+
+
+def _llama_slots(value: Any) -> int | Literal["auto"]:
+    """``auto``, 0 (off) or a slot count."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"affinity.llama_slots: must be auto, 0 (off) or a number of slots (got {value!r})")
     return value
 
 
@@ -559,8 +572,6 @@ def _validate_affinity(config: Config) -> None:
     a = config.affinity
     if a.max_load < 1:
         raise ConfigError(f"affinity.max_load: must be at least 1 (got {a.max_load})")
-    if a.llama_slots < 0:
-        raise ConfigError(f"affinity.llama_slots: must be 0 (off) or more (got {a.llama_slots})")
     if config.listen.workers > 1 and config.store.backend != "redis":
         raise ConfigError(
             f"listen.workers: {config.listen.workers} processes share lineages through Redis: set store.backend: "

@@ -15,6 +15,7 @@ from typing import Any
 from starlette.datastructures import Headers
 
 from canonicalize import Exchange, JsonDoc, Kept, Lookup, Op, Outcome, Prepared, Reply
+from proxy.upstream.policy import NO_ROUTE, Route
 
 # Bodies from 1 MiB up are parsed, hashed, spliced and recorded on a worker thread,
 # so one huge request never stalls the event loop (and /healthz) for the others.
@@ -47,8 +48,7 @@ class Flow:
     reply: Reply | None = None
     status: int = 0
     message: dict[str, Any] | None = None  # the reply as the client received it (the next turn replays it)
-    affinity_key: str | None = None  # the lineage root id: the pool routes on it (section 2c)
-    home: int | None = None  # the replica the lineage's record says last served it (the pool prefers it)
+    route: Route = NO_ROUTE  # where the pool places it: lineage root, recorded replica, new? (section 2c)
     slot: int | None = None  # the llama-server slot pinned in the body (x-prefixpin-slot)
     # Request headers set (replacing the client's of the same name): for a router behind
     # us (affinity.headers), Anthropic's beta for cache diagnostics (provider_cache).
@@ -80,8 +80,7 @@ class Flow:
         self.outcome = None
         self.offered = None
         self.drop_usage_chunk = False
-        self.affinity_key = None
-        self.home = None
+        self.route = NO_ROUTE
         self.slot = None
         self.set_headers = ()
         self.keep_message_id = False

@@ -158,8 +158,7 @@ class Handler:
                 flow.query.decode("latin-1"),
                 headers,
                 flow.out,
-                key=flow.affinity_key,
-                prefer=flow.home,
+                route=flow.route,
             )
         try:
             if upstream.pooled:

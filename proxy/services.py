@@ -13,6 +13,7 @@ from proxy.config import Config
 from proxy.metrics import Metrics
 from proxy.store import Store
 from proxy.store.guard import StoreGuard
+from proxy.upstream.slot_watch import SlotWatch
 
 
 def wall_clock() -> float:
@@ -30,6 +31,7 @@ class Services:
     # Wall-clock seconds: lineage records are shared across processes (Redis) and
     # outlive restarts, so their times are the wall clock's.  Tests inject their own.
     clock: Callable[[], float] = wall_clock
+    slots: SlotWatch | None = None  # affinity.llama_slots: the llama-servers' slots, as read
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

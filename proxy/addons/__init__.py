@@ -81,7 +81,7 @@ def build(s: Services, *, new_id: Callable[[], str] | None = None, offline: bool
         StreamUsage(),
         ProviderCache(s),
         ForkGuard(),
-        Affinity(s.config.affinity),
+        Affinity(s.config.affinity, s.slots),
         Measure(s.metrics),
         Record(s),
     )

@@ -1,20 +1,24 @@
 """Section 2c: serve each lineage where its prefix is cached.
 
-The affinity key of a request is its lineage root id (one id for a lineage and
-all its forks): the pool's policy routes on it (proxy.upstream.pool), preferring
-the replica the lineage's record says last served it (a fork's record starts with
-its parent's; Record writes the replica that answered).  That record came with
+The request's :class:`~proxy.upstream.policy.Route` names its lineage root (one id
+for a lineage and all its forks), the replica the lineage's record says last served
+it (a fork's record starts with its parent's; Record writes the replica that
+answered) and whether the lineage is new (a root: it goes to the least loaded
+replica).  The pool's policy places it (proxy.upstream.pool).  The record came with
 the lineage lookup, so sharing the route through the store costs no extra round
 trip.  This addon also
 
-- pins the lineage to a slot of ``llama-server --parallel N``
-  (``affinity.llama_slots``): ``id_slot`` added to the forwarded body as one
-  member (every other byte as the client sent it); a body that names its own
-  ``id_slot`` keeps it;
+- pins the lineage to a slot of llama-server (``affinity.llama_slots``):
+  ``id_slot`` added to the forwarded body as one member (every other byte as the
+  client sent it); a body that names its own ``id_slot`` keeps it.  Whether it pins
+  follows what the server does with its slots, read from its ``/slots`` off the
+  request path (proxy.upstream.slots: every lineage where slots keep their prompts;
+  none where the server clears idle slots into its RAM prompt cache, llama-server's
+  defaults, as pinning skips the cache's restore; carefully until it is seen);
 - sets each ``affinity.headers`` name to the key, replacing a client's own value.
 
 A request without a lineage (bypassed, not JSON, failed open, store down) gets
-no key, no slot and none of these headers.
+no route, no slot and none of these headers.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from collections import OrderedDict
 from canonicalize import AddMember
 from proxy.config import Affinity as AffinityConfig
 from proxy.flow import Flow
+from proxy.upstream.policy import Route
+from proxy.upstream.slot_watch import SlotWatch
+from proxy.upstream.slots import SlotPlan
 
 
 class SlotTable:
@@ -31,11 +38,16 @@ class SlotTable:
 
     Per process: with several prefixpin processes in front of one llama-server,
     each keeps its own table (route a lineage to one process, or use one process
-    per llama-server, the sidecar deployment)."""
+    per llama-server, the sidecar deployment).  One table serves every replica of a
+    pool."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
         self._owners: OrderedDict[str, int] = OrderedDict()
+
+    def get(self, root: str) -> int | None:
+        """``root``'s slot, if it has one (not touched)."""
+        return self._owners.get(root)
 
     def slot(self, root: str) -> int:
         """``root``'s slot, assigning the least recently used one when it has none."""
@@ -53,19 +65,50 @@ class SlotTable:
 
 class Affinity:
     name = "affinity"
+    counts_only = False  # its done hook only asks for a read of /slots, right away
 
-    def __init__(self, cfg: AffinityConfig) -> None:
+    def __init__(self, cfg: AffinityConfig, watch: SlotWatch | None = None) -> None:
+        """``watch``: the servers' slots as read (the app's); without it an explicit
+        ``llama_slots`` pins every lineage."""
         self.headers = tuple(h.lower() for h in cfg.headers)
-        self.slots = SlotTable(cfg.llama_slots) if cfg.llama_slots > 0 else None
+        self.watch = watch
+        n = cfg.llama_slots
+        self._fixed = SlotPlan("all", n, "configured") if n != "auto" and n > 0 else SlotPlan("none", 0, "off")
+        self.table: SlotTable | None = None
 
     async def request(self, flow: Flow) -> None:
+        watch = self.watch
+        last = None
+        if watch is not None:
+            await watch.settle()  # at start only: the first read (and probe) of the servers
+            last, watch.last_sent = watch.last_sent, None
         if flow.outcome is None or not flow.editable or flow.body is None:
             return
-        root = flow.outcome.record.root_id
-        flow.affinity_key = root
-        flow.home = flow.outcome.record.replica
+        record = flow.outcome.record
+        root = record.root_id
+        flow.route = Route(root, record.replica, new=flow.role == "root")
         flow.set_headers += tuple((h, root) for h in self.headers)
-        if self.slots is not None and "id_slot" not in flow.body:
-            slot = self.slots.slot(root)
-            flow.ops.append(AddMember("id_slot", str(slot).encode()))
-            flow.slot = slot
+        if watch is not None:
+            watch.last_sent = (root, None)
+        plan = watch.plan if watch is not None else self._fixed
+        if plan.mode == "none" or "id_slot" in flow.body:
+            return
+        table = self.table
+        if table is None or table.slots != plan.slots:
+            table = self.table = SlotTable(plan.slots)
+        if plan.mode == "careful":
+            # A new lineage takes a slot of its own; a lineage goes back to its slot
+            # only when that slot served the last request sent (it holds the prompt on
+            # any server).  Anything else names no slot until the server is known.
+            mine = table.get(root)
+            if not (flow.route.new or (mine is not None and last == (root, mine))):
+                return
+        slot = table.slot(root)
+        flow.ops.append(AddMember("id_slot", str(slot).encode()))
+        flow.slot = slot
+        if watch is not None:
+            watch.last_sent = (root, slot)
+
+    def done(self, flow: Flow) -> None:
+        if self.watch is not None:
+            self.watch.poke()

@@ -14,7 +14,10 @@ target.py       the client's raw path on the upstream's base; climbing paths ref
 headers.py      hop-by-hop and own headers never cross
 passthrough.py  every other route, forwarded unchanged and streamed
 policy.py       which replica of upstream.pool: the Policy protocol, round_robin, lineage
+live.py         this process's live lineages per replica (the load a new lineage is placed by)
 pool.py         one client per replica: health, in-flight load, failover before any byte left
+slots.py        what llama-server does with its slots, judged from its /slots (affinity.llama_slots)
+slot_watch.py   reading each replica's /props and /slots, off the request path
 """
 
 from __future__ import annotations

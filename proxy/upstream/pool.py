@@ -4,9 +4,12 @@ A :class:`Pool` has :class:`UpstreamClient`'s interface (``send``, ``read``,
 ``aclose``) plus the request's affinity key; with no pool configured it holds
 the one ``upstream.url`` and behaves exactly as that client.
 
-- The :mod:`policy <proxy.upstream.policy>` chooses a replica from its key, the
-  replica the lineage's record names (``prefer``), each replica's health and this
-  process's in-flight count for it.
+- The :mod:`policy <proxy.upstream.policy>` chooses a replica from the request's
+  :class:`~proxy.upstream.policy.Route` (its key, the replica the lineage's record
+  names, whether the lineage is new), each replica's health and this process's load
+  there: its requests in flight and its live lineages (proxy.upstream.live: a
+  lineage counts from the moment it is placed).  A lineage whose record names no
+  replica, but which this process placed lately, is offered that replica first.
 - A replica that refuses the connection or times out connecting is marked down
   for ``affinity.retry_after_s`` (its lineages move to their next replica on the
   ring) and the request goes to the next replica, once.  Only then: the error
@@ -28,8 +31,9 @@ from proxy.errors import UpstreamError
 from proxy.metrics import Metrics
 from proxy.redact import redact
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.live import LiveLineages
 from proxy.upstream.message import Body, Response
-from proxy.upstream.policy import Policy, Replica, RoundRobin, make_policy
+from proxy.upstream.policy import NO_ROUTE, Policy, Replica, RoundRobin, Route, make_policy
 from proxy.upstream.transport import open_transport
 
 
@@ -82,6 +86,7 @@ class Pool:
         self.clock = clock
         self.in_flight = [0] * len(self.clients)
         self.down_until = [0.0] * len(self.clients)
+        self.live = LiveLineages(len(self.clients))
         if self.pooled:
             for i in range(len(self.clients)):
                 metrics.replica_requests.labels(str(i))
@@ -92,8 +97,10 @@ class Pool:
 
     def replicas(self, *, skip: int | None = None) -> list[Replica]:
         now = self.clock()
+        live = self.live.counts(now)
         return [
-            Replica(i, i != skip and self.down_until[i] <= now, self.in_flight[i]) for i in range(len(self.clients))
+            Replica(i, i != skip and self.down_until[i] <= now, self.in_flight[i], live[i])
+            for i in range(len(self.clients))
         ]
 
     async def send(
@@ -104,26 +111,29 @@ class Pool:
         headers: list[tuple[str, str]],
         content: bytes,
         *,
-        key: str | None = None,
-        prefer: int | None = None,
+        route: Route = NO_ROUTE,
         timeout: float | None = None,
         sticky: bool = True,
     ) -> Response:
         """Send to the replica the policy chooses (``sticky=False``: round robin);
         once more to the next one when the first provably never got the request."""
+        if not self.pooled:
+            return await self._send_to(0, method, path, query, headers, content, timeout)
         policy = self.policy if sticky else self.passthrough_policy
-        index = policy.choose(key, self.replicas(), prefer) if self.pooled else 0
+        if route.key is not None and route.home is None and not route.new:
+            route = replace(route, home=self.live.where(route.key, self.clock()))
+        index = policy.choose(route, self.replicas())
         try:
-            return await self._send_to(index, method, path, query, headers, content, timeout)
+            return await self._send_to(index, method, path, query, headers, content, timeout, route.key)
         except UpstreamError as exc:
-            if not (self.pooled and exc.never_sent):
+            if not exc.never_sent:
                 raise
             self.down_until[index] = self.clock() + self.retry_after_s
-            retry = policy.choose(key, self.replicas(skip=index), prefer)
+            retry = policy.choose(route, self.replicas(skip=index))
             if retry == index:
                 raise
             self.metrics.replica_failovers.inc()
-            return await self._send_to(retry, method, path, query, headers, content, timeout)
+            return await self._send_to(retry, method, path, query, headers, content, timeout, route.key)
 
     async def _send_to(
         self,
@@ -134,7 +144,10 @@ class Pool:
         headers: list[tuple[str, str]],
         content: bytes,
         timeout: float | None,
+        key: str | None = None,
     ) -> Response:
+        if key is not None:  # placed: live there from now (a new lineage after it counts it)
+            self.live.touch(key, index, self.clock())
         self.in_flight[index] += 1
         try:
             resp = await self.clients[index].send(method, path, query, headers, content, timeout=timeout)

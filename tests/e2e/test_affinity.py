@@ -1,7 +1,14 @@
-"""affinity.llama_slots against a real ``llama-server --parallel 3`` (default slot
-similarity): interleaved sessions each keep their slot, so each session's next
-turn is served from its cache.  The same sequence sent directly is printed as an
-observation only."""
+"""affinity.llama_slots against a real llama-server.
+
+- Fixed slots without the RAM cache (``--parallel 3 --cache-ram 0``, default slot
+  similarity): interleaved sessions each keep their slot, so each session's next
+  turn is served from its cache.  The same sequence sent directly is printed as an
+  observation only.
+- llama-server's defaults (``--parallel`` auto: 4 slots on one unified KV pool, the
+  RAM prompt cache): it empties idle slots and restores prompts by content, which a
+  request naming a slot skips; prefixpin sees that in ``/slots`` and stops pinning,
+  so ``llama_slots`` (a count, or auto) costs no cache there.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.infra.procs import start_llama
+from tests.infra import sessions
+from tests.infra.procs import DEFAULTS, start_llama
 
 pytestmark = pytest.mark.e2e
 
@@ -65,6 +73,7 @@ def test_each_session_keeps_its_slot_and_its_cache(
         pinned, headers = _run(proxy, ("delta", "echo", "foxtrot"))
     finally:
         proc.stop()
+    assert httpx.get(proxy + "/readyz", trust_env=False, timeout=10).json()["llama_slots"]["pinning"] == "all"
     slots = [h["x-prefixpin-slot"] for h in headers]
     assert slots[:3] == slots[3:6] == slots[6:9] and len(set(slots[:3])) == 3
     for s, turns in pinned.items():
@@ -73,3 +82,33 @@ def test_each_session_keeps_its_slot_and_its_cache(
     print(
         f"\nlater turns cached: direct {_ratio(direct):.2f}, through prefixpin with llama_slots 3 {_ratio(pinned):.2f}"
     )
+
+
+def test_on_llama_servers_defaults_llama_slots_costs_no_cache(
+    log_dir: Path, serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path]
+) -> None:
+    """Three interleaved sessions of a pre-fix hermes agent, one request at a time, each
+    setup on a fresh default llama-server: without llama_slots, with 4, with auto."""
+    ids, turns = sessions.session_ids(3), 10
+    got: dict[str, list[sessions.Sent]] = {}
+    ready: dict[str, Any] = {}
+    for name, affinity in (("off", {}), ("4", {"llama_slots": 4}), ("auto", {"llama_slots": "auto"})):
+        proc, llama = start_llama(log_dir, ctx=sessions.ctx_for(turns), name=f"llama-defaults-{name}", **DEFAULTS)
+        try:
+            proxy = serve(llama, write_config({"affinity": affinity}))
+            got[name] = sessions.run(proxy, ids, turns)
+            ready[name] = httpx.get(proxy + "/readyz", trust_env=False, timeout=10).json().get("llama_slots")
+        finally:
+            proc.stop()
+    off = sessions.ratio(got["off"])
+    print(f"\ncached on llama-server's defaults: without llama_slots {off:.3f}", end="")
+    for name in ("4", "auto"):
+        print(f", llama_slots {name} {sessions.ratio(got[name]):.3f}", end="")
+        assert sessions.ratio(got[name]) >= 0.98 * off, (name, sessions.ratio(got[name]), off)
+        # the fresh server was probed before the first request: nothing is ever pinned
+        pinned = [i for i, s in enumerate(got[name]) if "x-prefixpin-slot" in s.headers]
+        assert pinned == [], pinned
+        assert ready[name]["pinning"] == "none", ready[name]
+        assert "clears idle slots" in ready[name]["why"], ready[name]
+    assert ready["auto"]["slots"] == 4  # /props' total_slots: --parallel auto
+    print()

@@ -3,13 +3,17 @@
 The tiny model's tokenizer is byte-level, so token counts follow byte counts:
 the memory counter sits in the middle of the system prompt, and a request sent
 directly misses the cache from the counter on, while through prefixpin (counter
-stripped) the whole system prompt is served from cache.
+stripped) the whole system prompt is served from cache.  The cache test runs on
+both setups: one fixed slot without the RAM prompt cache (the shared server), and
+llama-server as users start it (its defaults: 4 slots on a unified KV pool and the
+RAM prompt cache; a fresh server per test, as its RAM cache remembers every prompt).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +23,7 @@ import pytest
 from canonicalize.usage import parse_usage
 from tests import hermes
 from tests.conftest import track
+from tests.infra.procs import DEFAULTS, free_port, start_llama
 
 pytestmark = pytest.mark.e2e
 
@@ -56,10 +61,22 @@ def _stream_usage(client: openai.OpenAI, messages: list[dict[str, Any]]) -> Any:
     return usage
 
 
+@pytest.fixture(params=["fixed", "defaults"])
+def cache_llama(request: pytest.FixtureRequest, log_dir: Path) -> Iterator[str]:
+    """The shared one-slot server, or a fresh one with llama-server's defaults."""
+    if request.param == "fixed":
+        yield request.getfixturevalue("llama_server")
+        return
+    proc, base = start_llama(log_dir, name=f"llama-defaults-{free_port()}", **DEFAULTS)
+    yield base
+    proc.stop()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
 def test_memory_counter_change_hits_cache_only_through_prefixpin(
-    llama_server: str, serve: Callable[..., str], stream: bool
+    cache_llama: str, serve: Callable[..., str], stream: bool
 ) -> None:
+    llama_server = cache_llama
     proxy = serve(llama_server)
     stripped_system = hermes.system_prompt().replace(" [49% — 1,085/2,200 chars]", "")
     system_tokens = _tokens(llama_server, stripped_system)

@@ -6,13 +6,18 @@ driven by the openai SDK (no retries: a failed request fails the test).
 (iii) two prefixpin processes on one redis-server route a lineage to the same replica,
       turn by turn alternating between them, and also after one of them moved the
       lineage (failover) while the other never saw its old replica fail: the replica
-      is in the lineage's record, which both read with the lineage itself.
+      is in the lineage's record, which both read with the lineage itself;
+(iv)  llama-server as users start it (its defaults), three interleaved sessions: on two
+      replicas both serve (a new lineage goes where the load is least), each session
+      stays on one, and as much is cached as on one replica; a replica SIGKILLed
+      mid-run loses no request, and its sessions move and keep being cached.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,8 @@ import pytest
 from benchmarks.bench_cache import _metric_sums
 from tests import hermes
 from tests.conftest import track
-from tests.infra.procs import Proc, start_llama
+from tests.infra import sessions
+from tests.infra.procs import DEFAULTS, Proc, start_llama
 
 pytestmark = pytest.mark.e2e
 
@@ -191,3 +197,78 @@ def test_iii_a_lineage_one_process_moved_is_followed_by_the_other(
         assert _cached(completion) > 0.5 * completion.usage.prompt_tokens, completion.usage
         _wait_recorded()
     assert _prompt_tokens_seen(bases[home]) == 0  # the restarted replica got nothing
+
+
+# -- (iv) llama-server with its defaults, three sessions ----------------------------------
+TURNS = 8
+
+
+@pytest.fixture
+def default_replicas(log_dir: Path) -> Iterator[Replicas]:
+    """Two llama-server replicas as users start them (no --parallel, no --cache-ram)."""
+    started: Replicas = []
+    try:
+        for i in range(2):
+            name = f"llama-defaults-{i}-{time.monotonic_ns()}"
+            started.append(start_llama(log_dir, threads=1, ctx=sessions.ctx_for(TURNS), name=name, **DEFAULTS))
+        yield started
+    finally:
+        for proc, _ in started:
+            proc.stop()
+
+
+def _homes(sent: list[sessions.Sent]) -> dict[str, set[str]]:
+    homes: dict[str, set[str]] = {}
+    for s in sent:
+        homes.setdefault(s.session, set()).add(s.headers["x-prefixpin-replica"])
+    return homes
+
+
+def test_iv_three_sessions_on_two_replicas_both_serve_and_stay_cached(
+    log_dir: Path,
+    default_replicas: Replicas,
+    serve: Callable[..., str],
+    write_config: Callable[[dict[str, Any]], Path],
+) -> None:
+    ids = sessions.session_ids(3)
+    bases = [b for _, b in default_replicas]
+    pooled = sessions.run(serve(bases[0], _pool_config(write_config, bases)), ids, TURNS)
+    proc, one = start_llama(log_dir, ctx=sessions.ctx_for(TURNS), name=f"llama-one-{time.monotonic_ns()}", **DEFAULTS)
+    try:
+        single = sessions.run(serve(one), ids, TURNS)
+    finally:
+        proc.stop()
+    homes = _homes(pooled)
+    assert all(len(h) == 1 for h in homes.values()), homes
+    served = Counter(s.headers["x-prefixpin-replica"] for s in pooled)
+    assert min(served["0"], served["1"]) >= 0.2 * len(pooled), served
+    assert [s.headers["x-prefixpin-role"] for s in pooled[:3]] == ["root"] * 3
+    print(f"\ncached: pool of two {sessions.ratio(pooled):.3f}, one upstream {sessions.ratio(single):.3f}; {served}")
+    assert sessions.ratio(pooled) >= 0.98 * sessions.ratio(single)
+
+
+def test_iv_a_replica_killed_mid_run_loses_nothing(
+    default_replicas: Replicas, serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path]
+) -> None:
+    ids = sessions.session_ids(3)
+    bases = [b for _, b in default_replicas]
+    proxy = serve(bases[0], _pool_config(write_config, bases))
+    killed: list[int] = []
+
+    def kill_midway(sent: sessions.Sent) -> None:
+        if sent.turn == TURNS // 2 - 1 and sent.session == ids[-1]:  # after a whole round
+            killed.append(int(sent.headers["x-prefixpin-replica"]))  # the last session's home
+            default_replicas[killed[0]][0].stop(signal.SIGKILL)
+
+    sent = sessions.run(proxy, ids, TURNS, after=kill_midway)  # raises on any failed request
+    assert len(sent) == len(ids) * TURNS
+    dead, after = str(killed[0]), [s for s in sent if s.turn >= TURNS // 2]
+    assert all(s.headers["x-prefixpin-replica"] != dead for s in after)
+    assert all(s.headers["x-prefixpin-role"] == "continuation" for s in after)
+    moved = {s.session for s in sent if s.turn < TURNS // 2 and s.headers["x-prefixpin-replica"] == dead}
+    assert moved and ids[-1] in moved
+    for s in after:
+        if s.turn > TURNS // 2:  # moved sessions too: cached on the survivor from their second turn there
+            assert s.cached > 0.5 * s.prompt, s
+    metrics = httpx.get(proxy + "/metrics", trust_env=False, timeout=10).text
+    assert _metric_sums(metrics, ("prefixpin_replica_failovers_total",))["prefixpin_replica_failovers_total"] >= 1

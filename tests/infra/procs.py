@@ -126,18 +126,27 @@ def start_prefixpin(
     return proc, base
 
 
+DEFAULTS: dict[str, Any] = {"parallel": None, "cache_ram": None}  # start_llama(**DEFAULTS): as users start it
+
+
 def start_llama(
     log_dir: Path,
     *,
     layers: int = 2,
     embd: int = 128,
     ctx: int = 16384,
-    parallel: int = 1,
+    parallel: int | None = 1,
+    cache_ram: int | None = 0,
     name: str = "llama-server",
     threads: int = 2,
     port: int | None = None,
 ) -> tuple[Proc, str]:
-    """``threads``: ``-t``; replicas sharing this 2-core machine take 1 each (ggml's
+    """``parallel`` (``--parallel``: fixed slots, each its own KV) and ``cache_ram``
+    (``--cache-ram`` MiB; 0: no host-RAM prompt cache) default to the setup where each
+    slot is its cache; None leaves the flag out, as users start it: ``--parallel``
+    auto (4 slots sharing one unified KV pool) and an 8 GiB RAM prompt cache that
+    keeps idle slots' prompts and restores them by content (:data:`DEFAULTS`).
+    ``threads``: ``-t``; replicas sharing this 2-core machine take 1 each (ggml's
     worker threads spin while they wait, so 2 x 2 threads on 2 cores crawl).
     ``port``: a given one (a replica restarted where it was), else a free one."""
     server = llama.ensure_server()
@@ -153,15 +162,15 @@ def start_llama(
         str(port),
         "-c",
         str(ctx),
-        "--parallel",
-        str(parallel),
         "-t",
         str(threads),
         "--no-ui",
         "--metrics",
-        "--cache-ram",
-        "0",
     ]
+    if parallel is not None:
+        argv += ["--parallel", str(parallel)]
+    if cache_ram is not None:
+        argv += ["--cache-ram", str(cache_ram)]
     proc = Proc(name, argv, log_dir)
     base = f"http://127.0.0.1:{port}"
     proc.wait_http(base + "/health", timeout=120)
