@@ -75,6 +75,7 @@ class Kept:
         "hist",
         "items",
         "key",
+        "lead_spans",
         "open",
         "raw",
         "spans",
@@ -100,6 +101,18 @@ class Kept:
         self.base: Kept | None = None
         self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
+        self.lead_spans: list[Span] | None = None  # see lead()
+
+    def lead(self) -> list[Span]:
+        """The spans of the first two items (fewer when the array is shorter or they are
+        not where a search finds them), found once.  Unproven until :meth:`layout`, which
+        every reuse calls first: it only picks the bodies worth trying, at the cost of
+        serializing two items instead of all of them and parsing the body again."""
+        if self.spans is not None:
+            return self.spans[:2] if self.open >= 0 else []
+        if self.lead_spans is None:
+            self.lead_spans = _lead(self.raw, self.key, self.items)
+        return self.lead_spans
 
     def layout(self) -> bool:
         """Find and prove the item spans (once); False when this body cannot be reused."""
@@ -340,30 +353,51 @@ def _reuse(
     return top, doc, ((close, new_spans) if known else None), writable
 
 
+def _lead(raw: bytes, key: str, items: list[Any]) -> list[Span]:
+    at = raw.find(b'"%s":[' % key.encode())
+    if at < 0:
+        return []
+    pos = at + len(key) + 4  # after the '['
+    spans: list[Span] = []
+    try:
+        for n, item in enumerate(items[:2]):
+            if n:
+                if raw[pos : pos + 1] != b",":
+                    break
+                pos += 1
+            form = orjson.dumps(item)
+            if not raw.startswith(form, pos):
+                break
+            spans.append((pos, pos + len(form)))
+            pos += len(form)
+    except TypeError:
+        return []
+    return spans
+
+
 def _candidates(recent: list[Kept], raw: bytes) -> Iterator[int]:
     """The remembered bodies worth trying for ``raw``, best first, found as they are
     tried: those it starts with up to the end of their first item (the same session,
     as a rule; that item's last bytes compared first), then those whose second item it
     holds after a comma within ``NEAR`` bytes of where it was (a system prompt that
     changed); newest first; no other (their items could be reused only at the very end)."""
-    usable = [n for n, old in enumerate(recent) if old.layout() and old.spans]
     tried = []
-    for n in usable:
-        old = recent[n]
-        end = old.spans[0][1]  # type: ignore[index]
+    for n, old in enumerate(recent):
+        lead = old.lead()
+        if not lead:
+            continue
+        end = lead[0][1]
         last = max(end - 64, 0)
         src = memoryview(old.raw)
         if raw.startswith(src[last:end], last) and raw.startswith(src[:end]):
             tried.append(n)
             yield n
-    for n in usable:
-        old = recent[n]
-        spans = old.spans
-        assert spans is not None
-        if len(spans) > 1 and n not in tried:
+    for n, old in enumerate(recent):
+        lead = old.lead()
+        if len(lead) > 1 and n not in tried:
             # Near where it was: a system prompt's counter or date moves it a little.
-            item = memoryview(old.raw)[spans[1][0] : spans[1][1]]
-            q = raw.find(item, max(spans[1][0] - NEAR, old.open + 1), spans[1][1] + NEAR)
+            item = memoryview(old.raw)[lead[1][0] : lead[1][1]]
+            q = raw.find(item, max(lead[1][0] - NEAR, lead[0][0]), lead[1][1] + NEAR)
             if q > 0 and raw[q - 1] == 0x2C:
                 yield n
 
