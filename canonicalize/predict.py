@@ -198,6 +198,8 @@ def split_uncached(p: Prediction | None, prompt: int, cached: int) -> dict[str, 
         else:
             new += evicted
         evicted = 0.0
+    if p.cause is None and not evicted:
+        return {"new": uncached}  # the usual turn: nothing but new content to split
     parts = {"new": new, "evicted": evicted}
     if p.cause is not None:
         parts[p.cause] = broken
