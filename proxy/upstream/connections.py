@@ -19,6 +19,13 @@ checks, a strict response parser (:mod:`proxy.upstream.http11`).
   has nothing to read (llama-server closes after a stream while advertising
   keep-alive, and the FIN may be in the kernel before the event loop has seen
   it), and not past the upstream's own ``Keep-Alive: timeout`` less a second.
+- **Closes after streams.** llama-server closes a connection a few milliseconds
+  after a chunked (streamed) response while advertising keep-alive: a request
+  that comes sooner is written into a closing connection, and fails with
+  nothing read (it cannot be resent).  An origin seen to do that (a pooled
+  connection found closed within a second of its chunked response, or a
+  reused one failing so) no longer gets its connections back after a chunked
+  response; after other responses they are reused as before.
 - **A cap** of ``max_connections`` open at once over every origin; past it a
   request waits up to its pool timeout.
 """
@@ -26,6 +33,7 @@ checks, a strict response parser (:mod:`proxy.upstream.http11`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import select
 import ssl
 import time
@@ -34,6 +42,7 @@ from collections import deque
 from proxy.errors import (
     RequestRejected,
     UpstreamConnectTimeout,
+    UpstreamError,
     UpstreamProxy,
     UpstreamTimeout,
     UpstreamTLS,
@@ -44,6 +53,9 @@ from proxy.upstream import tls as tls_
 from proxy.upstream.egress import Egress, Proxy, new_answer, tunnel
 from proxy.upstream.http11 import Body, Connection
 from proxy.upstream.message import Origin, Request, Response, Timeouts
+
+log = logging.getLogger("prefixpin")
+CLOSED_SOON_S = 1.0  # a pooled connection closed this soon after its chunked response: on purpose
 
 _COMPUTED = frozenset({"content-length", "transfer-encoding", "host", "proxy-authorization"})
 _UNSAFE = frozenset("\r\n\0")
@@ -72,6 +84,7 @@ class _Pool:
         self.proxy = proxy
         self.where = f"{origin.scheme}://{origin.netloc}" + (f" via {proxy.label}" if proxy else "")
         self.idle: list[Connection] = []
+        self.closes_after_chunked = False  # learned: see the module docstring
 
     async def acquire(self, timeouts: Timeouts) -> Connection:
         now = time.monotonic()
@@ -106,7 +119,18 @@ class _Pool:
         if conn.closed or t is None or t.is_closing():
             return False
         idle = now - conn.idle_since
-        return idle <= self.owner.keepalive_s and idle < conn.idle_limit and not _peer_closed(t)
+        if idle > self.owner.keepalive_s or idle >= conn.idle_limit:
+            return False
+        if _peer_closed(t):
+            if conn.chunked and idle < CLOSED_SOON_S:
+                self.closing_after_chunked()
+            return False
+        return True
+
+    def closing_after_chunked(self) -> None:
+        if not self.closes_after_chunked:
+            self.closes_after_chunked = True
+            log.info("%s closes its connections after a streamed response: those are not reused", scrub(self.where))
 
     async def _open(self, conn: Connection) -> None:
         """Connect ``conn``: directly, or through the proxy (a CONNECT tunnel for https)."""
@@ -168,7 +192,7 @@ class _Pool:
         conn.connection_made(secure)
 
     def release(self, conn: Connection, keep: bool) -> None:
-        if keep and not self.owner.closing:
+        if keep and not self.owner.closing and not (conn.chunked and self.closes_after_chunked):
             conn.head = None
             conn.idle_since = time.monotonic()
             self.idle.append(conn)
@@ -259,7 +283,9 @@ class Connections:
         try:
             t.write(head + request.content if request.content else head)  # one write: one wake-up upstream
             status, headers, reason = await conn.wait(waiting, request.timeouts.read)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, UpstreamError) and conn.uses > 1 and not conn.began and conn.chunked:
+                pool.closing_after_chunked()  # a reused connection closed under the request
             self.forget(conn)  # cancelled or failed after writing: never reused
             raise
         return Response(status, headers, Body(conn, pool.release, request.timeouts.read), reason=reason)

@@ -50,12 +50,15 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.idle_limit = float("inf")  # the upstream's own Keep-Alive timeout, when it names one
         self.reusable = False
+        self.uses = 0  # exchanges started on it (above 1: a reused connection)
+        self.chunked = False  # the last response's body was chunked (a stream, as a rule)
         self.head: asyncio.Future[Head] | None = None  # None: idle, between exchanges
         self._clear(head_only=False)
 
     def start(self, *, head_only: bool) -> asyncio.Future[Head]:
         """A new exchange: the future of its response head."""
         self._clear(head_only=head_only)
+        self.uses += 1
         self.head = head = self.loop.create_future()
         return head
 
@@ -160,6 +163,7 @@ class Connection(asyncio.Protocol):
                 elif lk == b"keep-alive":
                     self._keep_alive(v)
             self.until_eof = not (te or cl)
+            self.chunked = te
         head = self.head
         if head is not None and not head.done():
             head.set_result((status, self.headers, self.reason))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -18,6 +21,8 @@ from proxy.upstream.target import Base, climbs
 from tests.infra import rawupstream as raw
 from tests.infra import tcp
 from tests.infra.wait import wait_until, wait_until_async
+
+T = TypeVar("T")
 
 
 def _request(url: str, method: str = "POST", content: bytes = b"{}") -> Request:
@@ -325,5 +330,77 @@ def test_a_read_timeout_is_a_504() -> None:
 
     try:
         asyncio.run(main())
+    finally:
+        up.close()
+
+
+def _closes_soon_after_a_stream(conn: raw.Conn) -> None:
+    """llama-server's way: keep-alive after JSON; after a stream, close a moment later
+    (a request written meanwhile is never read)."""
+    while (req := conn.read_request()) is not None:
+        if b'"stream":true' not in req.body:
+            conn.send(raw.json_response())
+            continue
+        conn.send(raw.sse_response(raw.STREAM_EVENTS))
+        time.sleep(0.05)
+        return
+
+
+def _run(main: Callable[[Connections], Awaitable[T]]) -> T:
+    async def go() -> T:
+        transport = Connections(max_connections=4)
+        try:
+            return await main(transport)
+        finally:
+            await transport.aclose()
+
+    return asyncio.run(go())
+
+
+def test_an_upstream_seen_closing_after_a_stream_gets_no_stream_connection_back() -> None:
+    """Found at the pool: the connection of the first stream is closed when the next
+    request wants it; from then on a stream's connection is not pooled, and a request
+    right after a stream never meets a closing connection.  After JSON they are reused."""
+    up = raw.RawUpstream(_closes_soon_after_a_stream)
+    stream = b'{"stream":true}'
+
+    async def main(transport: Connections) -> list[int]:
+        statuses = []
+        for n, body in enumerate([stream, stream, stream, b"{}", b"{}"]):
+            r = await transport.send(_request(up.url, content=body))
+            await r.read()
+            statuses.append(r.status)
+            if n == 0:  # until this side's kernel has the FIN
+                wait_until(lambda: tcp.fin_received(up.port), timeout=5, interval=0.001, message="the FIN arrived")
+        return statuses
+
+    try:
+        assert _run(main) == [200] * 5
+        assert len(up.requests) == 5
+        assert up.connections == 4  # one per stream, then one for both JSON answers
+    finally:
+        up.close()
+
+
+def test_a_reused_connection_closed_under_a_request_after_a_stream_is_learned() -> None:
+    """Before the pool could see it: the request is written into the closing connection
+    and fails (never resent); the next ones after a stream go on fresh connections."""
+    up = raw.RawUpstream(_closes_soon_after_a_stream)
+    stream = b'{"stream":true}'
+
+    async def main(transport: Connections) -> list[int | str]:
+        out: list[int | str] = []
+        for _ in range(4):
+            try:
+                r = await transport.send(_request(up.url, content=stream))
+                await r.read()
+                out.append(r.status)
+            except UpstreamReset:
+                out.append("reset")
+        return out
+
+    try:
+        assert _run(main) == [200, "reset", 200, 200]
+        assert len(up.requests) == 3  # the one written into the closing connection was never read
     finally:
         up.close()
