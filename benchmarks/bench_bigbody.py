@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overhead import targets
+from benchmarks.overhead import targets, tools
 from benchmarks.overhead.tools import BIN_DIR, Unavailable
 from tests.infra.procs import Proc, start_prefixpin
 
@@ -159,10 +159,6 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_bigbody", description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=650_000, help="messages in the big body (~46 bytes each)")
@@ -174,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.messages, args.rounds = 65_000, 1
     body = big_body(args.messages)
-    doc: dict[str, Any] = {"body_bytes": len(body), "messages": args.messages, "loadavg_start": loadavg()}
+    doc: dict[str, Any] = {"body_bytes": len(body), "messages": args.messages, "loadavg_start": tools.loadavg()}
     logs = BIN_DIR / "logs-bigbody"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
@@ -198,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             up_proc.stop()
     doc["targets"] = results
-    doc["loadavg_end"] = loadavg()
+    doc["loadavg_end"] = tools.loadavg()
     print(json.dumps(doc, indent=2) if args.json else render(doc))
     bad = [f"{n}: status {r['status']}" for n, res in results.items() for r in res["rounds"] if r["status"] != 200] + [
         f"{n}: {res['healthz_failures']} /healthz failures" for n, res in results.items() if res["healthz_failures"]

@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overhead import targets
+from benchmarks.overhead import targets, tools
 from benchmarks.overhead.tools import BIN_DIR, Unavailable
 from tests.infra.procs import start_prefixpin
 
@@ -208,10 +208,6 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n")[0])
     ap.add_argument("--tenants", type=int, default=1_000, help="distinct API keys")
@@ -227,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = BIN_DIR / "logs-memory"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    doc: dict[str, Any] = {"config": vars(args) | {"smoke": args.smoke}, "loadavg_start": _loadavg()}
+    doc: dict[str, Any] = {"config": vars(args) | {"smoke": args.smoke}, "loadavg_start": tools.loadavg()}
     up_proc, up = targets.start_upstream(logs)
     try:
         proc, base = start_prefixpin(logs, upstream=up, name="prefixpin")
@@ -245,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed_s=round(run.samples[-1]["elapsed_s"], 1),
         samples=run.samples,
         growth=growth(run.samples),
-        loadavg_end=_loadavg(),
+        loadavg_end=tools.loadavg(),
     )
     print(json.dumps(doc, indent=2) if args.json else render(doc))
     if run.errors:

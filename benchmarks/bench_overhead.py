@@ -41,7 +41,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overhead import litellm, nginx, report, roles, targets, workloads, wrk
+from benchmarks.overhead import litellm, nginx, report, roles, targets, tools, workloads, wrk
 from benchmarks.overhead.rounds import Phase, Plan, Runner, log, medians
 from benchmarks.overhead.targets import Target
 from benchmarks.overhead.tools import BIN_DIR, Unavailable, prioritize
@@ -107,10 +107,6 @@ def cmd(*argv: str) -> str:
     return text.splitlines()[0] if text else "unknown"
 
 
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def machine() -> dict[str, Any]:
     cpu = "unknown"
     with contextlib.suppress(OSError, StopIteration):
@@ -123,7 +119,7 @@ def machine() -> dict[str, Any]:
         "python": f"Python {platform.python_version()}",
         "nginx": cmd(nginx.binary(), "-v").replace("nginx version: ", ""),
         "wrk": cmd(wrk.wrk_binary(), "-v").split(" [")[0],
-        "loadavg_start": loadavg(),
+        "loadavg_start": tools.loadavg(),
         "revision": cmd("git", "-C", str(REPO), "describe", "--always", "--dirty"),
     }
 
@@ -240,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     all_targets, every_run, extra = run_all(args, plan)
     runs = medians(every_run)
-    info["loadavg_end"] = loadavg()
+    info["loadavg_end"] = tools.loadavg()
     upstream = "nginx `return 200` (one worker)" if args.upstream == "nginx" else "the Go upstream (upstream/main.go)"
     doc: dict[str, Any] = {
         "date": date.today().isoformat(),

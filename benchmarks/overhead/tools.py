@@ -99,3 +99,8 @@ def go_binary(name: str) -> Path:
         raise RuntimeError(f"go build {src} failed:\n{done.stderr}")
     tmp.replace(out)
     return out
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages, as /proc/loadavg gives them."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
