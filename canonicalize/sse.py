@@ -155,6 +155,18 @@ def read(data: bytes) -> tuple[Any, bool]:
         raise ValueError("JSON nested too deep") from exc
 
 
+def payload(data: bytes, *, lenient: bool) -> tuple[Any, bool]:
+    """An event's JSON payload and whether orjson read it: with ``lenient`` (a guard
+    judges the event) as :func:`read` reads it, else orjson's; None when it is not
+    JSON to any client (forwarded as it is)."""
+    if not lenient:
+        return loads_or_none(data), True
+    try:
+        return read(data)
+    except ValueError:
+        return None, True
+
+
 def dumps(obj: Any, strict: bool) -> bytes:
     """``obj`` as JSON: orjson for what orjson read, the standard library (ASCII, NaN
     kept) for what only it read."""

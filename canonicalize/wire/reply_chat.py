@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from canonicalize.jsonspan import Edits, JsonDoc
-from canonicalize.sse import Event, dumps, encode, loads_or_none, read
+from canonicalize.sse import Event, dumps, encode, loads_or_none, payload
 from canonicalize.usage import UsageAccumulator
 
 _NAMED = ("function", "custom")  # where a tool call's name sits
@@ -173,10 +173,7 @@ class ChatReply:
             self.ended = True
             self._decide_all()
             return self._queue(_Held(event, None, True, False, []))
-        try:
-            obj, strict = read(data)
-        except ValueError:
-            obj, strict = None, True  # not JSON to any client: no call in it
+        obj, strict = payload(data, lenient=True)  # as the most lenient client reads it
         if not isinstance(obj, dict):
             return self._queue(_Held(event, None, True, False, []))
         self.usage.feed(obj)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from canonicalize.sse import Event, dumps, encode, loads_or_none, read
+from canonicalize.sse import Event, dumps, encode, loads_or_none, payload
 from canonicalize.usage import UsageAccumulator
 
 _BLOCK_EVENTS = frozenset({"content_block_start", "content_block_delta", "content_block_stop"})
@@ -61,14 +61,7 @@ class MessagesReply:
     def feed(self, event: Event) -> bytes | None:
         if event.data is None:
             return event.raw
-        strict = True
-        if self.offered is None:
-            obj = loads_or_none(event.data)
-        else:
-            try:
-                obj, strict = read(event.data)  # as the most lenient client reads it
-            except ValueError:
-                return event.raw  # not JSON to any client: no call in it
+        obj, strict = payload(event.data, lenient=self.offered is not None)
         if not isinstance(obj, dict):
             return event.raw
         self.usage.feed(obj)

@@ -46,9 +46,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from canonicalize.sse import Event, dumps, encode, read
+from canonicalize.sse import Event, dumps, encode, payload
 from canonicalize.usage import UsageAccumulator
 
 _NAMED = frozenset({"function_call", "custom_tool_call"})  # judged by name or namespace
@@ -65,13 +63,6 @@ _FIRST_TOKEN = frozenset(
 )
 _ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})  # a stream's last event
 _FINAL = frozenset({"response.completed", "response.incomplete"})  # their output is the reply
-
-
-def _loads(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
 
 
 def _ids(node: dict[str, Any]) -> list[str]:
@@ -124,14 +115,7 @@ class ResponsesReply:
     def feed(self, event: Event) -> bytes | None:
         if event.data is None:
             return event.raw
-        strict = True
-        if self.offered is None:
-            obj = _loads(event.data)
-        else:
-            try:
-                obj, strict = read(event.data)  # as the most lenient client reads it
-            except ValueError:
-                return event.raw  # not JSON to any client: no call in it
+        obj, strict = payload(event.data, lenient=self.offered is not None)
         if not isinstance(obj, dict):
             return event.raw
         self.usage.feed(obj)
