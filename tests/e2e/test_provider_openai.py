@@ -304,3 +304,26 @@ def test_through_litellm(
             assert usage["prompt_tokens_details"]["cached_tokens"] > 0  # the sessions share the system
     assert sent["prompt_cache_options"] == {"mode": "implicit"}  # the client's, as extra_body
     _metric(proxy, 'prefixpin_cache_write_tokens_total{model="openai/gpt-5.6"', writes)
+
+
+def test_through_litellm_to_anthropic_openais_controls_stay_away(
+    provider: str, serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path]
+) -> None:
+    """An ``anthropic/…`` chat completion through LiteLLM gets no OpenAI breakpoint (LiteLLM
+    would drop it; Anthropic has its own), and the client's ``prompt_cache_options``, which
+    Anthropic's Messages have no member for, is not passed on."""
+    pytest.importorskip("litellm", reason="the litellm extra is not installed")
+    cfg = {"upstream": {"kind": "litellm"}, "provider_cache": {"openai_breakpoints": "auto"}}
+    proxy = serve(provider, write_config(cfg))
+    capture = Recorder(provider)
+    track(capture.http)
+    client = _client(proxy, "sk-litellm-anthropic")
+    messages = [*_session("Task."), {"role": "assistant", "content": "ok"}, {"role": "user", "content": "More."}]
+    client.chat.completions.create(
+        model="anthropic/claude-sonnet-4-5",
+        max_tokens=8,
+        messages=messages,
+        extra_body={"prompt_cache_options": {"mode": "implicit"}},
+    )
+    sent = capture.bodies("/v1/messages")[-1]
+    assert b"prompt_cache_options" not in sent and b"prompt_cache_breakpoint" not in sent
