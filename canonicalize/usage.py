@@ -185,7 +185,7 @@ class UsageAccumulator:
                 self._id(obj.get("message") if kind == "message_start" else obj)
             elif obj.get("object") == "response":
                 self._id(obj)
-            elif kind in _RESPONSE_EVENTS:
+            elif type(kind) is str and kind in _RESPONSE_EVENTS:  # (a list or a dict would not even look up)
                 self._id(obj.get("response"))
 
     def _id(self, holder: Any) -> None:
