@@ -176,7 +176,7 @@ def responses_stream(done: Json) -> bytes:
     started = {**done, "status": "in_progress", "output": [], "usage": None}
     started.pop("prompt_cache_diagnostics", None)
     item = done["output"][0]
-    events = [
+    events: list[tuple[str, dict[str, Any]]] = [
         ("response.created", {"response": started}),
         ("response.output_item.added", {"output_index": 0, "item": {**item, "status": "in_progress", "content": []}}),
         ("response.output_text.delta", {"item_id": item["id"], "output_index": 0, "content_index": 0, "delta": "ok"}),
