@@ -49,7 +49,7 @@ from canonicalize.provider import (
     sent_breakpoints,
     with_beta,
 )
-from canonicalize.verdicts import agrees
+from canonicalize.verdicts import agrees, provider_causes
 from proxy.config import Price
 from proxy.flow import Flow
 from proxy.pricing import Pricing, cost, saved
@@ -206,7 +206,7 @@ class ProviderCache:
             self._said.popitem(last=False)
         log.info(
             "lineage %s: its stable prefix (system, tools and the history before the last user message) is "
-            "about %d tokens, below the %d tokens %s caches at the least: the provider caches none of it "
+            "about %d tokens, below the %d tokens %r caches at the least: the provider caches none of it "
             "(prefixpin_below_cache_minimum_total; provider_cache.min_tokens)",
             lineage,
             tokens,
@@ -236,7 +236,7 @@ class ProviderCache:
 
     def _verdict(self, flow: Flow, diagnostics: object) -> None:
         outcome, prep = flow.outcome, flow.prep
-        if outcome is None or prep is None:
+        if outcome is None or prep is None or provider_causes(diagnostics) is None:
             return
         if outcome.parent_fp is None or outcome.record.fingerprint is None:
             return  # a root: prefixpin has nothing it compared with

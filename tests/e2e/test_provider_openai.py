@@ -209,7 +209,7 @@ def test_below_the_minimum_counted_and_said_once_per_lineage(
         _metric(proxy, 'prefixpin_below_cache_minimum_total{model="tiny-model"}', 1)
         lines = [line for line in proc.log_path.read_text().splitlines() if "below the" in line]
         assert len(lines) == 2, lines  # one per lineage
-        assert "INFO" in lines[0] and "1024 tokens gpt-5.6" in lines[0] and "Be brief" not in lines[0]
+        assert "INFO" in lines[0] and "1024 tokens 'gpt-5.6'" in lines[0] and "Be brief" not in lines[0]
     finally:
         proc.stop()
 

@@ -545,7 +545,7 @@ def test_below_the_minimum_counted_per_request_and_said_once_per_lineage(caplog:
     assert _metric(text, 'prefixpin_below_cache_minimum_total{model="small-model"}') == 1
     said = [r.getMessage() for r in caplog.records if "below the" in r.getMessage()]
     assert len(said) == 2  # once for the gpt-5.6 lineage (two requests), once for the other
-    assert "1024 tokens gpt-5.6 caches at the least" in said[0] and "Be brief" not in said[0]
+    assert "1024 tokens 'gpt-5.6' caches at the least" in said[0] and "Be brief" not in said[0]
     # OpenAI's cache writes priced with cache_write: the long request wrote and saved less than nothing.
     assert _metric(text, 'prefixpin_saved_usd_total{model="gpt-5.6"}') == pytest.approx(-2900 * 0.5 / 1e6)
 
