@@ -114,6 +114,7 @@ def _is_message(item: Any, roles: frozenset[str]) -> bool:
 
 
 def _is_tools(item: Any) -> bool:
+    """An ``additional_tools`` input item: part of the leading system run, never marked."""
     return isinstance(item, dict) and item.get("type") == "additional_tools"
 
 
@@ -124,10 +125,7 @@ def responses_breakpoints(doc: JsonDoc, body: dict[str, Any]) -> list[Op]:
         return []  # a string input is one user message: nothing before it to mark
     out: list[Op | None] = []
     lead, system = 0, None
-    while lead < len(items) and (
-        _is_message(items[lead], _SYSTEM)
-        or (isinstance(items[lead], dict) and items[lead].get("type") == "additional_tools")
-    ):
+    while lead < len(items) and (_is_message(items[lead], _SYSTEM) or _is_tools(items[lead])):
         if _is_message(items[lead], _SYSTEM):
             system = lead
         lead += 1
@@ -152,11 +150,11 @@ def comparison(body: dict[str, Any], previous_response_id: str, *, retention_add
     object added, unless the request carries ``prompt_cache_retention`` (the client's,
     or prefixpin's: ``retention_added``).  None: nothing to add."""
     value = orjson.dumps(previous_response_id)
-    options = body.get(OPTIONS, ...)
-    if options is ...:
+    if OPTIONS not in body:
         if RETENTION in body or retention_added:
             return None
         return AddMember(OPTIONS, b'{"' + COMPARISON.encode() + b'":' + value + b"}")
+    options = body[OPTIONS]
     if isinstance(options, dict) and COMPARISON not in options:
         return SetMember((OPTIONS,), COMPARISON, value)
     return None  # the client's own comparison, or options that are not an object: kept
