@@ -21,7 +21,14 @@ pauses replay in seconds.  Dollars are the usage the client saw at Claude
 Sonnet-like prices (:data:`PRICE`); prefixpin's own ``prefixpin_saved_usd_total``
 is read back as a check.
 
-    python -m benchmarks.bench_provider [--part ratio|ttl|all] [--sessions 6 --turns 8 --machines 4]
+Part ``breakpoints``: sessions of one agent with a fixed ~9k-token developer prefix
+(the public report's shape: only the user messages differ) and a few turns each,
+as chat completions for a GPT-5.6 model, which reuses a cached prefix only where a
+breakpoint was written: through prefixpin with ``openai_breakpoints`` off and
+``auto`` to the scripted provider cache (in this process, one machine).  Dollars at
+GPT-5.6-like prices (:data:`GPT_PRICE`, writes at 1.25x input).
+
+    python -m benchmarks.bench_provider [--part ratio|ttl|breakpoints|all] [--sessions 6 --turns 8 --machines 4]
                                          [--smoke] [--json]
 """
 
@@ -303,9 +310,79 @@ def format_ttl(rows: list[Json], spec: TraceSpec) -> str:
     return head + body
 
 
+# -- part breakpoints: OpenAI GPT-5.6 and later ---------------------------------------------
+GPT_MODEL = "gpt-5.6"
+GPT_PRICE = {"input": 2.0, "cached_input": 0.2, "cache_write": 2.5, "output": 8.0}  # USD / 1M tokens
+DEVELOPER = "Follow the repository's conventions; run the tests before you answer; keep diffs small. " * 400
+
+
+def replay_breakpoints(sessions: int, turns: int, mode: str) -> dict[str, Any]:
+    """``sessions`` conversations of ``turns`` turns through prefixpin (``openai_breakpoints: mode``)."""
+    provider = Provider(machines=1)
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        try:
+            return httpx.Response(200, json=provider.chat(orjson.loads(request.content)))
+        except Rejected as exc:
+            return httpx.Response(400, json={"error": {"message": str(exc)}})
+
+    pc = {"openai_breakpoints": mode, "prices": {GPT_MODEL: GPT_PRICE}}
+    config = load(None, env={}, overrides={f"provider_cache.{k}": v for k, v in pc.items()})
+    totals = dict.fromkeys(("prompt", "read", "write", "output"), 0)
+    with TestClient(create_app(config, transport=httpx.MockTransport(upstream))) as http:
+        for s in range(sessions):
+            messages: list[Json] = [{"role": "developer", "content": DEVELOPER}]
+            for t in range(turns):
+                messages.append({"role": "user", "content": f"Session {s}, turn {t}: the next failing test."})
+                r = http.post("/v1/chat/completions", json={"model": GPT_MODEL, "messages": messages})
+                r.raise_for_status()
+                u = r.json()["usage"]
+                details = u["prompt_tokens_details"]
+                totals["prompt"] += u["prompt_tokens"]
+                totals["read"] += details["cached_tokens"]
+                totals["write"] += details["cache_write_tokens"]
+                totals["output"] += u["completion_tokens"]
+                messages.append(r.json()["choices"][0]["message"])
+        text = http.get("/metrics").text
+    saved = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("prefixpin_saved_usd_total{"))
+    plain = totals["prompt"] - totals["read"] - totals["write"]
+    usd = (
+        plain * GPT_PRICE["input"]
+        + totals["read"] * GPT_PRICE["cached_input"]
+        + totals["write"] * GPT_PRICE["cache_write"]
+        + totals["output"] * GPT_PRICE["output"]
+    ) / 1e6
+    return {
+        "requests": sessions * turns,
+        **totals,
+        "ratio": totals["read"] / totals["prompt"] if totals["prompt"] else 0.0,
+        "usd": usd,
+        "prefixpin_saved_usd": saved,
+    }
+
+
+def run_breakpoints(sessions: int, turns: int) -> list[Json]:
+    return [{"openai_breakpoints": mode, **replay_breakpoints(sessions, turns, mode)} for mode in ("off", "auto")]
+
+
+def format_breakpoints(rows: list[Json], sessions: int, turns: int) -> str:
+    head = (
+        f"sessions={sessions} turns={turns} model={GPT_MODEL}; USD per 1M tokens: input {GPT_PRICE['input']}, "
+        f"cached {GPT_PRICE['cached_input']}, write {GPT_PRICE['cache_write']}, output {GPT_PRICE['output']}\n\n"
+        "| openai_breakpoints | requests | prompt tokens | read | written | hit ratio | cost USD "
+        "| prefixpin_saved_usd_total |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    body = "".join(
+        f"| {r['openai_breakpoints']} | {r['requests']} | {r['prompt']} | {r['read']} | {r['write']} | "
+        f"{100 * r['ratio']:.1f}% | {r['usd']:.4f} | {r['prefixpin_saved_usd']:.4f} |\n"
+        for r in rows
+    )
+    return head + body
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("ratio", "ttl", "all"), default="all")
+    ap.add_argument("--part", choices=("ratio", "ttl", "breakpoints", "all"), default="all")
     ap.add_argument("--sessions", type=int, default=6)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--machines", type=int, default=4)
@@ -319,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             report["ratio"] = run(spec, args.machines, Path(tmp))
     if args.part in ("ttl", "all"):
         report["ttl"] = run_ttl(spec)
+    if args.part in ("breakpoints", "all"):
+        report["breakpoints"] = run_breakpoints(spec.sessions, min(spec.turns, 4))
     if args.json:
         print(json.dumps(report if len(report) > 1 else next(iter(report.values())), indent=1))
     else:
@@ -326,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(report["ratio"], spec, args.machines))
         if "ttl" in report:
             print(format_ttl(report["ttl"], spec))
+        if "breakpoints" in report:
+            print(format_breakpoints(report["breakpoints"], spec.sessions, min(spec.turns, 4)))
     return 0
 
 

@@ -13,8 +13,11 @@
   follows a 5-minute one (Anthropic rejects that order).
 - :func:`diagnostics` / :func:`with_beta`: the member and the ``anthropic-beta``
   value that ask Anthropic why a request missed its cache.
-- :func:`provider_cause`: the break cause a provider's own cache diagnostics
-  name, in prefixpin's cause vocabulary (section 6), to compare with ours.
+- :func:`place`: breakpoint edits fitted into the edits already decided (a fork's
+  recorded system, a lineage's recorded tools[]), for Anthropic's ``cache_control``
+  and OpenAI's ``prompt_cache_breakpoint`` (:mod:`canonicalize.openai_cache`) alike.
+
+The providers' verdicts on a miss are :mod:`canonicalize.verdicts`'.
 
 Pure: no I/O, no clock.
 """
@@ -30,6 +33,7 @@ import orjson
 from canonicalize.edits import AddMember, DeleteMember, Op, SetItems, SetMember, SetString, SetValue, render
 from canonicalize.jsonspan import JsonDoc, Path
 
+CACHE_CONTROL = "cache_control"  # Anthropic's breakpoint member
 EPHEMERAL = b'{"type":"ephemeral"}'
 EPHEMERAL_1H = b'{"type":"ephemeral","ttl":"1h"}'
 DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"  # Anthropic's beta for diagnostics.previous_message_id
@@ -64,26 +68,32 @@ def with_beta(values: Sequence[str]) -> str:
     return ",".join(names if DIAGNOSIS_BETA in names else [*names, DIAGNOSIS_BETA])
 
 
-def sent_breakpoints(raw: bytes) -> bool:
-    """True when the client's own bytes carry a ``cache_control`` anywhere (its own
-    breakpoints: leave the request alone).  Checked on what the client sent, not on
-    the repaired body: a fork's recorded system and tools carry the breakpoints
-    prefixpin added to its parent."""
-    if b"cache_control" not in raw:
+def sent_breakpoints(raw: bytes, member: str = CACHE_CONTROL) -> bool:
+    """True when the client's own bytes carry a ``member`` (``cache_control``, or
+    OpenAI's ``prompt_cache_breakpoint``) anywhere: its own breakpoints, leave the
+    request alone.  Checked on what the client sent, not on the repaired body: a
+    fork's recorded system and tools carry the breakpoints prefixpin added to its
+    parent."""
+    if member.encode() not in raw:
         return False
     try:
-        return has_cache_control(orjson.loads(raw))
+        return has_member(orjson.loads(raw), member)
     except orjson.JSONDecodeError:
         return True
 
 
+def has_member(node: Any, member: str) -> bool:
+    """True when any object under ``node`` has a ``member`` member."""
+    if isinstance(node, dict):
+        return member in node or any(has_member(v, member) for v in node.values())
+    if isinstance(node, list):
+        return any(has_member(v, member) for v in node)
+    return False
+
+
 def has_cache_control(node: Any) -> bool:
     """True when any object under ``node`` has a ``cache_control`` member."""
-    if isinstance(node, dict):
-        return "cache_control" in node or any(has_cache_control(v) for v in node.values())
-    if isinstance(node, list):
-        return any(has_cache_control(v) for v in node)
-    return False
+    return has_member(node, CACHE_CONTROL)
 
 
 def breakpoints(doc: JsonDoc, body: dict[str, Any], *, ttl: str = "5m") -> list[Op]:
@@ -220,8 +230,8 @@ def _target(op: Op) -> Path:
     raise TypeError(op)
 
 
-def place(ops: Sequence[Op], added: Sequence[Op]) -> list[Op]:
-    """``ops`` with the breakpoint edits ``added``.
+def place(ops: Sequence[Op], added: Sequence[Op], member: str = CACHE_CONTROL) -> list[Op]:
+    """``ops`` with the breakpoint edits ``added`` (breakpoints are ``member`` members).
 
     - An edit inside a value an earlier edit replaces whole (a fork's recorded
       system, the lineage's recorded tools[]) is made inside that edit's bytes
@@ -229,11 +239,11 @@ def place(ops: Sequence[Op], added: Sequence[Op]) -> list[Op]:
     - Items an earlier edit put in an array (a chat fork's recorded system
       messages) are counted as the forwarded body counts them: an edit inside one
       is made in its bytes, one past them goes to the client's own index.
-    - Recorded bytes lose the ``cache_control`` members they were recorded with
-      (the parent's breakpoints, perhaps at another place or TTL): the request
-      carries exactly the breakpoints ``added``, so never more than 4 nor a
-      1-hour one after a 5-minute one."""
-    out = [_unmarked(op) for op in ops]
+    - Recorded bytes lose the ``member`` members they were recorded with (the
+      parent's breakpoints, perhaps at another place or TTL): the request carries
+      exactly the breakpoints ``added``, so never more than 4 nor a 1-hour one
+      after a 5-minute one."""
+    out = [_unmarked(op, member) for op in ops]
     for op in added:
         path = _target(op)
         for i, prior in enumerate(out):
@@ -265,36 +275,34 @@ def place(ops: Sequence[Op], added: Sequence[Op]) -> list[Op]:
     return out
 
 
-_MARK = b'"cache_control"'
-
-
-def unmarked(raw: bytes) -> bytes:
-    """``raw`` (a JSON value) without its ``cache_control`` members, every other byte as it was."""
-    if _MARK not in raw:
+def unmarked(raw: bytes, member: str = CACHE_CONTROL) -> bytes:
+    """``raw`` (a JSON value) without its ``member`` members, every other byte as it was."""
+    if orjson.dumps(member) not in raw:
         return raw
-    paths = list(_marked(orjson.loads(raw), ()))
-    return render(JsonDoc(raw), [DeleteMember(p, "cache_control") for p in paths]) if paths else raw
+    paths = list(_marked(orjson.loads(raw), (), member))
+    return render(JsonDoc(raw), [DeleteMember(p, member) for p in paths]) if paths else raw
 
 
-def _marked(node: Any, path: Path) -> Iterator[Path]:
-    """The paths of the objects under ``node`` that carry a ``cache_control``."""
+def _marked(node: Any, path: Path, member: str) -> Iterator[Path]:
+    """The paths of the objects under ``node`` that carry a ``member``."""
     if isinstance(node, dict):
-        if "cache_control" in node:
+        if member in node:
             yield path
         for key, value in node.items():
-            yield from _marked(value, (*path, key))
+            yield from _marked(value, (*path, key), member)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from _marked(value, (*path, i))
+            yield from _marked(value, (*path, i), member)
 
 
-def _unmarked(op: Op) -> Op:
+def _unmarked(op: Op, member: str) -> Op:
+    mark = orjson.dumps(member)
     if isinstance(op, SetItems):
-        if any(_MARK in item for item in op.items):
-            return SetItems(op.array, op.start, op.stop, tuple(unmarked(item) for item in op.items))
+        if any(mark in item for item in op.items):
+            return SetItems(op.array, op.start, op.stop, tuple(unmarked(item, member) for item in op.items))
         return op
     raw = _raw(op)
-    return _with_raw(op, unmarked(raw)) if raw is not None and _MARK in raw else op
+    return _with_raw(op, unmarked(raw, member)) if raw is not None and mark in raw else op
 
 
 def _moved(op: Op, depth: int, delta: int) -> Op:
@@ -347,51 +355,19 @@ def _relative(op: Op, depth: int) -> Op:
     raise TypeError(op)
 
 
-# -- the providers' verdicts ------------------------------------------------------------
-
-# Anthropic cache diagnostics (``diagnostics.cache_miss_reason.type``) and the
-# assumed OpenAI Responses shape (``prompt_cache_diagnostics``, see docs/metrics.md).
-_CAUSES = {
-    "model_changed": "model_changed",
-    "system_changed": "system_changed",
-    "instructions_changed": "system_changed",
-    "tools_changed": "tools_changed",
-    "messages_changed": "history_rewritten",
-    "input_changed": "history_rewritten",
-    "params_changed": "params_changed",
-}
-NO_BREAK = "none"  # the provider compared and found no divergence
-
-
-def provider_cause(diagnostics: Any) -> str | None:
-    """prefixpin's cause for a provider's diagnostics object: a section 6 cause,
-    :data:`NO_BREAK`, or None when the provider could not compare (previous
-    response unknown, comparison still running, a reason we do not know)."""
-    if not isinstance(diagnostics, dict):
-        return None
-    reason = diagnostics.get("cache_miss_reason", diagnostics.get("miss_reason", ...))
-    if reason is None:
-        return NO_BREAK
-    if isinstance(reason, dict):
-        reason = reason.get("type")
-    if not isinstance(reason, str):
-        return None
-    return _CAUSES.get(reason)
-
-
 __all__ = [
+    "CACHE_CONTROL",
     "DIAGNOSIS_BETA",
     "EPHEMERAL",
     "EPHEMERAL_1H",
-    "NO_BREAK",
     "breakpoints",
     "cache_key",
     "chat_breakpoints",
     "diagnostics",
     "has_cache_control",
+    "has_member",
     "marker",
     "place",
-    "provider_cause",
     "sent_breakpoints",
     "unmarked",
     "with_beta",

@@ -3,18 +3,24 @@
 ``Usage.prompt`` is always the *whole* prompt (cached included), whatever the
 shape calls it, so ``cached / prompt`` is the hit ratio everywhere:
 
-- OpenAI, vLLM, SGLang, llama.cpp: ``usage.prompt_tokens`` and
-  ``usage.prompt_tokens_details.cached_tokens`` (cache writes: OpenRouter's
-  ``cache_write_tokens``, vLLM's ``created_cache_tokens``);
+- OpenAI, vLLM, SGLang, llama.cpp, xAI, Gemini's OpenAI-compatible endpoint:
+  ``usage.prompt_tokens`` and ``usage.prompt_tokens_details.cached_tokens``
+  (cache writes: OpenAI's (GPT-5.6 and later) and OpenRouter's
+  ``prompt_tokens_details.cache_write_tokens``, vLLM's ``created_cache_tokens``);
 - llama.cpp ``timings.cache_n`` / ``timings.prompt_n`` when usage is absent;
 - Anthropic: ``input_tokens`` *excludes* ``cache_read_input_tokens`` and
   ``cache_creation_input_tokens``, so the prompt is their sum (LiteLLM's
   OpenAI-shaped usage carries the same two fields next to a ``prompt_tokens``
-  that already includes them); the writes at the 1-hour TTL (priced higher) are
-  ``cache_creation.ephemeral_1h_input_tokens`` (LiteLLM:
-  ``prompt_tokens_details.cache_creation_token_details``);
+  that already includes them); the writes are split by TTL in
+  ``cache_creation.ephemeral_5m_input_tokens`` / ``ephemeral_1h_input_tokens``
+  (LiteLLM: ``prompt_tokens_details.cache_creation_token_details``), the 1-hour
+  ones priced higher;
 - DeepSeek: ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``;
-- Responses API: ``input_tokens`` and ``input_tokens_details.cached_tokens``.
+- Mistral: ``usage.num_cached_tokens`` (also ``prompt_token_details.cached_tokens``,
+  its SDK's spelling, when ``prompt_tokens_details`` is absent);
+- Responses API (OpenAI, xAI): ``input_tokens``,
+  ``input_tokens_details.cached_tokens`` and (GPT-5.6 and later)
+  ``input_tokens_details.cache_write_tokens``, both parts of ``input_tokens``.
 
 The accumulator's ``completion`` is ``completion_tokens`` (OpenAI shapes) or
 ``output_tokens`` (Anthropic, Responses): what the output tokens cost.
@@ -23,8 +29,10 @@ The accumulator's ``completion`` is ``completion_tokens`` (OpenAI shapes) or
 values of a field replace earlier ones (Anthropic repeats cumulative counts in
 ``message_delta``; OpenAI sends one final chunk), so nothing is counted twice.
 It also keeps what a provider said about its cache beside the counts: its cache
-diagnostics, and the Anthropic message id (the next turn names it in
-``diagnostics.previous_message_id``).
+diagnostics (Anthropic's ``diagnostics``, OpenAI Responses'
+``prompt_cache_diagnostics``), and the id of the response (an Anthropic message's,
+a Responses response's: the next turn names it in ``diagnostics.previous_message_id``
+or ``prompt_cache_options.comparison_response_id``).
 """
 
 from __future__ import annotations
@@ -63,9 +71,13 @@ _PATHS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("input_tokens", ("input_tokens",)),
     ("cache_read_input_tokens", ("cache_read_input_tokens",)),
     ("cache_creation_input_tokens", ("cache_creation_input_tokens",)),
+    ("cache_write_5m", ("cache_creation", "ephemeral_5m_input_tokens")),
     ("cache_write_1h", ("cache_creation", "ephemeral_1h_input_tokens")),
     ("cache_write_1h", ("prompt_tokens_details", "cache_creation_token_details", "ephemeral_1h_input_tokens")),
     ("input_cached_tokens", ("input_tokens_details", "cached_tokens")),
+    ("cache_write_tokens", ("input_tokens_details", "cache_write_tokens")),
+    ("num_cached_tokens", ("prompt_token_details", "cached_tokens")),
+    ("num_cached_tokens", ("num_cached_tokens",)),
     ("prompt_cache_hit_tokens", ("prompt_cache_hit_tokens",)),
     ("prompt_cache_miss_tokens", ("prompt_cache_miss_tokens",)),
     ("completion_tokens", ("completion_tokens",)),
@@ -101,18 +113,20 @@ def _fields(obj: dict[str, Any]) -> dict[str, int]:
 
 def _resolve(f: dict[str, int]) -> Usage | None:
     write = f.get("cache_write_tokens", f.get("created_cache_tokens", 0))
-    if "prompt_tokens" not in f and ("cache_read_input_tokens" in f or "cache_creation_input_tokens" in f):
+    anthropic = ("cache_read_input_tokens", "cache_creation_input_tokens", "cache_write_5m")
+    if "prompt_tokens" not in f and any(k in f for k in anthropic):
         # Anthropic.  (LiteLLM's OpenAI-shaped usage repeats these two fields next to
         # a ``prompt_tokens`` that already includes them: handled below.)
         read = f.get("cache_read_input_tokens", 0)
-        created = f.get("cache_creation_input_tokens", 0)
-        return Usage(f.get("input_tokens", 0) + read + created, read, created, min(f.get("cache_write_1h", 0), created))
+        long = f.get("cache_write_1h", 0)
+        created = f.get("cache_creation_input_tokens", f.get("cache_write_5m", 0) + long)
+        return Usage(f.get("input_tokens", 0) + read + created, read, created, min(long, created))
     if "prompt_cache_hit_tokens" in f:  # DeepSeek
         hit = f["prompt_cache_hit_tokens"]
         prompt = f.get("prompt_tokens", hit + f.get("prompt_cache_miss_tokens", 0))
         return Usage(prompt, hit, write)
     if "prompt_tokens" in f:
-        cached = f.get("cached_tokens", f.get("cache_read_input_tokens"))
+        cached = f.get("cached_tokens", f.get("cache_read_input_tokens", f.get("num_cached_tokens")))
         if cached is None and "timings_cache_n" in f:
             cached = f["timings_cache_n"]
         write = write or f.get("cache_creation_input_tokens", 0)
@@ -125,10 +139,14 @@ def _resolve(f: dict[str, int]) -> Usage | None:
     return None
 
 
+_RESPONSE_EVENTS = frozenset({"response.created", "response.in_progress", "response.completed", "response.incomplete"})
+
+
 def diagnostics(obj: dict[str, Any]) -> Any:
     """A provider's cache diagnostics in one response object or stream event:
     Anthropic's ``diagnostics`` (top level, or in ``message_start.message``),
-    OpenAI Responses' ``prompt_cache_diagnostics`` (in ``response.completed``)."""
+    OpenAI Responses' ``prompt_cache_diagnostics`` (top level, or in the
+    ``response`` of ``response.completed``)."""
     for holder in (obj, obj.get("message"), obj.get("response")):
         if isinstance(holder, dict):
             for key in ("diagnostics", "prompt_cache_diagnostics"):
@@ -150,7 +168,9 @@ class UsageAccumulator:
     def __init__(self) -> None:
         self._fields: dict[str, int] = {}
         self.diagnostics: Any = None  # the provider's cache diagnostics, when it sent any
-        self.message_id: str | None = None  # an Anthropic message's id (its body, or message_start)
+        # The response's id: an Anthropic message's (its body, or message_start), a
+        # Responses response's (its body, or the response of its created / completed events).
+        self.message_id: str | None = None
 
     def feed(self, obj: Any) -> None:
         if isinstance(obj, dict):
@@ -162,9 +182,15 @@ class UsageAccumulator:
                 self.diagnostics = diag
             kind = obj.get("type")
             if kind == "message_start" or kind == "message":
-                message = obj.get("message") if kind == "message_start" else obj
-                if isinstance(message, dict) and isinstance(message.get("id"), str) and message["id"]:
-                    self.message_id = message["id"]
+                self._id(obj.get("message") if kind == "message_start" else obj)
+            elif obj.get("object") == "response":
+                self._id(obj)
+            elif type(kind) is str and kind in _RESPONSE_EVENTS:  # (a list or a dict would not even look up)
+                self._id(obj.get("response"))
+
+    def _id(self, holder: Any) -> None:
+        if isinstance(holder, dict) and isinstance(holder.get("id"), str) and holder["id"]:
+            self.message_id = holder["id"]
 
     @property
     def result(self) -> Usage | None:

@@ -227,11 +227,17 @@ class ProviderCache:
     anthropic_breakpoints: str = "off"  # off | auto
     anthropic_ttl: str = "5m"  # 5m | 1h | auto: the TTL of the system+tools breakpoint prefixpin adds
     openai_retention: str = "off"  # off | 24h: prompt_cache_retention on chat and Responses requests
-    diagnostics: str = "off"  # off | auto: Messages requests ask Anthropic why they missed
+    diagnostics: str = "off"  # off | auto: Messages and Responses requests ask the provider why they missed
+    openai_breakpoints: str = "off"  # off | auto: prompt_cache_breakpoint at the stable part's end (GPT-5.6+)
+    # (model, tokens): the minimum cacheable prompt, over the built-in ones (canonicalize.minimums)
+    min_tokens: tuple[tuple[str, int], ...] = ()
     prices: tuple[tuple[str, Price], ...] = ()  # (model, price); LiteLLM's cost map for the others
 
     def price_map(self) -> dict[str, Price]:
         return dict(self.prices)
+
+    def min_token_map(self) -> dict[str, int]:
+        return dict(self.min_tokens)
 
 
 @dataclass(frozen=True)
@@ -289,6 +295,7 @@ class Config:
         out["upstream"]["proxy"] = redact(proxy) if proxy and proxy != "direct" else proxy
         del out["environment"]
         out["provider_cache"]["prices"] = {m: _to_plain(p) for m, p in self.provider_cache.prices}
+        out["provider_cache"]["min_tokens"] = self.provider_cache.min_token_map()
         if not self.listen.workers:
             out["listen"]["workers"] = "auto"
         return out
@@ -315,6 +322,7 @@ _ENUMS = {
     "provider_cache.anthropic_ttl": ("5m", "1h", "auto"),
     "provider_cache.openai_retention": ("off", "24h"),
     "provider_cache.diagnostics": ("off", "auto"),
+    "provider_cache.openai_breakpoints": ("off", "auto"),
     "canonicalize.learn": ("off", "suggest", "pin"),
 }
 _POSITIVE = {
@@ -347,6 +355,7 @@ _OFF_WORDS = {
     "provider_cache.anthropic_breakpoints",
     "provider_cache.openai_retention",
     "provider_cache.diagnostics",
+    "provider_cache.openai_breakpoints",
     "canonicalize.learn",
 }
 
@@ -439,6 +448,21 @@ def _prices(value: Any) -> tuple[tuple[str, Price], ...]:
     return tuple(out)
 
 
+def _min_tokens(value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"provider_cache.min_tokens: must be a mapping of model to tokens (got {value!r})")
+    out = []
+    for model, tokens in value.items():
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"provider_cache.min_tokens: model names must be non-empty strings (got {model!r})")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ConfigError(
+                f"provider_cache.min_tokens.{model}: must be a whole number of tokens, 0 or more (got {tokens!r})"
+            )
+        out.append((model, tokens))
+    return tuple(out)
+
+
 def _section(name: str, cls: Any, data: Any) -> Any:
     if data is None:
         return cls()
@@ -464,6 +488,8 @@ def _section(name: str, cls: Any, data: Any) -> Any:
             values[k] = _llama_slots(v)
         elif key == "provider_cache.prices":
             values[k] = _prices(v)
+        elif key == "provider_cache.min_tokens":
+            values[k] = _min_tokens(v)
         elif isinstance(default, tuple):
             values[k] = _str_list(key, v)
         else:

@@ -233,6 +233,13 @@ class Metrics:
         )
         for cls in LEARNED_CLASSES:
             self.learned_spans.labels(cls)
+        self.below_cache_minimum = Counter(
+            "prefixpin_below_cache_minimum_total",
+            "Answered requests whose stable prefix is shorter than the model's minimum cacheable prompt "
+            "(provider_cache.min_tokens): the provider caches none of it",
+            ("model",),
+            registry=r,
+        )
         self.cache_verdicts = Counter(
             "prefixpin_cache_verdicts_total",
             "Requests whose provider explained its cache result, by whether prefixpin's break cause agrees",
@@ -265,3 +272,4 @@ class Metrics:
                     family.labels(model, role)
             self.cost_usd.labels(model)
             self.saved_usd.labels(model)
+            self.below_cache_minimum.labels(model)

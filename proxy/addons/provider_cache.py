@@ -12,36 +12,44 @@ Before the upstream, all as edits spliced into the client's bytes:
   litellm``, on a chat completion for an ``anthropic/…`` model, which LiteLLM
   carries over), the system+tools one with ``anthropic_ttl`` (``auto``: per
   lineage, from the pauses between its requests, :mod:`canonicalize.ttl`);
-- ``diagnostics: auto``: a ``/v1/messages`` request of a lineage asks Anthropic
-  why it missed, naming the lineage's previous response
-  (``diagnostics.previous_message_id`` and the ``anthropic-beta`` header).
+- ``openai_breakpoints: auto``: OpenAI ``prompt_cache_breakpoint`` markers at the
+  end of the stable part of a chat or Responses request that carries none
+  (:mod:`canonicalize.openai_cache`; not on an ``anthropic/…`` chat completion
+  through LiteLLM, which would drop them: Anthropic has its own);
+- ``diagnostics: auto``: a request of a lineage asks the provider why it missed,
+  naming the lineage's previous response: on ``/v1/messages``
+  ``diagnostics.previous_message_id`` and the ``anthropic-beta`` header, on
+  ``/v1/responses`` ``prompt_cache_options.comparison_response_id``.
 
 After the response: what the request cost and what its cache use saved, writes'
-extra cost subtracted (``prefixpin_cost_usd_total`` / ``prefixpin_saved_usd_total``),
-and, when the provider explained its cache result, whether prefixpin's own break
-cause agrees (``prefixpin_cache_verdicts_total{agree}``).
+extra cost subtracted (``prefixpin_cost_usd_total`` / ``prefixpin_saved_usd_total``);
+when the provider explained its cache result, whether prefixpin's own break
+cause agrees (``prefixpin_cache_verdicts_total{agree}``); and whether the
+request's stable prefix was shorter than its model's minimum cacheable prompt
+(``min_tokens``: ``prefixpin_below_cache_minimum_total{model}``, and one INFO line
+per lineage, the first time).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
 import orjson
 
-from canonicalize import CHAT, MESSAGES, RESPONSES, Usage, predict, ttl
+from canonicalize import CHAT, MESSAGES, RESPONSES, Usage, minimums, openai_cache, predict, ttl
 from canonicalize.edits import AddMember
 from canonicalize.provider import (
-    NO_BREAK,
     breakpoints,
     cache_key,
     chat_breakpoints,
     diagnostics,
     place,
-    provider_cause,
     sent_breakpoints,
     with_beta,
 )
+from canonicalize.verdicts import agrees, provider_causes
 from proxy.config import Price
 from proxy.flow import Flow
 from proxy.pricing import Pricing, cost, saved
@@ -50,6 +58,8 @@ from proxy.services import Services
 log = logging.getLogger("prefixpin")
 # OpenAI takes one or the other (a request with both is rejected): a client's own is kept.
 RETENTION_MEMBERS = ("prompt_cache_retention", "prompt_cache_options")
+# Lineages whose stable prefix was said (at INFO) to be below the minimum: the newest kept.
+SAID_BELOW = 4096
 
 
 class ProviderCache:
@@ -63,6 +73,9 @@ class ProviderCache:
         # LiteLLM turns chat completions for "anthropic/…" models into Messages requests.
         self.via_litellm = s.config.upstream.kind == "litellm"
         self.retention = None if st.openai_retention == "off" else orjson.dumps(st.openai_retention)
+        self.min_tokens = st.min_token_map()
+        self._said: OrderedDict[str, None] = OrderedDict()  # lineages told below the minimum (bounded)
+        self.said_bound = SAID_BELOW
         if st.anthropic_ttl != "5m" and st.anthropic_breakpoints != "auto":
             log.warning(
                 "provider_cache.anthropic_ttl: %s applies to the breakpoints prefixpin adds; "
@@ -78,11 +91,12 @@ class ProviderCache:
         if st.prompt_cache_key == "lineage" and member is not None and member not in body and flow.outcome is not None:
             key = cache_key(flow.tenant, flow.outcome.record.root_id)
             flow.ops.append(AddMember(member, orjson.dumps(key)))
-        if (
+        retention = (
             self.retention is not None
             and (exchange is CHAT or exchange is RESPONSES)
             and not any(m in body for m in RETENTION_MEMBERS)
-        ):
+        )
+        if retention and self.retention is not None:
             flow.ops.append(AddMember("prompt_cache_retention", self.retention))
         anthropic = exchange is MESSAGES or (
             self.via_litellm and exchange is CHAT and str(flow.model).startswith("anthropic/")
@@ -93,8 +107,20 @@ class ProviderCache:
                 flow.ops = place(flow.ops, breakpoints(flow.doc, body, ttl=when))
             else:
                 flow.ops = place(flow.ops, chat_breakpoints(body, ttl=when))
-        if st.diagnostics == "auto" and exchange is MESSAGES and flow.outcome is not None:
-            self._diagnostics(flow)
+        if (
+            st.openai_breakpoints == "auto"
+            and (exchange is RESPONSES or (exchange is CHAT and not anthropic))
+            and not sent_breakpoints(flow.raw, openai_cache.MEMBER)
+        ):
+            marks = (openai_cache.chat_breakpoints if exchange is CHAT else openai_cache.responses_breakpoints)(
+                flow.doc, body
+            )
+            flow.ops = place(flow.ops, marks, member=openai_cache.MEMBER)
+        if st.diagnostics == "auto" and flow.outcome is not None:
+            if exchange is MESSAGES:
+                self._diagnostics(flow)
+            elif exchange is RESPONSES:
+                self._comparison(flow, retention_added=retention)
 
     def _ttl(self, flow: Flow) -> str:
         """The system+tools breakpoint's TTL; ``auto``: from the lineage's pauses, which
@@ -130,6 +156,18 @@ class ProviderCache:
         beta = with_beta(flow.headers.getlist("anthropic-beta"))
         flow.set_headers = (*(h for h in flow.set_headers if h[0] != "anthropic-beta"), ("anthropic-beta", beta))
 
+    def _comparison(self, flow: Flow, *, retention_added: bool) -> None:
+        """Record this turn's response id; name the previous one in
+        ``prompt_cache_options.comparison_response_id`` when the client named none."""
+        assert flow.outcome is not None and flow.body is not None
+        flow.keep_message_id = True
+        previous = flow.outcome.record.message_id
+        if previous is None:
+            return
+        op = openai_cache.comparison(flow.body, previous, retention_added=retention_added)
+        if op is not None:
+            flow.ops.append(op)
+
     def done(self, flow: Flow) -> None:
         reply = flow.reply
         if reply is None or not 200 <= flow.status < 300:
@@ -139,6 +177,42 @@ class ProviderCache:
             self._dollars(flow, usage, reply.usage.completion)
         if reply.usage.diagnostics is not None:
             self._verdict(flow, reply.usage.diagnostics)
+        self._minimum(flow, usage)
+
+    def _minimum(self, flow: Flow, usage: Usage | None) -> None:
+        """Count a request whose stable prefix its model's minimum leaves uncacheable;
+        say so once per lineage (the newest :data:`SAID_BELOW` lineages remembered)."""
+        outcome, prep = flow.outcome, flow.prep
+        if outcome is None or prep is None or outcome.record.fingerprint is None:
+            return
+        least = minimums.minimum(flow.model, self.min_tokens)
+        if not least:
+            return
+        stable, total = minimums.stable_bytes(
+            prep.exchange, prep.body, outcome.record.fingerprint, prep.sizes, prep.offset
+        )
+        tokens = minimums.stable_tokens(
+            stable, total, usage.prompt if usage is not None else None, continued=prep.offset > 0
+        )
+        if tokens >= least:
+            return
+        self.s.metrics.below_cache_minimum.labels(self.s.metrics.model_label(flow.model, answered=True)).inc()
+        lineage = outcome.record.id
+        if lineage in self._said:
+            self._said.move_to_end(lineage)
+            return
+        self._said[lineage] = None
+        if len(self._said) > self.said_bound:
+            self._said.popitem(last=False)
+        log.info(
+            "lineage %s: its stable prefix (system, tools and the history before the last user message) is "
+            "about %d tokens, below the %d tokens %r caches at the least: the provider caches none of it "
+            "(prefixpin_below_cache_minimum_total; provider_cache.min_tokens)",
+            lineage,
+            tokens,
+            least,
+            flow.model,
+        )
 
     def _dollars(self, flow: Flow, usage: Usage, completion: int) -> None:
         model = flow.model
@@ -161,12 +235,12 @@ class ProviderCache:
             self.s.metrics.saved_usd.labels(label).inc(saved(price, usage))
 
     def _verdict(self, flow: Flow, diagnostics: object) -> None:
-        theirs = provider_cause(diagnostics)
         outcome, prep = flow.outcome, flow.prep
-        if theirs is None or outcome is None or prep is None:
+        if outcome is None or prep is None or provider_causes(diagnostics) is None:
             return
         if outcome.parent_fp is None or outcome.record.fingerprint is None:
             return  # a root: prefixpin has nothing it compared with
         ours = predict(outcome.record.fingerprint, outcome.parent_fp, outcome.depth, prep.sizes).cause
-        agree = (ours or NO_BREAK) == theirs
-        self.s.metrics.cache_verdicts.labels("yes" if agree else "no").inc()
+        agree = agrees(ours, diagnostics)
+        if agree is not None:
+            self.s.metrics.cache_verdicts.labels("yes" if agree else "no").inc()

@@ -26,10 +26,16 @@ secret).  Which client depends on the path LiteLLM 1.86.0 takes for the provider
 No LiteLLM global is set for this.
 
 ``prompt_cache_key`` and ``prompt_cache_retention`` go to the providers LiteLLM
-says take them (its supported params: OpenAI, OpenRouter, hosted vLLM, …; not
-Anthropic) as ``extra_body``: LiteLLM 1.86 counts them among OpenAI's params yet
-its ``completion()`` has no argument for them, so passed as keywords they are
-dropped for every provider.
+says take them (its supported params: OpenAI, OpenRouter, hosted vLLM, DeepSeek,
+…; not Anthropic, Mistral, xAI, Gemini) as ``extra_body``: LiteLLM 1.86 counts them
+among OpenAI's params yet its ``completion()`` has no argument for them, so passed
+as keywords they are dropped for every provider.  ``prompt_cache_options`` (GPT-5.6
+and later), which LiteLLM 1.86 does not know, goes where ``prompt_cache_retention``
+goes: passed as a keyword it would reach the provider's body even where the API
+has no such member (Anthropic's Messages, as LiteLLM builds them).  The
+``prompt_cache_breakpoint`` of a content part is carried over as it is to the
+OpenAI-shaped providers (``openai/…``, ``hosted_vllm/…``, ``xai/…``), and dropped
+for the others (their parts are translated, or flattened to a string).
 
 LiteLLM is imported lazily, only here: it is an optional, exact-pinned dependency
 (``requirements-dev.lock`` / the ``litellm`` extra), and it fetches its model cost
@@ -89,7 +95,9 @@ def _key(request: Request) -> str | None:
 
 
 _JSON = [(b"content-type", b"application/json")]
-_CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention")
+_CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options")
+# A param LiteLLM 1.86 does not list, and the one whose providers take it too.
+_LISTED_AS = {"prompt_cache_options": "prompt_cache_retention"}
 
 
 def _cache_params(litellm: Any, model: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +110,7 @@ def _cache_params(litellm: Any, model: Any, body: dict[str, Any]) -> dict[str, A
         supported = litellm.get_supported_openai_params(model=name, custom_llm_provider=provider) or ()
     except Exception:  # a model LiteLLM cannot route: acompletion says so
         return {}
-    return {k: v for k, v in found.items() if k in supported}
+    return {k: v for k, v in found.items() if _LISTED_AS.get(k, k) in supported}
 
 
 def _error(status: int, message: str, code: str) -> Response:

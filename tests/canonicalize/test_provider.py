@@ -1,5 +1,5 @@
 """canonicalize.provider: cache keys, Anthropic breakpoints as byte-preserving
-edits, and the providers' verdicts in prefixpin's causes."""
+edits fitted into the edits already decided."""
 
 from __future__ import annotations
 
@@ -13,14 +13,12 @@ from canonicalize import JsonDoc, render
 from canonicalize.edits import DeleteMember, Op, SetItems, SetMember, SetValue
 from canonicalize.provider import (
     DIAGNOSIS_BETA,
-    NO_BREAK,
     breakpoints,
     cache_key,
     chat_breakpoints,
     diagnostics,
     has_cache_control,
     place,
-    provider_cause,
     sent_breakpoints,
     unmarked,
     with_beta,
@@ -142,25 +140,6 @@ def test_a_rewritten_system_string_is_taken_as_forwarded() -> None:
     (op,) = breakpoints(JsonDoc(raw), body)
     assert isinstance(op, SetValue)
     assert orjson.loads(op.raw) == [{"type": "text", "text": "at <pinned>", "cache_control": {"type": "ephemeral"}}]
-
-
-@pytest.mark.parametrize(
-    ("diagnostics", "cause"),
-    [
-        ({"cache_miss_reason": {"type": "system_changed", "cache_missed_input_tokens": 900}}, "system_changed"),
-        ({"cache_miss_reason": {"type": "messages_changed"}}, "history_rewritten"),
-        ({"cache_miss_reason": {"type": "tools_changed"}}, "tools_changed"),
-        ({"cache_miss_reason": {"type": "model_changed"}}, "model_changed"),
-        ({"cache_miss_reason": None}, NO_BREAK),
-        ({"cache_miss_reason": {"type": "previous_message_not_found"}}, None),
-        ({"cache_miss_reason": {"type": "unavailable"}}, None),
-        ({"cache_miss_reason": "instructions_changed"}, "system_changed"),
-        ({}, None),
-        ("junk", None),
-    ],
-)
-def test_provider_cause(diagnostics: Any, cause: str | None) -> None:
-    assert provider_cause(diagnostics) == cause
 
 
 def test_chat_breakpoints_are_members_added_for_litellm() -> None:

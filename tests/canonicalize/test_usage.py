@@ -50,6 +50,15 @@ def test_every_shape_has_a_fixture() -> None:
         "responses_api",
         "openai_stream_final_usage",
         "vllm_continuous_usage",
+        "openai_chat_cache_write",
+        "responses_cache_write",
+        "responses_cache_write_stream",
+        "mistral_num_cached",
+        "mistral_stream",
+        "xai_chat",
+        "xai_responses",
+        "gemini_openai_compat",
+        "deepseek_stream",
     }
 
 
@@ -169,11 +178,19 @@ def test_completion_tokens_and_provider_diagnostics_are_kept() -> None:
     chat.feed({"usage": {"prompt_tokens": 9, "completion_tokens": 3}})
     assert (chat.completion, chat.diagnostics) == (3, None)
     responses = UsageAccumulator()
-    pcd = {"cache_miss_reason": "input_changed"}
+    pcd = {"type": "cache_miss", "reason": "input_changed", "cache_missed_tokens": 4}
+    responses.feed({"type": "response.created", "response": {"id": "resp_7", "usage": None}})
     responses.feed(
-        {"type": "response.completed", "response": {"usage": {"input_tokens": 4}, "prompt_cache_diagnostics": pcd}}
+        {
+            "type": "response.completed",
+            "response": {"id": "resp_7", "usage": {"input_tokens": 4}, "prompt_cache_diagnostics": pcd},
+        }
     )
     assert responses.diagnostics == pcd and responses.result == Usage(4, 0)
+    assert responses.message_id == "resp_7"  # the next turn's comparison_response_id
+    whole = UsageAccumulator()
+    whole.feed(load("responses_cache_write")["response"])
+    assert whole.message_id == "resp_2" and whole.diagnostics["reason"] == "tools_changed"
 
 
 def test_one_hour_writes_and_the_message_id() -> None:
@@ -195,6 +212,18 @@ def test_one_hour_writes_and_the_message_id() -> None:
     chat = UsageAccumulator()
     chat.feed({"id": "chatcmpl-1", "object": "chat.completion", "usage": litellm})
     assert chat.message_id is None  # only Anthropic messages name one
+
+
+def test_anthropic_writes_from_their_ttl_split_alone() -> None:
+    split = {"ephemeral_5m_input_tokens": 300, "ephemeral_1h_input_tokens": 700}
+    assert parse_usage({"usage": {"input_tokens": 5, "cache_creation": split}}) == Usage(1005, 0, 1000, 700)
+
+
+def test_mistral_num_cached_tokens_and_openai_details_together() -> None:
+    both = {"prompt_tokens": 100, "num_cached_tokens": 64, "prompt_tokens_details": {"cached_tokens": 80}}
+    assert parse_usage({"usage": both}) == Usage(100, 80)  # OpenAI's field wins where both are sent
+    spelled = {"prompt_tokens": 100, "prompt_token_details": {"cached_tokens": 32}}
+    assert parse_usage({"usage": spelled}) == Usage(100, 32)
 
 
 def _fields_every_path(obj: dict[str, Any]) -> dict[str, int]:

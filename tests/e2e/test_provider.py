@@ -147,7 +147,7 @@ def test_retention_on_chat_and_responses_unless_the_client_chose(
     assert cached["24h"] > 0 and cached["off"] == 0  # the in-memory cache expired meanwhile
     # A client's own choice is kept; none is added next to prompt_cache_options.
     own = first[:-1] + b',"prompt_cache_retention":"in_memory"}'
-    options = first[:-1] + b',"prompt_cache_options":{"mode":"auto"}}'
+    options = first[:-1] + b',"prompt_cache_options":{"mode":"implicit"}}'
     for raw in (own, options):
         _post(on, "/v1/chat/completions", raw, authorization="Bearer sk-ret")
         assert capture.bodies("/v1/chat/completions")[-1].startswith(raw[:-1] + b',"prompt_cache_key":')

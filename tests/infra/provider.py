@@ -19,6 +19,12 @@ hashes to; one without is spread over the machines in turn (what a provider does
 under load when it cannot tell two conversations apart), so consecutive turns of
 one conversation land on machines that have not seen its prefix.  Usage reports
 ``prompt_tokens_details.cached_tokens`` (Responses: ``input_tokens_details``).
+Models named GPT-5.6 and later (``gpt-5.6``, ``gpt-6-…``) cache as OpenAI documents
+for them (``tests/infra/provider_openai.py``): only at breakpoints, from 1,024
+tokens, reporting ``cache_write_tokens``, with ``prompt_cache_diagnostics`` on
+Responses; their keyless requests all go to the first machine (OpenAI routes them
+itself).  ``"stream": true`` streams chat completions (the usage chunk when
+``stream_options.include_usage``) and Responses (usage in ``response.completed``).
 
 Messages (Anthropic-like): one cache, written only at ``cache_control``
 breakpoints (tools, then system blocks, then message blocks, in order), each
@@ -59,10 +65,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tests.infra import provider_openai as gpt
+
 LOOKBACK = 20
 FIVE_MINUTES = 300.0
 ONE_HOUR = 3600.0
-IN_MEMORY = 600.0  # OpenAI's default retention, as this model has it
+IN_MEMORY = 600.0  # OpenAI's default retention before GPT-5.6, as this model has it
 DAY = 86400.0
 DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
 Json = Any
@@ -97,12 +105,21 @@ class Provider:
         self.ids = itertools.count(1)
         self.prints: dict[str, dict[str, Any]] = {}
         self.conversations: dict[str, list[bytes]] = {}  # Responses: id -> its segments and output
+        self.responses_prints: dict[str, dict[str, Any]] = {}  # Responses: id -> what diagnostics compare
         self.stats = {"requests": 0, "prompt": 0, "cached": 0, "written": 0, "written_1h": 0}
 
     # -- chat completions and Responses ---------------------------------------------------
     def chat(self, body: Json) -> Json:
-        segments = [orjson.dumps(body.get("tools") or [])] + [_canon(m) for m in body.get("messages") or []]
-        prompt, cached = self._openai(body, segments)
+        marks, segments = [0], [orjson.dumps(body.get("tools") or [])]
+        for m in body.get("messages") or []:
+            seg, n = _segment(m)
+            segments.append(seg)
+            marks.append(n)
+        prompt, cached, written = self._openai(body, segments, marks)
+        details = {
+            "cached_tokens": cached,
+            **({"cache_write_tokens": written} if gpt.is_breakpoint_model(body.get("model")) else {}),
+        }
         return {
             "id": f"chatcmpl-{next(self.ids)}",
             "object": "chat.completion",
@@ -120,7 +137,7 @@ class Provider:
                 "prompt_tokens": prompt,
                 "completion_tokens": 1,
                 "total_tokens": prompt + 1,
-                "prompt_tokens_details": {"cached_tokens": cached},
+                "prompt_tokens_details": details,
             },
         }
 
@@ -131,8 +148,13 @@ class Provider:
         if previous is not None and previous not in self.conversations:
             raise Rejected(f"Previous response with id '{previous}' not found.")
         head = [_canon(body.get("instructions")), orjson.dumps(body.get("tools") or [])]
-        segments = [*self.conversations.get(previous or "", head), *(_canon(i) for i in items)]
-        prompt, cached = self._openai(body, segments)
+        segments = list(self.conversations.get(previous or "", head))
+        marks = [0] * len(segments)
+        for i in items:
+            seg, n = _segment(i, responses=True)
+            segments.append(seg)
+            marks.append(n)
+        prompt, cached, written = self._openai(body, segments, marks)
         response_id = f"resp_{next(self.ids):04d}"
         item = {
             "type": "message",
@@ -141,8 +163,10 @@ class Provider:
             "role": "assistant",
             "content": [{"type": "output_text", "text": "ok", "annotations": []}],
         }
-        self.conversations[response_id] = [*segments, _canon(item)]
-        return {
+        self.conversations[response_id] = [*segments, _segment(item, responses=True)[0]]
+        breakpoints = gpt.is_breakpoint_model(body.get("model"))
+        details = {"cached_tokens": cached, **({"cache_write_tokens": written} if breakpoints else {})}
+        out: Json = {
             "id": response_id,
             "object": "response",
             "created_at": 0,
@@ -151,18 +175,36 @@ class Provider:
             "output": [item],
             "usage": {
                 "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": cached},
+                "input_tokens_details": details,
                 "output_tokens": 1,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt + 1,
             },
         }
+        now = gpt.fingerprint(body, [segments[0], *segments[2:]])  # the input, the instructions first
+        compare = gpt.options(body).get("comparison_response_id")
+        if compare is not None:
+            found = self.responses_prints.get(compare)
+            tokens = [_tokens(x) for x in segments]
+            out["prompt_cache_diagnostics"] = (
+                gpt.diagnose(found, now, tokens) if breakpoints else {"type": "unavailable"}
+            )
+        conversation = self.conversations[response_id]
+        self.responses_prints[response_id] = {**now, "input": [conversation[0], *conversation[2:]]}
+        return out
 
-    def _openai(self, body: Json, segments: list[bytes]) -> tuple[int, int]:
-        """(prompt, cached) tokens of an OpenAI-shaped request; its prefixes cached."""
+    def _openai(self, body: Json, segments: list[bytes], marks: list[int]) -> tuple[int, int, int]:
+        """(prompt, cached, written) tokens of an OpenAI-shaped request; its prefixes cached."""
         retention = body.get("prompt_cache_retention")
         if retention is not None and body.get("prompt_cache_options") is not None:
             raise Rejected("prompt_cache_retention and prompt_cache_options cannot be used together")
+        try:
+            opts = gpt.options(body)
+            points = gpt.write_points(marks, opts.get("mode", "implicit"))
+        except gpt.Invalid as exc:
+            raise Rejected(str(exc)) from None
+        if gpt.is_breakpoint_model(body.get("model")):
+            return self._breakpoints(body, segments, points, DAY if retention == "24h" else gpt.TTL)
         ttl = DAY if retention == "24h" else IN_MEMORY
         key = body.get("prompt_cache_key")
         if isinstance(key, str):
@@ -178,7 +220,31 @@ class Provider:
         for link in chain:
             cache[link] = max(cache.get(link, -1.0), now + ttl)
         self._count(prompt, cached, 0, 0)
-        return prompt, cached
+        return prompt, cached, 0
+
+    def _breakpoints(self, body: Json, segments: list[bytes], points: list[int], ttl: float) -> tuple[int, int, int]:
+        """GPT-5.6 and later: entries only at the request's breakpoints ``points``."""
+        key = body.get("prompt_cache_key")
+        machine = (
+            int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % self.machines
+            if isinstance(key, str)
+            else 0
+        )
+        cache, now = self.caches[machine], self.clock()
+        chain = _chain(segments)
+        sizes = list(itertools.accumulate(_tokens(s) for s in segments))
+        hit = max((j for j, link in enumerate(chain) if cache.get(link, -1.0) > now), default=-1)
+        cached = sizes[hit] if hit >= 0 else 0
+        for j in range(hit + 1):  # what was read is refreshed
+            if cache.get(chain[j], -1.0) > now:
+                cache[chain[j]] = now + ttl
+        created = [p for p in points if sizes[p] >= gpt.MIN_TOKENS and sizes[p] > cached]
+        for p in created:
+            cache[chain[p]] = now + ttl
+        written = max(sizes[p] for p in created) - cached if created else 0
+        prompt = sizes[-1] if sizes else 0
+        self._count(prompt, cached, written, 0)
+        return prompt, cached, written
 
     # -- messages ---------------------------------------------------------------------
     def messages(self, body: Json, headers: dict[str, str] | None = None) -> Json:
@@ -273,6 +339,13 @@ def _canon(value: Json) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
+def _segment(item: Json, *, responses: bool = False) -> tuple[bytes, int]:
+    try:
+        return gpt.segment(item, responses=responses)
+    except gpt.Invalid as exc:
+        raise Rejected(str(exc)) from None
+
+
 def _block(part: Json) -> tuple[bytes, float | None]:
     """A block without its ``cache_control``, and the TTL of the breakpoint it carried (None: none)."""
     if not isinstance(part, dict):
@@ -344,7 +417,14 @@ def create_app(machines: int = 4, provider: Provider | None = None) -> Starlette
             }
         )
         try:
-            return JSONResponse(fn(orjson.loads(raw)))
+            body = orjson.loads(raw)
+            out = fn(body)
+            if isinstance(body, dict) and body.get("stream") is True and request.url.path != "/v1/messages":
+                if request.url.path.endswith("/responses"):
+                    return Response(gpt.responses_stream(out), media_type="text/event-stream")
+                include = (body.get("stream_options") or {}).get("include_usage") is True
+                return Response(gpt.chat_stream(out, include_usage=include), media_type="text/event-stream")
+            return JSONResponse(out)
         except Rejected as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
 

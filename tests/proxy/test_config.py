@@ -74,6 +74,17 @@ def test_example_config_is_valid_and_complete() -> None:
             },
             "provider_cache.prices.m.cache_write_1h: unknown key",
         ),
+        (
+            {"provider_cache": {"openai_breakpoints": "on"}},
+            "provider_cache.openai_breakpoints: must be one of off, auto (got 'on')",
+        ),
+        ({"provider_cache": {"min_tokens": [1024]}}, "provider_cache.min_tokens: must be a mapping of model to tokens"),
+        (
+            {"provider_cache": {"min_tokens": {"m": -1}}},
+            "provider_cache.min_tokens.m: must be a whole number of tokens, 0 or more (got -1)",
+        ),
+        ({"provider_cache": {"min_tokens": {"m": 1.5}}}, "provider_cache.min_tokens.m: must be a whole number"),
+        ({"provider_cache": {"min_tokens": {"m": True}}}, "provider_cache.min_tokens.m: must be a whole number"),
     ],
 )
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
@@ -91,6 +102,13 @@ def test_provider_cache_keys_from_yaml(tmp_path: Path) -> None:
     pc = load(path, env={}).provider_cache
     assert (pc.anthropic_ttl, pc.openai_retention, pc.diagnostics) == ("auto", "24h", "auto")
     assert Config().provider_cache.anthropic_ttl == "5m"
+    path.write_text("provider_cache: {openai_breakpoints: off, min_tokens: {my-model: 2048, gpt-5.6: 0}}\n")
+    pc = load(path, env={}).provider_cache
+    assert pc.openai_breakpoints == "off" and pc.min_token_map() == {"my-model": 2048, "gpt-5.6": 0}
+    path.write_text("provider_cache: {openai_breakpoints: auto}\n")
+    config = load(path, env={})
+    assert config.provider_cache.openai_breakpoints == "auto"
+    assert config.public_dict()["provider_cache"]["min_tokens"] == {}
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:

@@ -10,10 +10,12 @@ from typing import Any
 
 import httpx
 import orjson
+import prometheus_client
 import pytest
 from starlette.testclient import TestClient
 
 from canonicalize import CHAT, MESSAGES, RESPONSES
+from proxy.addons.provider_cache import ProviderCache
 from proxy.app import create_app
 from proxy.config import load
 from tests import hermes
@@ -354,3 +356,219 @@ def test_diagnostics_name_the_lineages_previous_response() -> None:
         for body in turns[:2]:
             client.post("/v1/messages", content=body.replace(b',"stream":true', b""), headers=headers)
     assert b"diagnostics" not in off.requests[1].content
+
+
+# -- OpenAI: explicit breakpoints, Responses diagnostics, minimums ------------------------
+
+BP = b'"prompt_cache_breakpoint":{"mode":"explicit"}'
+OPENAI_CHAT = (
+    b'{"model":"gpt-5.6" ,"messages":[{"role":"system","content":"Be brief.  "},{"role":"user","content":"hi"},'
+    b'{"role":"assistant","content":"hello"},{"role":"user","content":"more"}],"temperature":0.50 }'
+)
+
+
+def _bp(text: bytes, kind: bytes = b"text") -> bytes:
+    return b'[{"type":"' + kind + b'","text":' + text + b"," + BP + b"}]"
+
+
+def test_openai_breakpoints_on_chat_bytes_outside_them_as_sent() -> None:
+    h = _harness(openai_breakpoints="auto")
+    out = h.send(OPENAI_CHAT)
+    assert out.raw == OPENAI_CHAT.replace(b'"Be brief.  "', _bp(b'"Be brief.  "')).replace(
+        b'"content":"hi"', b'"content":' + _bp(b'"hi"')
+    )
+    # The client's own breakpoint: the request is left alone.
+    own = OPENAI_CHAT.replace(b'"content":"more"', b'"content":' + _bp(b'"more"'))
+    assert h.send(own).raw == own
+    assert Harness().send(OPENAI_CHAT).raw == OPENAI_CHAT  # off by default
+    assert b"prompt_cache_breakpoint" not in h.send(MESSAGES_RAW, exchange=MESSAGES).raw
+
+
+def test_openai_breakpoints_with_retention_never_set_both_and_keep_the_clients_options() -> None:
+    h = _harness(openai_breakpoints="auto", openai_retention="24h")
+    out = h.send(OPENAI_CHAT)
+    assert out.raw.endswith(b',"prompt_cache_retention":"24h"}') and out.raw.count(BP) == 2
+    assert b"prompt_cache_options" not in out.raw
+    options = OPENAI_CHAT[:-1] + b',"prompt_cache_options":{"mode":"explicit","ttl":"30m"}}'
+    sent = h.send(options).raw
+    assert b"prompt_cache_retention" not in sent and sent.count(BP) == 2
+    assert sent.endswith(b'"prompt_cache_options":{"mode":"explicit","ttl":"30m"}}')
+
+
+RESPONSES_RAW = (
+    b'{"model":"gpt-5.6","instructions":"Be careful.","input":[{"role":"developer","content":"<rules>"},'
+    b'{"role":"user","content":"Fix it."},{"type":"function_call","call_id":"c1","name":"shell","arguments":"{}"},'
+    b'{"type":"function_call_output","call_id":"c1","output":"ok"},{"role":"user","content":"Thanks."}],'
+    b'"max_output_tokens":1e3}'
+)
+
+
+def test_openai_breakpoints_on_responses() -> None:
+    h = _harness(openai_breakpoints="auto")
+    out = h.send(RESPONSES_RAW, exchange=RESPONSES)
+    assert out.raw == RESPONSES_RAW.replace(b'"<rules>"', _bp(b'"<rules>"', b"input_text")).replace(
+        b'"output":"ok"', b'"output":' + _bp(b'"ok"', b"input_text")
+    )
+
+
+def test_openai_breakpoints_through_litellm_not_for_anthropic_models() -> None:
+    config = load(None, env={}, overrides={"upstream.kind": "litellm", "provider_cache.openai_breakpoints": "auto"})
+    h = Harness(config=config)
+    assert h.send(OPENAI_CHAT.replace(b'"gpt-5.6"', b'"openai/gpt-5.6"')).raw.count(BP) == 2
+    anthropic = OPENAI_CHAT.replace(b'"gpt-5.6"', b'"anthropic/claude-x"')
+    assert h.send(anthropic).raw == anthropic  # LiteLLM would drop them; Anthropic has its own
+
+
+def test_a_repaired_chat_fork_gets_its_openai_breakpoints_in_the_parents_bytes() -> None:
+    h = _harness(openai_breakpoints="auto")
+    parent = h.send(_turn([USER1]), reply=REPLY1)
+    assert parent.raw.count(BP) == 1  # the system only: nothing before the first user message
+    fork_body = hermes.request(
+        hermes.system_prompt(session="20260513_204511_9e319e", skills=hermes.SKILLS_REVIEW),
+        [USER1, REPLY1, TOOL1, REPLY2, {"role": "user", "content": hermes.REVIEW_PROMPT}],
+        hermes.tools_review(),
+    )
+    fork = h.send(fork_body)
+    assert fork.role == "fork" and fork.fork_action == "repaired"
+    sent = fork.body["messages"]
+    assert sent[0]["content"] == parent.body["messages"][0]["content"]  # the parent's, its breakpoint once
+    assert sent[0]["content"][-1]["prompt_cache_breakpoint"] == {"mode": "explicit"}
+    assert sent[3]["content"] == [  # the tool result: the newest user or tool message before the last user one
+        {"type": "text", "text": TOOL1["content"], "prompt_cache_breakpoint": {"mode": "explicit"}}
+    ]
+    assert fork.raw.count(BP) == 2
+
+
+def _responses_sse(response_id: str, usage: dict[str, Any], diagnostics: Any = None) -> bytes:
+    item = {"type": "message", "id": "m" + response_id, "role": "assistant", "status": "completed"}
+    item["content"] = [{"type": "output_text", "text": "ok", "annotations": []}]
+    done: dict[str, Any] = {"id": response_id, "object": "response", "status": "completed", "output": [item]}
+    done["usage"] = usage
+    if diagnostics is not None:
+        done["prompt_cache_diagnostics"] = diagnostics
+    return _sse(
+        {"type": "response.created", "response": {"id": response_id, "object": "response", "output": []}},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": done},
+    )
+
+
+def test_responses_diagnostics_name_the_lineages_previous_response() -> None:
+    config = load(None, env={}, overrides={"provider_cache.diagnostics": "auto"})
+    up = Upstream()
+    usage = {"input_tokens": 2000, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}}
+    item = {"type": "message", "id": "m", "role": "assistant", "status": "completed"}
+    item["content"] = [{"type": "output_text", "text": "ok", "annotations": []}]
+    reply = {"object": "response", "status": "completed", "output": [item], "usage": usage}
+    up.answers = [
+        {**reply, "id": "resp_1"},
+        _responses_sse("resp_2", usage, {"type": "cache_hit"}),
+        {**reply, "id": "resp_3", "prompt_cache_diagnostics": {"type": "cache_miss", "reason": "input_changed"}},
+        {**reply, "id": "resp_4", "prompt_cache_diagnostics": {"type": "comparison_response_not_found"}},
+    ]
+    raw = b'{"model":"gpt-5.6","input":[{"role":"user","content":"hi"}],"max_output_tokens":1e3}'
+    turns = [raw]
+    for n in range(2, 5):
+        more = b',{"type":"message","role":"assistant","content":[{"type":"output_text","text":"ok"}]},'
+        turns.append(turns[-1].replace(b'}],"max', b"}" + more + b'{"role":"user","content":"q%d"}],"max' % n))
+    turns[1] = turns[1][:-1] + b',"stream":true}'
+    turns[2] = turns[2][:-1] + b',"prompt_cache_options":{"mode":"implicit"}}'
+    turns[3] = turns[3][:-1] + b',"prompt_cache_options":{"comparison_response_id":"resp_x"}}'
+    headers = {"authorization": "Bearer sk-resp-diag"}
+    with TestClient(create_app(config, transport=httpx.MockTransport(up))) as client:
+        for body in turns:
+            assert client.post("/v1/responses", content=body, headers=headers).status_code == 200
+        text = client.get("/metrics").text
+    sent = [r.content for r in up.requests]
+    assert sent[0] == turns[0]  # the lineage's first: nothing to compare with
+    assert sent[1] == turns[1][:-1] + b',"prompt_cache_options":{"comparison_response_id":"resp_1"}}'
+    assert sent[2] == turns[2][:-2] + b',"comparison_response_id":"resp_2"}}'  # read from the stream
+    assert sent[3] == turns[3]  # the client's own comparison is kept
+    # cache_hit agrees with no break; input_changed does not (prefixpin saw the turn only extend).
+    assert _metric(text, 'prefixpin_cache_verdicts_total{agree="yes"}') == 1
+    assert _metric(text, 'prefixpin_cache_verdicts_total{agree="no"}') == 1
+
+
+def test_no_comparison_next_to_a_retention() -> None:
+    h = _harness(diagnostics="auto", openai_retention="24h")
+    raw = b'{"model":"gpt-5.6","input":[{"role":"user","content":"hi"}]}'
+    reply = {"role": "assistant", "id": "resp_1", "output": [{"type": "message", "role": "assistant", "content": "ok"}]}
+    h.send(raw, exchange=RESPONSES, reply=reply)
+    second = raw.replace(
+        b'"hi"}]', b'"hi"},{"type":"message","role":"assistant","content":"ok"},{"role":"user","content":"x"}]'
+    )
+    sent = h.send(second, exchange=RESPONSES)
+    assert sent.role == "continuation" and b"prompt_cache_options" not in sent.raw
+    assert sent.raw.endswith(b',"prompt_cache_retention":"24h"}')
+
+
+def _chat_usage(prompt: int, cached: int = 0, write: int = 0) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": cached, "cache_write_tokens": write},
+        },
+    }
+
+
+def test_below_the_minimum_counted_per_request_and_said_once_per_lineage(caplog: pytest.LogCaptureFixture) -> None:
+    config = load(
+        None,
+        env={},
+        overrides={
+            "provider_cache.min_tokens": {"small-model": 2048},
+            "provider_cache.prices": {"gpt-5.6": {"input": 2, "cached_input": 0.2, "cache_write": 2.5, "output": 8}},
+        },
+    )
+    up = Upstream()
+    short = {"role": "system", "content": "Be brief."}
+    long = {"role": "system", "content": "You are a careful assistant. " * 400}  # ~2,900 tokens
+    up.answers = [_chat_usage(300, 0, 0), _chat_usage(320, 0, 0), _chat_usage(3000, 0, 2900), _chat_usage(100)]
+    headers = {"authorization": "Bearer sk-min"}
+    first = {"model": "gpt-5.6", "messages": [short, {"role": "user", "content": "hi"}]}
+    second = {
+        **first,
+        "messages": [*first["messages"], {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}],
+    }
+    caplog.set_level("INFO", logger="prefixpin")
+    with TestClient(create_app(config, transport=httpx.MockTransport(up))) as client:
+        for body in (first, second, {**first, "messages": [long, first["messages"][1]]}):
+            assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+        configured = {"model": "small-model", "messages": [short, {"role": "user", "content": "hi"}]}
+        assert client.post("/v1/chat/completions", json=configured, headers=headers).status_code == 200
+        text = client.get("/metrics").text
+    assert _metric(text, 'prefixpin_below_cache_minimum_total{model="gpt-5.6"}') == 2  # each short request
+    assert _metric(text, 'prefixpin_below_cache_minimum_total{model="small-model"}') == 1
+    said = [r.getMessage() for r in caplog.records if "below the" in r.getMessage()]
+    assert len(said) == 2  # once for the gpt-5.6 lineage (two requests), once for the other
+    assert "1024 tokens 'gpt-5.6' caches at the least" in said[0] and "Be brief" not in said[0]
+    # OpenAI's cache writes priced with cache_write: the long request wrote and saved less than nothing.
+    assert _metric(text, 'prefixpin_saved_usd_total{model="gpt-5.6"}') == pytest.approx(-2900 * 0.5 / 1e6)
+
+
+def test_the_lineages_said_below_the_minimum_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    h = _harness(prices={"gpt-5.6": PRICE})  # priced: no lookup
+    addon = next(a for a in h.offline.runner.addons if isinstance(a, ProviderCache))
+    addon.said_bound = 3
+    caplog.set_level("INFO", logger="prefixpin")
+    answer = {"role": "assistant", "content": "ok"}
+    for i in [*range(5), 0, 4]:  # five conversations, then the first (forgotten) and the last (remembered) again
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"conversation {i}"}]
+        if i in (0, 4) and len(caplog.records) >= 5:
+            messages += [answer, {"role": "user", "content": "and then?"}]
+        sent = h.send({"model": "gpt-5.6", "messages": messages}, reply=answer)
+        assert sent.role == ("continuation" if len(messages) > 1 else "root")
+        flow = sent.flow
+        flow.reply = CHAT.reply(offered=None, drop_usage_chunk=False)
+        flow.reply.complete(_chat_usage(20))
+        flow.status = 200
+        addon.done(flow)
+    said = [r for r in caplog.records if "below the" in r.getMessage()]
+    assert len(said) == 6  # the forgotten lineage is said again, the remembered one not
+    assert len(addon._said) == 3
+    text = prometheus_client.generate_latest(h.offline.s.metrics.registry).decode()
+    assert _metric(text, 'prefixpin_below_cache_minimum_total{model="gpt-5.6"}') == 7
