@@ -27,7 +27,7 @@ import orjson
 from canonicalize import analysis, identity, notes, pins
 from canonicalize.analysis import Prepared
 from canonicalize.edits import Op, SetString, SetValue
-from canonicalize.learn import Learned
+from canonicalize.learn import Learned, Settled
 from canonicalize.lineage import Decision, Fingerprint, LineageRecord, Lookup, Role
 from canonicalize.memo import Memos
 from canonicalize.repair import branch, repair_fork, set_tools
@@ -56,6 +56,9 @@ class Outcome:
     fork_signal: str | None = None
     depth: int = 0  # how many of the request's links were recorded (the prefix its parent shares)
     learned: tuple[Span, ...] = ()  # the spans learned from this request (canonicalize.learn)
+    # Blobs to store after the request besides the forwarded system part and tools[]: the
+    # evidence learning leaves (canonicalize.sightings), stored under these refs as is.
+    extra_blobs: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -70,12 +73,13 @@ class _Applied:
     offered: frozenset[str] | None = None
     parent_fp: Fingerprint | None = None
     repaired: bool = False  # forwards a fork parent's system part and tools[]
+    extra_blobs: dict[str, bytes] = field(default_factory=dict)  # Outcome.extra_blobs
 
 
-def blobs_needed(prep: Prepared, decision: Decision) -> tuple[str, ...]:
+def blobs_needed(prep: Prepared, decision: Decision, learned: Learned | None = None) -> tuple[str, ...]:
     """The recorded blobs finalizing ``decision`` needs: a fork's parent's system
     and tools[]; a continuation's recorded tools[] when the request's tools mean
-    the same but are written differently."""
+    the same but are written differently, and the evidence its learned spans need."""
     parent = decision.parent
     if parent is None:
         return ()
@@ -83,9 +87,12 @@ def blobs_needed(prep: Prepared, decision: Decision) -> tuple[str, ...]:
         if parent.system_ref is None or parent.tools_ref is None:
             return ()
         return parent.system_ref, parent.tools_ref
+    out: tuple[str, ...] = ()
     if _recorded_tools(prep, parent) and parent.tools_ref is not None:
-        return (parent.tools_ref,)
-    return ()
+        out = (parent.tools_ref,)
+    if learned is not None and learned.pin:
+        out += learned.refs
+    return out
 
 
 def finalize(
@@ -161,18 +168,17 @@ def _continuation(
     merged.update(parent.pins)
     added = notes.new_notes(prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth)
     skeleton, head = sig.skeleton, sig.head
-    if learned is not None:
-        scopes = {"tools"} if learned.tools is not None else set()
-        if _pin_learned(texts, prep, learned):
-            scopes.add("system")
+    settled = learned.settle(blobs) if learned is not None else None
+    if learned is not None and settled is not None:
+        if _pin_learned(texts, prep, learned, settled):
             # What the lineage forwards now: a request sending it again is this session's.
             skeleton, head = analysis.shape_of(rules, texts, prep.scope, [s.get() for s in prep.system_slots])
-        for span in learned.spans:
+        for span in settled.spans:
             name = f"learned.{span.cls}"
-            if span.scope in scopes and span.cls != "other" and name not in rewrites:
+            if name not in rewrites:
                 rewrites.append(name)
         said = parent.notes + tuple(added)
-        added += notes.told(learned.told, said, newest_user=sig.last_user_index, depth=lookup.depth)
+        added += notes.told(settled.told, said, newest_user=sig.last_user_index, depth=lookup.depth)
     changes: dict[str, Any] = {
         "identity": sig.identity or parent.identity,
         "skeleton": skeleton,
@@ -183,9 +189,9 @@ def _continuation(
     }
     _apply_notes(prep, changes["notes"], rewrites, learned=learned is not None)
     structural: list[Op] = []
-    if learned is not None and learned.tools is not None:  # descriptions pinned: the lineage's tools[]
-        structural.append(SetValue(prep.exchange.tools_path(prep.body), learned.tools))
-        set_tools(prep.exchange, prep.body, orjson.loads(learned.tools))
+    if settled is not None and settled.tools is not None:  # descriptions pinned: the lineage's tools[]
+        structural.append(SetValue(prep.exchange.tools_path(prep.body), settled.tools))
+        set_tools(prep.exchange, prep.body, orjson.loads(settled.tools))
     elif _recorded_tools(prep, parent) and parent.tools_ref in blobs:
         blob = blobs[parent.tools_ref]
         structural.append(SetValue(prep.exchange.tools_path(prep.body), blob))
@@ -193,7 +199,10 @@ def _continuation(
         rewrites.append(TOOLS_RULE)
     elif tools is not None and tools.meaning != parent.tools_meaning:
         changes.update(tools_meaning=tools.meaning, tool_order=own_tools)
-    return _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
+    applied = _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
+    if settled is not None:
+        applied.extra_blobs = settled.writes
+    return applied
 
 
 def _fork(
@@ -307,6 +316,7 @@ def _outcome(
         parent_fp=applied.parent_fp,
         fork_signal=decision.signal if repaired_now else None,
         depth=lookup.depth,
+        extra_blobs=applied.extra_blobs,
     )
 
 
@@ -336,15 +346,15 @@ def _restore(texts: Texts, prep: Prepared, recorded: dict[str, str]) -> list[str
     return changed
 
 
-def _pin_learned(texts: Texts, prep: Prepared, learned: Learned) -> bool:
-    """The system texts with the learned spans pinned, when they are still the texts
-    learning compared (the lineage's pack pins restored); True if they were set."""
+def _pin_learned(texts: Texts, prep: Prepared, learned: Learned, settled: Settled) -> bool:
+    """The system texts with the settled learned spans pinned, when they are still the
+    texts learning compared (the lineage's pack pins restored); True if they were set."""
     slots = prep.system_slots
-    if not learned.texts or len(learned.base) != len(slots):
+    if not settled.texts or len(learned.base) != len(slots):
         return False
     if any(s.get() != b for s, b in zip(slots, learned.base, strict=True)):
         return False
-    for slot, text in zip(slots, learned.texts, strict=True):
+    for slot, text in zip(slots, settled.texts, strict=True):
         slot.set(texts.intern(prep.scope, text))
     return True
 

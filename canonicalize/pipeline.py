@@ -129,9 +129,10 @@ class Canonicalizer:
         (:func:`canonicalize.learn.learn_spans`)."""
         return learn_spans(prep, lookup, decision, plan, blobs, self.settings.learn, self.rules.fork)
 
-    def blobs_needed(self, prep: Prepared, decision: Decision) -> tuple[str, ...]:
-        """The recorded blobs :meth:`finalize` needs for ``decision``."""
-        return finalize.blobs_needed(prep, decision)
+    def blobs_needed(self, prep: Prepared, decision: Decision, learned: Learned | None = None) -> tuple[str, ...]:
+        """The recorded blobs :meth:`finalize` needs for ``decision`` (and what ``prep``
+        learned: the evidence its pins take)."""
+        return finalize.blobs_needed(prep, decision, learned)
 
     def finalize(
         self,

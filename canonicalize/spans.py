@@ -14,7 +14,9 @@ from the context's words (``learned_request_id``).
 
 ``key`` names a span's place: its line with every changed span masked, so that
 the next turns of an agent (fresh values, same lines) find the place known and
-need no rule written again.
+need no rule written again.  ``place`` names it whatever else on the line changed:
+the line with every value on it masked, and which value it is (what the evidence
+of :mod:`canonicalize.sightings` is kept under).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Span:
     old_line: str = ""
     old_at: tuple[int, int] = (0, 0)
     key: str = ""
+    place: str = ""
 
     @property
     def action(self) -> str:
@@ -98,8 +101,22 @@ def spans_of(changes: Sequence[textdiff.Change], old: str, new: str, scope: str)
         masked.append(new[pos:last])
         key = hash_text(f"{scope}\x1f{c.cls}\x1f{''.join(masked)}\x1f{mine.index(c)}")
         at, old_at = (c.nstart - first, c.nend - first), (c.ostart - ofirst, c.oend - ofirst)
-        out.append(Span(c.cls, scope, o, n, line, at, old[ofirst:olast], old_at, key))
+        out.append(Span(c.cls, scope, o, n, line, at, old[ofirst:olast], old_at, key, place_of(scope, line, at[0])))
     return tuple(out)
+
+
+def place_of(scope: str, line: str, start: int) -> str:
+    """The place of the value starting at ``line[start]``: a hash of the line with every
+    value on it masked, and which of them it is (its other values changing or not)."""
+    masked: list[str] = []
+    which = 0
+    for kind, s, _, tok in values.token_list(line):
+        if values.is_value(kind):
+            which += s < start
+            masked.append("\x00")
+        else:
+            masked.append(tok)
+    return hash_text(f"{scope}\x1f{''.join(masked)}\x1f{which}")
 
 
 def _line(text: str, start: int, end: int) -> tuple[int, int]:

@@ -72,7 +72,7 @@ class Canonicalize:
             if learned is not None:
                 decision, lookup = learned.decision, learned.lookup
         blobs: dict[str, bytes] = {}
-        refs = canon.blobs_needed(prep, decision)
+        refs = canon.blobs_needed(prep, decision, learned)
         if refs and flow.store_ok:
             try:
                 found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))

@@ -77,6 +77,7 @@ class Record:
                 )
             else:
                 blobs = {}
+            blobs.update(outcome.extra_blobs)  # what learning leaves (evidence), stored as is
             record = outcome.record if flow.replica is None else outcome.record.evolve(replica=flow.replica)
             message_id = flow.reply.usage.message_id if flow.keep_message_id and flow.reply is not None else None
             if message_id is not None and flow.status < 400:  # the next turn's diagnostics.previous_message_id
