@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize import analysis, identity, notes, pins
+from canonicalize import analysis, chain, identity, notes, pins
 from canonicalize.analysis import Prepared
 from canonicalize.edits import Op, SetString, SetValue
 from canonicalize.learn import Learned, Settled
@@ -166,7 +166,10 @@ def _continuation(
     rewrites.extend(n for n in changed if n not in rewrites)
     merged = dict(_first_values(prep.spans))
     merged.update(parent.pins)
-    added = notes.new_notes(prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth)
+    newest = _newest_user_hash(prep) if sig.last_user_index is not None and sig.last_user_index >= lookup.depth else ""
+    added = notes.new_notes(
+        prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth, message=newest
+    )
     skeleton, head = sig.skeleton, sig.head
     settled = learned.settle(blobs) if learned is not None else None
     if learned is not None and settled is not None:
@@ -178,7 +181,7 @@ def _continuation(
             if name not in rewrites:
                 rewrites.append(name)
         said = parent.notes + tuple(added)
-        added += notes.told(settled.told, said, newest_user=sig.last_user_index, depth=lookup.depth)
+        added += notes.told(settled.told, said, newest_user=sig.last_user_index, depth=lookup.depth, message=newest)
     changes: dict[str, Any] = {
         "identity": sig.identity or parent.identity,
         "skeleton": skeleton,
@@ -360,10 +363,23 @@ def _pin_learned(texts: Texts, prep: Prepared, learned: Learned, settled: Settle
 
 
 def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str], *, learned: bool = False) -> None:
-    """The lineage's date notes, each on the user message it was first added to
-    (named by the date rule, else by learning's class)."""
+    """The lineage's date notes, each on the user message it was first added to,
+    wherever the agent put it now (named by the date rule, else by learning's class)."""
+    if not recorded:
+        return
     rule = next((s.rule.name for s in prep.spans if s.rule.action == "date"), None)
-    for index, line in recorded:
+    history = prep.exchange.history(prep.body)
+    known: dict[int, str | None] = {}
+
+    def hashes(index: int) -> str | None:
+        if index not in known:
+            j = index - prep.offset
+            msg = history[j] if 0 <= j < len(history) else None
+            known[index] = message_hash(prep, msg) if msg is not None and prep.exchange.is_user(msg) else None
+        return known[index]
+
+    # Every place is found before a line is appended (the hashes are of the agent's messages).
+    for index, line in notes.placed(recorded, hashes, len(history) + prep.offset):
         slot = prep.exchange.note_slot(prep.body, index - prep.offset) if index >= prep.offset else None
         if slot is None:
             continue
@@ -375,6 +391,19 @@ def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[
             name = rule or ("learned.date" if learned else "date")
         if name not in rewrites:
             rewrites.append(name)
+
+
+def message_hash(prep: Prepared, msg: Any) -> str:
+    """The hash of a history item as the agent sent it (where a date note goes)."""
+    return chain.digest(prep.exchange.canonical_message(msg))
+
+
+def _newest_user_hash(prep: Prepared) -> str:
+    """The hash of the request's newest user message ("" when it has none)."""
+    index = prep.signals.last_user_index
+    history = prep.exchange.history(prep.body)
+    j = -1 if index is None else index - prep.offset
+    return message_hash(prep, history[j]) if 0 <= j < len(history) else ""
 
 
 def _params(inherit_params: Sequence[str], prep: Prepared) -> dict[str, str]:

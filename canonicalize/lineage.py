@@ -90,7 +90,7 @@ class LineageRecord:
     tools_ref: str | None = None
     tools_meaning: str = ""  # hash of the tools as a set of canonical schemas (key order ignored)
     params: dict[str, str] = field(default_factory=dict)  # inherit_params as forwarded: raw JSON text
-    notes: tuple[tuple[int, str], ...] = ()  # date notes: (history index, line), see canonicalize.notes
+    notes: tuple[tuple[int, str, str], ...] = ()  # date notes: (history index, line, message hash): canonicalize.notes
     fingerprint: Fingerprint | None = None
     requests: int = 0
     branch: int = 0  # forks: how many messages of the parent's history the fork replayed
@@ -164,7 +164,7 @@ class LineageRecord:
             tools_ref=d.get("tr"),
             tools_meaning=d.get("tm", ""),
             params={k: v for k, v in dict(d.get("par", {})).items() if isinstance(v, str)},
-            notes=tuple((int(i), str(t)) for i, t in d.get("no", ())),
+            notes=tuple((int(n[0]), str(n[1]), str(n[2]) if len(n) > 2 else "") for n in d.get("no", ())),
             fingerprint=Fingerprint.from_json(fp) if fp else None,
             requests=int(d.get("n", 0)),
             branch=int(d.get("b", 0)),

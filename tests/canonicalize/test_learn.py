@@ -381,3 +381,23 @@ def test_evidence_is_the_tenants_own() -> None:
     out = h.send(chat(system(used="13,001"), U1, R1, U2), headers=other)
     assert out.role == "continuation" and sys_of(out) == system(used="13,001")
     assert "learned.counter" not in out.rewrites
+
+
+def test_the_date_note_stays_on_its_message_when_the_agent_lays_its_history_out_anew() -> None:
+    # An agent that re-lays its history (aider puts its files message after the restored
+    # turns): the note moves with the message it was added to, and says that request's date.
+    h = harness("pin")
+
+    def prompt(date: str) -> str:
+        return f"You are Atlas.\n- Current date: {date}\n\n{GUIDE}"
+
+    files = {"role": "user", "content": "I have added these files to the chat: app.py"}
+    h.send(chat(prompt("2026-05-14"), U1), reply=R1)
+    second = h.send(chat(prompt("2026-05-15"), U1, R1, U2), reply=R2)
+    note = "\n\n(Note: the current date is now 2026-05-15.)"
+    assert second.body["messages"][3]["content"] == "Strip it, then." + note
+    third = h.send(chat(prompt("2026-05-15"), U1, R1, files, U2, R2, U3))
+    messages = third.body["messages"]
+    assert messages[3] == files and messages[4]["content"] == "Strip it, then." + note
+    assert messages[-1]["content"] == "Thanks."
+    assert sys_of(third) == prompt("2026-05-14")
