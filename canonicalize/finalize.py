@@ -24,9 +24,10 @@ from typing import Any
 
 import orjson
 
-from canonicalize import analysis, chain, identity, notes, pins
+from canonicalize import analysis, chain, identity, notes, pins, recall
 from canonicalize.analysis import Prepared
 from canonicalize.edits import Op, SetString, SetValue
+from canonicalize.jsonspan import Path
 from canonicalize.learn import Learned, Settled
 from canonicalize.lineage import Decision, Fingerprint, LineageRecord, Lookup, Role
 from canonicalize.memo import Memos
@@ -59,6 +60,9 @@ class Outcome:
     # Blobs to store after the request besides the forwarded system part and tools[]: the
     # evidence learning leaves (canonicalize.sightings), stored under these refs as is.
     extra_blobs: dict[str, bytes] = field(default_factory=dict)
+    # Forwarded values to store as blobs after the request, each under its ref: the
+    # lineage's newest user message as forwarded (canonicalize.recall).
+    keep_items: tuple[tuple[Path, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -74,12 +78,23 @@ class _Applied:
     parent_fp: Fingerprint | None = None
     repaired: bool = False  # forwards a fork parent's system part and tools[]
     extra_blobs: dict[str, bytes] = field(default_factory=dict)  # Outcome.extra_blobs
+    keep_items: list[tuple[Path, str]] = field(default_factory=list)  # Outcome.keep_items
+    extra_links: list[bytes] = field(default_factory=list)  # links the lineage owns besides its chain's
+    restored: recall.Restored | None = None  # messages forwarded as recorded
 
 
-def blobs_needed(prep: Prepared, decision: Decision, learned: Learned | None = None) -> tuple[str, ...]:
+def blobs_needed(
+    prep: Prepared,
+    decision: Decision,
+    learned: Learned | None = None,
+    *,
+    lookup: Lookup | None = None,
+    keep_history: bool = False,
+) -> tuple[str, ...]:
     """The recorded blobs finalizing ``decision`` needs: a fork's parent's system
     and tools[]; a continuation's recorded tools[] when the request's tools mean
-    the same but are written differently, and the evidence its learned spans need."""
+    the same but are written differently, the evidence its learned spans need and
+    (``keep_history``, with its ``lookup``) the lineage's recorded messages."""
     parent = decision.parent
     if parent is None:
         return ()
@@ -92,6 +107,8 @@ def blobs_needed(prep: Prepared, decision: Decision, learned: Learned | None = N
         out = (parent.tools_ref,)
     if learned is not None and learned.pin:
         out += learned.refs
+    if keep_history and lookup is not None:
+        out += tuple(r for r in recall.refs(prep, lookup, parent) if r not in out)
     return out
 
 
@@ -105,11 +122,15 @@ def finalize(
     new_id: str,
     blobs: dict[str, bytes],
     learned: Learned | None = None,
+    keep_history: bool = False,
 ) -> Outcome:
     """Pins, date notes, the lineage's tools[] and fork repair, as edits, and what
     to record.  A fork (or a fork's own later request) whose parent's blobs are
     missing is forwarded as a new root, never half-repaired.  ``learned``: what the
-    request learned (:mod:`canonicalize.learn`); its pins apply to a continuation."""
+    request learned (:mod:`canonicalize.learn`); its pins apply to a continuation.
+    ``keep_history`` (``learn: pin``): the lineage keeps its newest user message as
+    forwarded and forwards it again when the agent drops a block from it
+    (:mod:`canonicalize.recall`)."""
     rewrites = list(prep.rewrites)
     parent = decision.parent
     fork_action = "disabled" if decision.fork_disabled else None
@@ -123,10 +144,47 @@ def finalize(
     else:
         pinned = learned if learned is not None and learned.pin else None
         applied = _continuation(rules, memos.texts, prep, lookup, parent, blobs, rewrites, fork_action, pinned)
+        if keep_history:
+            _keep_history(prep, lookup, parent, blobs, applied, rewrites)
+    if keep_history and applied.role != "fork":
+        _keep_tail(prep, lookup, applied)
     outcome = _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
     if learned is not None:
         outcome.learned = learned.spans
     return outcome
+
+
+def _keep_history(
+    prep: Prepared,
+    lookup: Lookup,
+    parent: LineageRecord,
+    blobs: dict[str, bytes],
+    applied: _Applied,
+    rewrites: list[str],
+) -> None:
+    """The lineage's messages the agent dropped a block from, forwarded as recorded."""
+    restored = recall.restore(prep, lookup, parent, blobs)
+    if not restored.ops:
+        return
+    applied.structural += restored.ops
+    applied.changes["restores"] = restored.restores
+    applied.restored = restored
+    if recall.RULE not in rewrites:
+        rewrites.append(recall.RULE)
+
+
+def _keep_tail(prep: Prepared, lookup: Lookup, applied: _Applied) -> None:
+    """The request's newest user message, new in it, kept as forwarded (the lineage's
+    tail); a root's stem too (:mod:`canonicalize.recall`)."""
+    found = recall.tail(prep, 0 if applied.role == "root" else lookup.depth)  # a root's every message is its own
+    if found is not None:
+        index, ref, path = found
+        applied.changes["tail"] = (index, ref)
+        applied.keep_items.append((path, ref))
+    if applied.role == "root":
+        stem = recall.stem(prep)
+        if stem is not None:
+            applied.extra_links.append(stem)
 
 
 def _root(prep: Prepared, new_id: str, fork_action: str | None) -> _Applied:
@@ -306,20 +364,27 @@ def _outcome(
         start = 0
     else:
         start = max(lookup.depth - 1, 0)
+    depth = lookup.depth
+    if applied.restored is not None and applied.restored.new is not None:
+        # The agent's own form of the restored message from there on (its next request
+        # finds it), and the prefix shared is the lineage's whole history.
+        start = min(start, applied.restored.new)
+        depth = max(depth, applied.parent_fp.n_messages if applied.parent_fp is not None else depth)
     return Outcome(
         ops=ops,
         role=applied.role,
         rewrites=rewrites,
         record=record,
-        links=prep.links[start:],
+        links=[*prep.links[start:], *applied.extra_links],
         touch=touch,
         new_blobs=tuple(new_blobs),
         offered=applied.offered,
         fork_action=applied.fork_action,
         parent_fp=applied.parent_fp,
         fork_signal=decision.signal if repaired_now else None,
-        depth=lookup.depth,
+        depth=depth,
         extra_blobs=applied.extra_blobs,
+        keep_items=tuple(applied.keep_items),
     )
 
 

@@ -106,6 +106,11 @@ class LineageRecord:
     at: float | None = None
     pauses: tuple[int, ...] = ()
     message_id: str | None = None
+    # learn: pin (canonicalize.recall): the lineage's newest user message as forwarded
+    # (its history index, the blob ref), and the messages it forwards as recorded
+    # because the agent dropped a block from them (index, the agent's hash, blob ref).
+    tail: tuple[int, str] | None = None
+    restores: tuple[tuple[int, str, str], ...] = ()
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -143,6 +148,10 @@ class LineageRecord:
             out["ps"] = list(self.pauses)
         if self.message_id is not None:
             out["mi"] = self.message_id
+        if self.tail is not None:
+            out["tl"] = list(self.tail)
+        if self.restores:
+            out["rs"] = [list(r) for r in self.restores]
         return out
 
     @classmethod
@@ -172,6 +181,8 @@ class LineageRecord:
             at=_at(d.get("at")),
             pauses=tuple(p for p in d.get("ps", ()) if isinstance(p, int) and not isinstance(p, bool)),
             message_id=d["mi"] if isinstance(d.get("mi"), str) else None,
+            tail=(int(d["tl"][0]), str(d["tl"][1])) if isinstance(d.get("tl"), list) and len(d["tl"]) == 2 else None,
+            restores=tuple((int(i), str(h), str(r)) for i, h, r in d.get("rs", ())),
         )
 
     @property

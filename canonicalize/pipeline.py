@@ -38,14 +38,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from canonicalize import analysis, chain, finalize, identity
+from canonicalize import analysis, chain, finalize, identity, recall
 from canonicalize.analysis import Prepared
 from canonicalize.bodies import Kept
 from canonicalize.finalize import Outcome
 from canonicalize.identity import ToolsId
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.learn import Learned, Plan, learn_plan, learn_spans
-from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, Lookup, classify
+from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, classify
 from canonicalize.memo import Memos
 from canonicalize.ruleset import RuleSet, Settings
 from canonicalize.wire.base import Exchange, Slot
@@ -129,10 +129,47 @@ class Canonicalizer:
         (:func:`canonicalize.learn.learn_spans`)."""
         return learn_spans(prep, lookup, decision, plan, blobs, self.settings.learn, self.rules.fork)
 
-    def blobs_needed(self, prep: Prepared, decision: Decision, learned: Learned | None = None) -> tuple[str, ...]:
+    def blobs_needed(
+        self, prep: Prepared, decision: Decision, learned: Learned | None = None, lookup: Lookup | None = None
+    ) -> tuple[str, ...]:
         """The recorded blobs :meth:`finalize` needs for ``decision`` (and what ``prep``
-        learned: the evidence its pins take)."""
-        return finalize.blobs_needed(prep, decision, learned)
+        learned: the evidence its pins take; with ``learn: pin`` and its ``lookup``, the
+        lineage's recorded messages)."""
+        return finalize.blobs_needed(prep, decision, learned, lookup=lookup, keep_history=self.keeps_history)
+
+    @property
+    def keeps_history(self) -> bool:
+        """``learn: pin``: lineages keep their newest user message as forwarded and
+        forward it again when the agent drops a block from it (:mod:`canonicalize.recall`)."""
+        return self.settings.learn == "pin"
+
+    def stem(self, prep: Prepared) -> bytes | None:
+        """The link that finds the lineage of a request whose first message lost a block
+        (:func:`canonicalize.recall.stem`); None: nothing to look for."""
+        if not self.keeps_history or prep.signals.first_assistant is None:
+            return None
+        return recall.stem(prep)
+
+    def stem_tails(self, prep: Prepared, found: Lookup) -> tuple[tuple[LineageRecord, ...], tuple[str, ...]]:
+        """Of the lineages the stem found, those ``prep`` may continue (roots of its
+        session identity whose newest user message is its first), and their tails' refs."""
+        recs = tuple(
+            r
+            for r in found.candidates
+            if r.kind == "root" and r.tail is not None and r.tail[0] == 0 and r.identity == prep.signals.identity
+        )
+        return recs, tuple(dict.fromkeys(r.tail[1] for r in recs if r.tail is not None))
+
+    def stem_links(self, prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> list[bytes] | None:
+        """The request's chain with ``rec``'s recorded first message in place, when the
+        request sends it with a block dropped; None otherwise."""
+        if rec.tail is None or rec.tail[1] not in blobs:
+            return None
+        recorded = recall.recorded_item(blobs[rec.tail[1]], recall.note_lines(rec, 0))
+        history = prep.exchange.history(prep.body)
+        if recorded is None or not history or not recall.dropped_block(recorded, history[0]):
+            return None
+        return recall.relinked(prep, 0, recorded)
 
     def finalize(
         self,
@@ -146,7 +183,15 @@ class Canonicalizer:
     ) -> Outcome:
         """Step 3: :func:`canonicalize.finalize.finalize` (edits ``prep``'s parse)."""
         return finalize.finalize(
-            self.rules, self.memos, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned
+            self.rules,
+            self.memos,
+            prep,
+            lookup,
+            decision,
+            new_id=new_id,
+            blobs=blobs,
+            learned=learned,
+            keep_history=self.keeps_history,
         )
 
     def tools_id(self, exchange: Exchange, tool_list: list[Any], *, hold: bool = False) -> ToolsId | None:

@@ -65,6 +65,10 @@ class Canonicalize:
             lookup, flow.store_ok = Lookup(), False
         flow.lookup = lookup
         decision = canon.classify(prep, lookup)
+        if flow.store_ok and decision.role == "root" and not lookup.depth:
+            recalled = await self._recall(flow, prep)
+            if recalled is not None:
+                decision, lookup = recalled
         learned = None
         plan = canon.learning(prep, lookup, decision) if flow.store_ok else None
         if plan is not None:
@@ -72,7 +76,7 @@ class Canonicalize:
             if learned is not None:
                 decision, lookup = learned.decision, learned.lookup
         blobs: dict[str, bytes] = {}
-        refs = canon.blobs_needed(prep, decision, learned)
+        refs = canon.blobs_needed(prep, decision, learned, lookup)
         if refs and flow.store_ok:
             try:
                 found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
@@ -115,6 +119,35 @@ class Canonicalize:
         if learned is not None:
             self.suggestions.note(flow.tenant, learned)
         return learned
+
+    async def _recall(self, flow: Flow, prep: Prepared) -> tuple[Decision, Lookup] | None:
+        """The lineage of a request whose first message lost a block the lineage forwarded
+        (``learn: pin``, canonicalize.recall): found by its stem, its recorded first
+        message fetched and compared, then the request's chain with it in place looked up
+        again, which the lineage must own whole.  Nothing found, or the store down: None."""
+        s, canon = self.s, self.s.canon
+        stem = canon.stem(prep)
+        if stem is None:
+            return None
+        try:
+            found = await s.guard.call(lambda: s.store.lookup(flow.tenant, [stem], None))
+            recs, refs = canon.stem_tails(prep, found)
+            if not recs:
+                return None
+            raw = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
+            blobs = {ref: b for ref, b in zip(refs, raw, strict=True) if b is not None}
+            for rec in recs:
+                links = canon.stem_links(prep, rec, blobs)
+                fp = rec.fingerprint
+                if links is None or fp is None:
+                    continue
+                check = await s.guard.call(lambda: self._lookup_links(flow.tenant, links, None))  # noqa: B023
+                owners = {r.id for i, r in enumerate(check.candidates) if check.depth_of(i) == check.depth}
+                if check.depth >= fp.n_messages and rec.id in owners:
+                    return Decision("continuation", rec), Lookup(0, (rec,), None, (0,))
+        except StoreError:
+            return None
+        return None
 
     def _parse(self, flow: Flow) -> bool:
         """The body parsed by pieces of the tenant's recent bodies where they are equal."""
@@ -169,9 +202,12 @@ class Canonicalize:
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
-        links = prep.links
+        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent)
+
+    async def _lookup_links(self, tenant: str, links: list[bytes], declared: str | None) -> Lookup:
+        """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute)."""
         offset = max(len(links) - LOOKUP_LINKS, 0)
-        found = await self.s.store.lookup(tenant, links[offset:], prep.signals.declared_parent)
+        found = await self.s.store.lookup(tenant, links[offset:], declared)
         if not offset or not found.depth:
             return found
         return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))
