@@ -33,7 +33,7 @@ from canonicalize.lineage import Decision, Fingerprint, LineageRecord, Lookup, R
 from canonicalize.memo import Memos
 from canonicalize.repair import branch, repair_fork, set_tools
 from canonicalize.ruleset import RuleSet
-from canonicalize.spans import Span
+from canonicalize.spans import TOLD, Span
 from canonicalize.texts import Texts
 
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
@@ -123,6 +123,7 @@ def finalize(
     blobs: dict[str, bytes],
     learned: Learned | None = None,
     keep_history: bool = False,
+    head: recall.Head | None = None,
 ) -> Outcome:
     """Pins, date notes, the lineage's tools[] and fork repair, as edits, and what
     to record.  A fork (or a fork's own later request) whose parent's blobs are
@@ -145,12 +146,14 @@ def finalize(
         pinned = learned if learned is not None and learned.pin else None
         applied = _continuation(rules, memos.texts, prep, lookup, parent, blobs, rewrites, fork_action, pinned)
         if keep_history:
-            _keep_history(prep, lookup, parent, blobs, applied, rewrites)
+            _keep_history(prep, lookup, parent, blobs, applied, rewrites, head)
     if keep_history and applied.role != "fork":
         _keep_tail(prep, lookup, applied)
     outcome = _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
     if learned is not None:
         outcome.learned = learned.spans
+    if head is not None and applied.restored is not None:
+        outcome.learned += head.spans
     return outcome
 
 
@@ -161,16 +164,28 @@ def _keep_history(
     blobs: dict[str, bytes],
     applied: _Applied,
     rewrites: list[str],
+    head: recall.Head | None,
 ) -> None:
-    """The lineage's messages the agent dropped a block from, forwarded as recorded."""
-    restored = recall.restore(prep, lookup, parent, blobs)
+    """The lineage's messages the agent dropped a block from (or, ``head``, changed the
+    values of its template lines in), forwarded as recorded; the model is told a date
+    or time it no longer sees."""
+    restored = recall.restore(prep, lookup, parent, blobs, head)
     if not restored.ops:
         return
     applied.structural += restored.ops
     applied.changes["restores"] = restored.restores
     applied.restored = restored
-    if recall.RULE not in rewrites:
-        rewrites.append(recall.RULE)
+    names = [recall.RULE] if head is None or head.dropped else []
+    if head is not None and 0 in restored.indices:
+        names += [f"learned.{s.cls}" for s in head.spans]
+        told = [s.new for s in head.spans if s.cls in TOLD]
+        if told:
+            sig = prep.signals
+            said = applied.changes.get("notes", parent.notes)
+            added = notes.told(told, said, newest_user=sig.last_user_index, depth=0, message=_newest_user_hash(prep))
+            applied.changes["notes"] = tuple(said) + tuple(added)
+            _apply_notes(prep, added, rewrites, learned=True)
+    rewrites.extend(n for n in dict.fromkeys(names) if n not in rewrites)
 
 
 def _keep_tail(prep: Prepared, lookup: Lookup, applied: _Applied) -> None:
@@ -182,9 +197,12 @@ def _keep_tail(prep: Prepared, lookup: Lookup, applied: _Applied) -> None:
         applied.changes["tail"] = (index, ref)
         applied.keep_items.append((path, ref))
     if applied.role == "root":
+        if found is not None and found[0] == 0:
+            applied.changes["first"] = found[1]
         stem = recall.stem(prep)
         if stem is not None:
             applied.extra_links.append(stem)
+        applied.extra_links += recall.templates(prep)
 
 
 def _root(prep: Prepared, new_id: str, fork_action: str | None) -> _Applied:

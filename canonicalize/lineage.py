@@ -111,6 +111,7 @@ class LineageRecord:
     # because the agent dropped a block from them (index, the agent's hash, blob ref).
     tail: tuple[int, str] | None = None
     restores: tuple[tuple[int, str, str], ...] = ()
+    first: str | None = None  # the blob ref of its first message as its root forwarded it
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -152,6 +153,8 @@ class LineageRecord:
             out["tl"] = list(self.tail)
         if self.restores:
             out["rs"] = [list(r) for r in self.restores]
+        if self.first is not None:
+            out["fm"] = self.first
         return out
 
     @classmethod
@@ -183,6 +186,7 @@ class LineageRecord:
             message_id=d["mi"] if isinstance(d.get("mi"), str) else None,
             tail=(int(d["tl"][0]), str(d["tl"][1])) if isinstance(d.get("tl"), list) and len(d["tl"]) == 2 else None,
             restores=tuple((int(i), str(h), str(r)) for i, h, r in d.get("rs", ())),
+            first=d["fm"] if isinstance(d.get("fm"), str) else None,
         )
 
     @property

@@ -150,26 +150,24 @@ class Canonicalizer:
             return None
         return recall.stem(prep)
 
-    def stem_tails(self, prep: Prepared, found: Lookup) -> tuple[tuple[LineageRecord, ...], tuple[str, ...]]:
+    def stem_heads(self, prep: Prepared, found: Lookup) -> tuple[tuple[LineageRecord, ...], tuple[str, ...]]:
         """Of the lineages the stem found, those ``prep`` may continue (roots of its
-        session identity whose newest user message is its first), and their tails' refs."""
+        session identity that recorded their first message), and those messages' refs."""
         recs = tuple(
             r
             for r in found.candidates
-            if r.kind == "root" and r.tail is not None and r.tail[0] == 0 and r.identity == prep.signals.identity
+            if r.kind == "root" and r.first is not None and r.identity == prep.signals.identity
         )
-        return recs, tuple(dict.fromkeys(r.tail[1] for r in recs if r.tail is not None))
+        return recs, tuple(dict.fromkeys(r.first for r in recs if r.first is not None))
 
-    def stem_links(self, prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> list[bytes] | None:
-        """The request's chain with ``rec``'s recorded first message in place, when the
-        request sends it with a block dropped; None otherwise."""
-        if rec.tail is None or rec.tail[1] not in blobs:
-            return None
-        recorded = recall.recorded_item(blobs[rec.tail[1]], recall.note_lines(rec, 0))
-        history = prep.exchange.history(prep.body)
-        if recorded is None or not history or not recall.dropped_block(recorded, history[0]):
-            return None
-        return recall.relinked(prep, 0, recorded)
+    def match_head(self, prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> recall.Head | None:
+        """How the request's first message relates to ``rec``'s recorded one
+        (:func:`canonicalize.recall.match_head`)."""
+        return recall.match_head(prep, rec, blobs)
+
+    def is_template(self, prep: Prepared, rec: LineageRecord, link: bytes, found: Lookup) -> bool:
+        """A value line is the agent's template (:func:`canonicalize.recall.is_template`)."""
+        return recall.is_template(prep, rec, link, found)
 
     def finalize(
         self,
@@ -180,8 +178,10 @@ class Canonicalizer:
         new_id: str,
         blobs: dict[str, bytes],
         learned: Learned | None = None,
+        head: recall.Head | None = None,
     ) -> Outcome:
-        """Step 3: :func:`canonicalize.finalize.finalize` (edits ``prep``'s parse)."""
+        """Step 3: :func:`canonicalize.finalize.finalize` (edits ``prep``'s parse); ``head``:
+        the lineage's first message to forward (found by :meth:`match_head`)."""
         return finalize.finalize(
             self.rules,
             self.memos,
@@ -192,6 +192,7 @@ class Canonicalizer:
             blobs=blobs,
             learned=learned,
             keep_history=self.keeps_history,
+            head=head,
         )
 
     def tools_id(self, exchange: Exchange, tool_list: list[Any], *, hold: bool = False) -> ToolsId | None:

@@ -25,8 +25,19 @@ the request's chain is recorded (its first link differs): the lineage is found
 by its ``stem``, a link over the first message with every tag block dropped and
 every value masked (recorded once, at the lineage's root), then checked: the
 request's history, with the recorded message in place, must be the lineage's
-(its chain recomputed and looked up again).  Bounds: ``MAX_RESTORES`` restores
-per lineage (past them a new one is not kept: that message is forwarded as sent).
+(its chain recomputed and looked up again).
+
+The messages before the first reply are the agent's environment too (``Today's
+date is ...``, ``<env>``, ``<environment_context>``), re-rendered when a session
+is resumed.  The first message may also differ from the recorded one by values
+(``Friday`` -> ``Saturday``), pinned as learned spans (scope ``messages``: the
+recorded message is forwarded, the model told the new date in a note) only where
+the value's line is the agent's template: seen, with its values masked, in the
+first messages of another conversation of the tenant (each root records its
+value lines as ``template`` links, at most ``MAX_TEMPLATES``).  What a user typed
+there (a task with a deadline, a version) is in no other conversation's first
+message: it reaches the upstream as sent.  Bounds: ``MAX_RESTORES`` restores per
+lineage (past them a new one is not kept: that message is forwarded as sent).
 """
 
 from __future__ import annotations
@@ -38,15 +49,19 @@ from typing import Any
 
 import orjson
 
-from canonicalize import chain, values
+from canonicalize import chain, textdiff, values
 from canonicalize.analysis import Prepared
 from canonicalize.edits import Op, SetValue
 from canonicalize.jsonspan import Path
 from canonicalize.lineage import LineageRecord, Lookup
+from canonicalize.spans import Span, spans_of
 
 TAIL = "h:"  # blob ref prefix: a lineage's newest user message as forwarded
 STEM_ROOT = b"prefixpin/stem/1"
+TEMPLATE_ROOT = b"prefixpin/template/1"
 MAX_RESTORES = 64
+MAX_TEMPLATES = 32  # value lines a root records as template links
+MAX_TEMPLATE_LOOKUPS = 4  # changed lines a request may check (more: not pinned)
 RULE = "learned.history"
 _TAG = re.compile(r"<([A-Za-z][\w:.-]*)\b[^>]*>.*?</\1>", re.DOTALL)
 _TAG_LINES = re.compile(r"(?m)^[ \t]*<([A-Za-z][\w:.-]*)\b[^>\n]*>[\s\S]*?</\1>[ \t]*(?:\n|$)")
@@ -122,6 +137,127 @@ def _loose(content: Any) -> Any:
 
 def _masked(text: str) -> str:
     return "".join(f"\x00{k}" if values.is_value(k) else t for k, _, _, t in values.token_list(text))
+
+
+# -- templates: the agent's own lines in the messages before the first reply ----------------------
+def template_link(line: str) -> bytes:
+    """The link a value line of a first message is recorded under (every value masked)."""
+    masked = "".join("\x00" if values.is_value(k) else t for k, _, _, t in values.token_list(line))
+    return chain.link(TEMPLATE_ROOT, masked.encode("utf-8", "surrogatepass"))
+
+
+def templates(prep: Prepared) -> list[bytes]:
+    """The template links of the value lines of the user messages before the request's
+    first reply: dates, times and ids first, at most ``MAX_TEMPLATES``."""
+    first = prep.signals.first_assistant
+    history = prep.exchange.history(prep.body)
+    end = len(history) if first is None else max(first - prep.offset, 0)
+    ranked: list[tuple[bool, bytes]] = []
+    for item in history[:end]:
+        if not prep.exchange.is_user(item):
+            continue
+        for text in _texts(item.get("content")):
+            for line in text.split("\n"):
+                kinds = [k for k, _, _, _ in values.token_list(line) if values.is_value(k)]
+                if kinds:
+                    ranked.append((all(k == "counter" for k in kinds), template_link(line)))
+    ranked.sort(key=lambda r: r[0])  # stable: the first lines first among equals
+    return list(dict.fromkeys(link for _, link in ranked))[:MAX_TEMPLATES]
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if _is_text(p)]
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A request whose first message is the lineage's recorded one but for dropped blocks
+    and values: what forwarding the recorded one takes."""
+
+    ref: str  # the recorded first message
+    agent: str  # the request's first message's hash (the restore's key)
+    spans: tuple[Span, ...]  # the values changed (scope ``messages``): each must be a template's
+    lines: tuple[bytes, ...]  # the template links of their lines, to check
+    links: list[bytes]  # the request's chain with the recorded message in place
+    dropped: bool  # a block was dropped too
+
+
+def match_head(prep: Prepared, rec: LineageRecord, blobs: Mapping[str, bytes]) -> Head | None:
+    """How the request's first message relates to ``rec``'s recorded one; None: it is not
+    that message with blocks dropped and values changed."""
+    ref = rec.first
+    raw = blobs.get(ref or "")
+    item = _item(prep, 0) if not prep.offset else None
+    if ref is None or raw is None or not isinstance(item, dict):
+        return None
+    recorded = recorded_item(raw, note_lines(rec, 0))
+    if not isinstance(recorded, dict) or recorded == item:
+        return None
+    if dropped_block(recorded, item):
+        found: tuple[list[Span], bool] | None = ([], True)
+    else:
+        found = _values_changed(recorded, item)
+    if found is None:
+        return None
+    spans, dropped = found
+    lines = tuple(dict.fromkeys(template_link(s.line) for s in spans))
+    if len(lines) > MAX_TEMPLATE_LOOKUPS:
+        return None
+    return Head(ref, item_hash(prep, item), tuple(spans), lines, relinked(prep, 0, recorded), dropped)
+
+
+def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[list[Span], bool] | None:
+    """The value changes that turn ``recorded``'s content into ``item``'s (parts dropped
+    too, for list contents), and whether a part was dropped; None: anything else changed."""
+    if {k: v for k, v in recorded.items() if k != "content"} != {k: v for k, v in item.items() if k != "content"}:
+        return None
+    old, new = recorded.get("content"), item.get("content")
+    if isinstance(old, str) and isinstance(new, str):
+        spans = _text_values(old, new)
+        return (spans, False) if spans else None
+    if not (isinstance(old, list) and isinstance(new, list)):
+        return None
+    out: list[Span] = []
+    j = 0
+    for part in old:
+        if j < len(new) and part == new[j]:
+            j += 1
+        elif j < len(new) and _is_text(part) and _is_text(new[j]) and _same_but_text(part, new[j]):
+            spans = _text_values(part["text"], new[j]["text"])
+            if not spans:
+                return None
+            out += spans
+            j += 1
+        elif not _is_text(part):
+            return None
+    if j != len(new) or not out:
+        return None
+    return out, len(new) < len(old)
+
+
+def _same_but_text(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if k != "text"} == {k: v for k, v in b.items() if k != "text"}
+
+
+def _text_values(old: str, new: str) -> list[Span]:
+    """The value changes from ``old`` to ``new`` (scope ``messages``); [] when anything
+    else changed."""
+    diff = textdiff.changes(old, new)
+    if diff.others or not diff.values:
+        return []
+    return list(spans_of(diff.changes, old, new, "messages"))
+
+
+def is_template(prep: Prepared, rec: LineageRecord, link: bytes, found: Lookup) -> bool:
+    """The template link ``link`` is recorded by another conversation's first message: a
+    lineage other than ``rec`` owns it whose first message is neither ``rec``'s nor the
+    request's (a side request replaying this conversation has the same one)."""
+    mine = {rec.first, TAIL + prep.links[0].hex() if prep.links else None}
+    return any(r.id != rec.id and r.first is not None and r.first not in mine for r in found.candidates)
 
 
 # -- is a message the recorded one with a block dropped? -------------------------------------------
@@ -200,6 +336,8 @@ def refs(prep: Prepared, lookup: Lookup, parent: LineageRecord) -> tuple[str, ..
     """The blobs restoring the lineage's history takes: its restores', and its tail's
     when the request's history departs from the lineage's right there."""
     out = [ref for _, _, ref in parent.restores]
+    if parent.first is not None and parent.first not in out and lookup.depth == 0:
+        out.append(parent.first)
     if parent.tail is not None and parent.tail[0] == lookup.depth and parent.tail[1] not in out:
         out.append(parent.tail[1])
     return tuple(out)
@@ -215,14 +353,19 @@ class Restored:
     new: int | None = None  # the index restored from the tail now (its first restore)
 
 
-def restore(prep: Prepared, lookup: Lookup, parent: LineageRecord, blobs: Mapping[str, bytes]) -> Restored:
+def restore(
+    prep: Prepared, lookup: Lookup, parent: LineageRecord, blobs: Mapping[str, bytes], head: Head | None = None
+) -> Restored:
     """The lineage's restores, each where the agent still sends that message, and a new
-    one for the lineage's tail when the request sends it with a block dropped.  Each
-    restored item's parse is set to the recorded item, so the parse is what is
-    forwarded."""
-    out = Restored(restores=parent.restores)
+    one for the lineage's tail when the request sends it with a block dropped (or for its
+    first message: ``head``).  Each restored item's parse is set to the recorded item, so
+    the parse is what is forwarded."""
+    restores = parent.restores
+    if head is not None:
+        restores = (*(r for r in restores if r[0] != 0), (0, head.agent, head.ref))
+    out = Restored(restores=restores)
     indices: set[int] = set()
-    for index, agent, ref in parent.restores:
+    for index, agent, ref in restores:
         item, path, raw = _item(prep, index), item_path(prep, index), blobs.get(ref)
         if item is None or path is None or raw is None or item_hash(prep, item) != agent:
             continue
@@ -289,15 +432,20 @@ __all__ = [
     "MAX_RESTORES",
     "RULE",
     "TAIL",
+    "Head",
     "Restored",
     "dropped_block",
+    "is_template",
     "item_hash",
     "item_path",
+    "match_head",
     "recorded_item",
     "refs",
     "relinked",
     "restore",
     "stem",
     "tail",
+    "template_link",
+    "templates",
     "without_notes",
 ]

@@ -120,3 +120,55 @@ def test_a_block_is_whole_parts_or_whole_lines() -> None:
     assert not recall.dropped_block(user("A\n\nB\n\nC"), user("A\n\nC"))  # a paragraph in the middle: an edit
     assert not recall.dropped_block(user(parts("a", "b")), user(parts("b", "a")))  # reordered
     assert not recall.dropped_block(user(parts(REMINDER, "x")), user(parts()))  # nothing of its own left
+
+
+# -- the messages before the first reply: the agent's environment block --------------------------
+def env(day: str, task: str) -> dict[str, Any]:
+    startup = (
+        "<system-reminder>\nThis is Quill. We are setting up the context for our chat.\n"
+        f"Today's date is {day}, November {27 if day == 'Friday' else 28}, 2026.\n"
+        "My operating system is: linux\n</system-reminder>"
+    )
+    return user(parts(startup, task))
+
+
+def test_a_resumed_session_gets_its_recorded_environment_and_is_told_the_date() -> None:
+    h = harness()
+    a = h.send(chat(env("Friday", "What does app.py do?")), reply=reply("It greets."))
+    h.send(chat(env("Friday", "Fix the tests.")), reply=reply("Fixed."))  # another conversation
+    out = h.send(chat(env("Saturday", "What does app.py do?"), reply("It greets."), user("Thanks.")))
+    assert out.role == "continuation" and out.record.id == a.record.id
+    assert item(out, 1) == item(a, 1)  # the recorded first message: its date pinned
+    assert (
+        out.body["messages"][-1]["content"] == "Thanks.\n\n(Note: the current date is now Saturday, November 28, 2026.)"
+    )
+    assert out.rewrites == ["learned.date"]
+    assert [(s.cls, s.scope) for s in out.outcome.learned] == [("date", "messages")]
+    # The next request of the resumed session: the same, the note where it was.
+    again = h.send(
+        chat(env("Saturday", "What does app.py do?"), reply("It greets."), user("Thanks."), reply("Ok."), user("Bye."))
+    )
+    assert again.record.id == a.record.id and item(again, 1) == item(a, 1)
+    assert again.body["messages"][3]["content"] == out.body["messages"][3]["content"]
+
+
+def test_a_line_no_other_conversation_has_is_the_users_and_reaches_the_upstream_as_sent() -> None:
+    # The user's own task with a date, changed: no other conversation of the tenant sent
+    # that line (a side request replaying this conversation does not count).
+    h = harness()
+    task = "Ship the release by 2026-05-14. Tell me what is left."
+    h.send(chat(user(task)), reply=reply("Two bugs."))
+    side = {"role": "system", "content": "You summarise conversations."}
+    h.send({"model": "m", "messages": [side, user(task), reply("Two bugs."), user("Summarise.")]}, reply=reply("S."))
+    h.send(chat(user("Other work, due 2026-06-01.")), reply=reply("Ok."))
+    body = chat(user(task.replace("05-14", "05-15")), reply("Two bugs."), user("And now?"))
+    out = h.send(body)
+    assert out.raw == orjson.dumps(body) and out.role == "root"
+
+
+def test_a_single_conversation_gives_no_evidence_of_a_template() -> None:
+    h = harness()
+    h.send(chat(env("Friday", "What does app.py do?")), reply=reply("It greets."))
+    body = chat(env("Saturday", "What does app.py do?"), reply("It greets."), user("Thanks."))
+    out = h.send(body)
+    assert out.raw == orjson.dumps(body)
