@@ -228,10 +228,10 @@ def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[lis
             j += 1
         elif j < len(new) and _is_text(part) and _is_text(new[j]) and _same_but_text(part, new[j]):
             spans = _text_values(part["text"], new[j]["text"])
-            if not spans:
-                return None
-            out += spans
-            j += 1
+            if spans:
+                out += spans
+                j += 1
+            # else: not this part with fresh values: a part dropped (new[j] is matched next)
         elif not _is_text(part):
             return None
     if j != len(new) or not out:

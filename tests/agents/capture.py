@@ -248,7 +248,7 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.agent or sorted(AGENTS):
         path = capture(AGENTS[name], args.out / f"{name}.jsonl.gz")
-        print(path, sum(1 for _ in gzip.open(path, "rt")), "requests")
+        print(path, len(load(name, args.out)), "requests")
 
 
 if __name__ == "__main__":
