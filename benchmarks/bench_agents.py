@@ -36,7 +36,8 @@ import orjson
 from canonicalize import Settings, match
 from proxy.config import load
 from proxy.offline import Offline
-from tests.agents.capture import AGENTS, DATA, load as load_trace
+from tests.agents.capture import AGENTS, DATA
+from tests.agents.capture import load as load_trace
 
 Json = dict[str, Any]
 
