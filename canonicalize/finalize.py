@@ -243,8 +243,11 @@ def _continuation(
     merged = dict(_first_values(prep.spans))
     merged.update(parent.pins)
     newest = _newest_user_hash(prep) if sig.last_user_index is not None and sig.last_user_index >= lookup.depth else ""
+    # The lineage's notes where their messages are now; one whose message the agent no
+    # longer sends is gone with it (and its date is told again if it still applies).
+    kept = tuple(_apply_notes(prep, parent.notes, rewrites, learned=learned is not None))
     added = notes.new_notes(
-        prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth, message=newest
+        prep.spans, parent.pins, kept, newest_user=sig.last_user_index, depth=lookup.depth, message=newest
     )
     skeleton, head = sig.skeleton, sig.head
     settled = learned.settle(blobs) if learned is not None else None
@@ -256,7 +259,7 @@ def _continuation(
             name = f"learned.{span.cls}"
             if name not in rewrites:
                 rewrites.append(name)
-        said = parent.notes + tuple(added)
+        said = kept + tuple(added)
         added += notes.told(settled.told, said, newest_user=sig.last_user_index, depth=lookup.depth, message=newest)
     changes: dict[str, Any] = {
         "identity": sig.identity or parent.identity,
@@ -264,9 +267,9 @@ def _continuation(
         "head": head,
         "pins": merged,
         "own_tools": own_tools,
-        "notes": parent.notes + tuple(added),
+        "notes": kept + tuple(added),
     }
-    _apply_notes(prep, changes["notes"], rewrites, learned=learned is not None)
+    _apply_notes(prep, added, rewrites, learned=learned is not None)
     structural: list[Op] = []
     if settled is not None and settled.tools is not None:  # descriptions pinned: the lineage's tools[]
         structural.append(SetValue(prep.exchange.tools_path(prep.body), settled.tools))
@@ -445,11 +448,14 @@ def _pin_learned(texts: Texts, prep: Prepared, learned: Learned, settled: Settle
     return True
 
 
-def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str], *, learned: bool = False) -> None:
+def _apply_notes(
+    prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str], *, learned: bool = False
+) -> list[notes.Note]:
     """The lineage's date notes, each on the user message it was first added to,
-    wherever the agent put it now (named by the date rule, else by learning's class)."""
+    wherever the agent put it now (named by the date rule, else by learning's class);
+    the notes placed, as recorded (their index now where the message is)."""
     if not recorded:
-        return
+        return []
     rule = next((s.rule.name for s in prep.spans if s.rule.action == "date"), None)
     history = prep.exchange.history(prep.body)
     known: dict[int, str | None] = {}
@@ -462,10 +468,12 @@ def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[
         return known[index]
 
     # Every place is found before a line is appended (the hashes are of the agent's messages).
+    out: list[notes.Note] = []
     for index, line in notes.placed(recorded, hashes, len(history) + prep.offset):
         slot = prep.exchange.note_slot(prep.body, index - prep.offset) if index >= prep.offset else None
         if slot is None:
             continue
+        out.append((index, line, known.get(index) or ""))
         prep.originals.setdefault(slot.path, (slot, slot.get()))
         slot.set(notes.appended(slot.get(), line))
         if notes.is_time(line) and (learned or rule is None):
@@ -474,6 +482,7 @@ def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[
             name = rule or ("learned.date" if learned else "date")
         if name not in rewrites:
             rewrites.append(name)
+    return out
 
 
 def message_hash(prep: Prepared, msg: Any) -> str:
