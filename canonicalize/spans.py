@@ -30,6 +30,7 @@ from canonicalize.identity import hash_text
 
 CONTEXT = 32  # characters of a span's line a rule keeps as its context (at least)
 TOLD = ("time", "date")  # classes whose current value the model is told in a note
+RULE_SCOPES = ("system", "tools")  # where a rule can pin a learned span (not ``messages``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,8 @@ class Span:
 
     ``old`` and ``new`` are the values (never logged); ``line`` / ``at`` and
     ``old_line`` / ``old_at`` the line holding the span and where in it, now and
-    before; ``scope`` is ``system`` or ``tools``; ``key`` names the span's place: a
+    before; ``scope`` is ``system``, ``tools`` or ``messages`` (the messages before the
+    first reply, :mod:`canonicalize.recall`: no rule pins those); ``key`` names the span's place: a
     hash of its line with every changed span masked, and which of them it is (the
     same turn after turn while only values change)."""
 
@@ -61,8 +63,8 @@ class Span:
     def suggest(self) -> tuple[str, str] | None:
         """The rule's pattern (the span in group ``v``) and name; None for ``other``, or
         when no pattern with context from the line matches the span before and now."""
-        if self.cls == "other":
-            return None
+        if self.cls == "other" or self.scope not in RULE_SCOPES:
+            return None  # (a value in the messages: no rule pins it, learning does)
         found = rule_for(self.line, *self.at, self.cls, self.old)
         if found is None or not _matches(found[0], self.old_line, *self.old_at):
             return None

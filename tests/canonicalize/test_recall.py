@@ -172,3 +172,24 @@ def test_a_single_conversation_gives_no_evidence_of_a_template() -> None:
     body = chat(env("Saturday", "What does app.py do?"), reply("It greets."), user("Thanks."))
     out = h.send(body)
     assert out.raw == orjson.dumps(body)
+
+
+def test_restores_are_bounded_per_lineage(monkeypatch: Any) -> None:
+    # Past MAX_RESTORES a lineage keeps no new one: that message is forwarded as sent.
+    monkeypatch.setattr(recall, "MAX_RESTORES", 1)
+    h = harness()
+    turns = [user("Hi."), reply("Hello."), user("Next."), reply("Ok."), user("Then."), reply("Done.")]
+    h.send(chat(user("Hi."), reply("Hello."), user("Next." + FORMAT)), reply=reply("Ok."))
+    second = h.send(chat(*turns[:4], user("Then." + FORMAT)), reply=reply("Done."))
+    assert "learned.history" in second.rewrites and len(second.record.restores) == 1
+    third = h.send(chat(*turns, user("Last.")))
+    assert third.body["messages"][5] == user("Then.") and len(third.record.restores) == 1
+    assert item(third, 3) == item(second, 3)  # the kept one still applies
+
+
+def test_a_root_records_at_most_max_templates_value_lines(monkeypatch: Any) -> None:
+    monkeypatch.setattr(recall, "MAX_TEMPLATES", 2)
+    lines = "\n".join(f"{name}: due 2026-05-{10 + i}" for i, name in enumerate(("Alpha", "Beta", "Gamma", "Delta")))
+    out = harness().send(chat(user(lines)), reply=reply("Ok."))
+    stems_and_templates = out.outcome.links[len(out.flow.prep.links) :]  # type: ignore[union-attr]
+    assert len(stems_and_templates) == 1 + 2
