@@ -13,9 +13,12 @@ prompt again with fresh values.  The two texts are compared
 - ``suggest`` (the default): nothing the request forwards changes, nor its role;
   the spans are counted and each new pattern is logged once with a rule;
 - ``pin``: the request continues the lineage, and every span of a class but
-  ``other`` gets the value the lineage forwarded (its first one), as a ``pin``
-  rule would; for ``time`` and ``date`` the model is told the current value in a
-  note, as a ``date`` rule does (:mod:`canonicalize.notes`).  The edits are named
+  ``other`` gets the value the lineage forwarded, as a ``pin`` rule would, once
+  the evidence says it is a value (a ``counter`` only when its place has been
+  seen changing twice, with two different changes: :mod:`canonicalize.sightings`;
+  :meth:`Learned.settle` decides with the evidence the store returned); for
+  ``time`` and ``date`` the model is told the current value in a note, as a
+  ``date`` rule does (:mod:`canonicalize.notes`).  The edits are named
   ``learned.<class>``.  ``other`` changes reach the upstream as sent;
 - ``off``: nothing of this runs.
 
@@ -36,6 +39,9 @@ a value inside an edited line is ``other``, and the rule a span suggests is its
 generalized shape with its context (:mod:`canonicalize.spans`), never the
 value.  Nothing here crosses tenants: the store's lookups and blobs are the
 tenant's own.
+
+The messages before the first reply, and the blocks an agent drops from its
+history, are :mod:`canonicalize.recall`'s.
 
 Cost: an agent whose system text comes back as the lineage forwarded it (the
 packs' spans masked) never reaches this module; a request that does costs one
