@@ -192,8 +192,7 @@ def test_suggest_rules_stabilize_the_trace_as_learn_pin_does(lines: list[dict[st
         if ua.system_texts(line["agent"], a.out) == line["fixed"]
     }
     assert differ and all(
-        (s, t) in fixed
-        or (s in edited and any(ln["edits"] for ln in lines if (ln["session"], ln["turn"]) == (s, t)))
+        (s, t) in fixed or (s in edited and any(ln["edits"] for ln in lines if (ln["session"], ln["turn"]) == (s, t)))
         for s, t in differ
     )
     score = ua.score(lines, [f.out for f in by_rules])
