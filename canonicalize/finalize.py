@@ -24,15 +24,16 @@ from typing import Any
 
 import orjson
 
-from canonicalize import analysis, identity, notes, pins
+from canonicalize import analysis, chain, identity, notes, pins, recall
 from canonicalize.analysis import Prepared
 from canonicalize.edits import Op, SetString, SetValue
-from canonicalize.learn import Learned
+from canonicalize.jsonspan import Path
+from canonicalize.learn import Learned, Settled
 from canonicalize.lineage import Decision, Fingerprint, LineageRecord, Lookup, Role
 from canonicalize.memo import Memos
 from canonicalize.repair import branch, repair_fork, set_tools
 from canonicalize.ruleset import RuleSet
-from canonicalize.spans import Span
+from canonicalize.spans import TOLD, Span
 from canonicalize.texts import Texts
 
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
@@ -56,6 +57,12 @@ class Outcome:
     fork_signal: str | None = None
     depth: int = 0  # how many of the request's links were recorded (the prefix its parent shares)
     learned: tuple[Span, ...] = ()  # the spans learned from this request (canonicalize.learn)
+    # Blobs to store after the request besides the forwarded system part and tools[]: the
+    # evidence learning leaves (canonicalize.sightings), stored under these refs as is.
+    extra_blobs: dict[str, bytes] = field(default_factory=dict)
+    # Forwarded values to store as blobs after the request, each under its ref: the
+    # lineage's newest user message as forwarded (canonicalize.recall).
+    keep_items: tuple[tuple[Path, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -70,12 +77,24 @@ class _Applied:
     offered: frozenset[str] | None = None
     parent_fp: Fingerprint | None = None
     repaired: bool = False  # forwards a fork parent's system part and tools[]
+    extra_blobs: dict[str, bytes] = field(default_factory=dict)  # Outcome.extra_blobs
+    keep_items: list[tuple[Path, str]] = field(default_factory=list)  # Outcome.keep_items
+    extra_links: list[bytes] = field(default_factory=list)  # links the lineage owns besides its chain's
+    restored: recall.Restored | None = None  # messages forwarded as recorded
 
 
-def blobs_needed(prep: Prepared, decision: Decision) -> tuple[str, ...]:
+def blobs_needed(
+    prep: Prepared,
+    decision: Decision,
+    learned: Learned | None = None,
+    *,
+    lookup: Lookup | None = None,
+    keep_history: bool = False,
+) -> tuple[str, ...]:
     """The recorded blobs finalizing ``decision`` needs: a fork's parent's system
     and tools[]; a continuation's recorded tools[] when the request's tools mean
-    the same but are written differently."""
+    the same but are written differently, the evidence its learned spans need and
+    (``keep_history``, with its ``lookup``) the lineage's recorded messages."""
     parent = decision.parent
     if parent is None:
         return ()
@@ -83,9 +102,14 @@ def blobs_needed(prep: Prepared, decision: Decision) -> tuple[str, ...]:
         if parent.system_ref is None or parent.tools_ref is None:
             return ()
         return parent.system_ref, parent.tools_ref
+    out: tuple[str, ...] = ()
     if _recorded_tools(prep, parent) and parent.tools_ref is not None:
-        return (parent.tools_ref,)
-    return ()
+        out = (parent.tools_ref,)
+    if learned is not None and learned.pin:
+        out += learned.refs
+    if keep_history and lookup is not None:
+        out += tuple(r for r in recall.refs(prep, lookup, parent) if r not in out)
+    return out
 
 
 def finalize(
@@ -98,11 +122,16 @@ def finalize(
     new_id: str,
     blobs: dict[str, bytes],
     learned: Learned | None = None,
+    keep_history: bool = False,
+    head: recall.Head | None = None,
 ) -> Outcome:
     """Pins, date notes, the lineage's tools[] and fork repair, as edits, and what
     to record.  A fork (or a fork's own later request) whose parent's blobs are
     missing is forwarded as a new root, never half-repaired.  ``learned``: what the
-    request learned (:mod:`canonicalize.learn`); its pins apply to a continuation."""
+    request learned (:mod:`canonicalize.learn`); its pins apply to a continuation.
+    ``keep_history`` (``learn: pin``): the lineage keeps its newest user message as
+    forwarded and forwards it again when the agent drops a block from it
+    (:mod:`canonicalize.recall`)."""
     rewrites = list(prep.rewrites)
     parent = decision.parent
     fork_action = "disabled" if decision.fork_disabled else None
@@ -116,10 +145,64 @@ def finalize(
     else:
         pinned = learned if learned is not None and learned.pin else None
         applied = _continuation(rules, memos.texts, prep, lookup, parent, blobs, rewrites, fork_action, pinned)
+        if keep_history:
+            _keep_history(prep, lookup, parent, blobs, applied, rewrites, head)
+    if keep_history and applied.role != "fork":
+        _keep_tail(prep, lookup, applied)
     outcome = _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
     if learned is not None:
         outcome.learned = learned.spans
+    if head is not None and applied.restored is not None:
+        outcome.learned += head.spans
     return outcome
+
+
+def _keep_history(
+    prep: Prepared,
+    lookup: Lookup,
+    parent: LineageRecord,
+    blobs: dict[str, bytes],
+    applied: _Applied,
+    rewrites: list[str],
+    head: recall.Head | None,
+) -> None:
+    """The lineage's messages the agent dropped a block from (or, ``head``, changed the
+    values of its template lines in), forwarded as recorded; the model is told a date
+    or time it no longer sees."""
+    restored = recall.restore(prep, lookup, parent, blobs, head)
+    if not restored.ops:
+        return
+    applied.structural += restored.ops
+    applied.changes["restores"] = restored.restores
+    applied.restored = restored
+    names = [recall.RULE] if head is None or head.dropped else []
+    if head is not None and 0 in restored.indices:
+        names += [f"learned.{s.cls}" for s in head.spans]
+        told = [s.new for s in head.spans if s.cls in TOLD]
+        if told:
+            sig = prep.signals
+            said = applied.changes.get("notes", parent.notes)
+            added = notes.told(told, said, newest_user=sig.last_user_index, depth=0, message=_newest_user_hash(prep))
+            applied.changes["notes"] = tuple(said) + tuple(added)
+            _apply_notes(prep, added, rewrites, learned=True)
+    rewrites.extend(n for n in dict.fromkeys(names) if n not in rewrites)
+
+
+def _keep_tail(prep: Prepared, lookup: Lookup, applied: _Applied) -> None:
+    """The request's newest user message, new in it, kept as forwarded (the lineage's
+    tail); a root's stem too (:mod:`canonicalize.recall`)."""
+    found = recall.tail(prep, 0 if applied.role == "root" else lookup.depth)  # a root's every message is its own
+    if found is not None:
+        index, ref, path = found
+        applied.changes["tail"] = (index, ref)
+        applied.keep_items.append((path, ref))
+    if applied.role == "root":
+        if found is not None and found[0] == 0:
+            applied.changes["first"] = found[1]
+        stem = recall.stem(prep)
+        if stem is not None:
+            applied.extra_links.append(stem)
+        applied.extra_links += recall.templates(prep)
 
 
 def _root(prep: Prepared, new_id: str, fork_action: str | None) -> _Applied:
@@ -159,33 +242,38 @@ def _continuation(
     rewrites.extend(n for n in changed if n not in rewrites)
     merged = dict(_first_values(prep.spans))
     merged.update(parent.pins)
-    added = notes.new_notes(prep.spans, parent.pins, parent.notes, newest_user=sig.last_user_index, depth=lookup.depth)
+    newest = _newest_user_hash(prep) if sig.last_user_index is not None and sig.last_user_index >= lookup.depth else ""
+    # The lineage's notes where their messages are now; one whose message the agent no
+    # longer sends is gone with it (and its date is told again if it still applies).
+    kept = tuple(_apply_notes(prep, parent.notes, rewrites, learned=learned is not None))
+    added = notes.new_notes(
+        prep.spans, parent.pins, kept, newest_user=sig.last_user_index, depth=lookup.depth, message=newest
+    )
     skeleton, head = sig.skeleton, sig.head
-    if learned is not None:
-        scopes = {"tools"} if learned.tools is not None else set()
-        if _pin_learned(texts, prep, learned):
-            scopes.add("system")
+    settled = learned.settle(blobs) if learned is not None else None
+    if learned is not None and settled is not None:
+        if _pin_learned(texts, prep, learned, settled):
             # What the lineage forwards now: a request sending it again is this session's.
             skeleton, head = analysis.shape_of(rules, texts, prep.scope, [s.get() for s in prep.system_slots])
-        for span in learned.spans:
+        for span in settled.spans:
             name = f"learned.{span.cls}"
-            if span.scope in scopes and span.cls != "other" and name not in rewrites:
+            if name not in rewrites:
                 rewrites.append(name)
-        said = parent.notes + tuple(added)
-        added += notes.told(learned.told, said, newest_user=sig.last_user_index, depth=lookup.depth)
+        said = kept + tuple(added)
+        added += notes.told(settled.told, said, newest_user=sig.last_user_index, depth=lookup.depth, message=newest)
     changes: dict[str, Any] = {
         "identity": sig.identity or parent.identity,
         "skeleton": skeleton,
         "head": head,
         "pins": merged,
         "own_tools": own_tools,
-        "notes": parent.notes + tuple(added),
+        "notes": kept + tuple(added),
     }
-    _apply_notes(prep, changes["notes"], rewrites, learned=learned is not None)
+    _apply_notes(prep, added, rewrites, learned=learned is not None)
     structural: list[Op] = []
-    if learned is not None and learned.tools is not None:  # descriptions pinned: the lineage's tools[]
-        structural.append(SetValue(prep.exchange.tools_path(prep.body), learned.tools))
-        set_tools(prep.exchange, prep.body, orjson.loads(learned.tools))
+    if settled is not None and settled.tools is not None:  # descriptions pinned: the lineage's tools[]
+        structural.append(SetValue(prep.exchange.tools_path(prep.body), settled.tools))
+        set_tools(prep.exchange, prep.body, orjson.loads(settled.tools))
     elif _recorded_tools(prep, parent) and parent.tools_ref in blobs:
         blob = blobs[parent.tools_ref]
         structural.append(SetValue(prep.exchange.tools_path(prep.body), blob))
@@ -193,7 +281,10 @@ def _continuation(
         rewrites.append(TOOLS_RULE)
     elif tools is not None and tools.meaning != parent.tools_meaning:
         changes.update(tools_meaning=tools.meaning, tool_order=own_tools)
-    return _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
+    applied = _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
+    if settled is not None:
+        applied.extra_blobs = settled.writes
+    return applied
 
 
 def _fork(
@@ -294,19 +385,27 @@ def _outcome(
         start = 0
     else:
         start = max(lookup.depth - 1, 0)
+    depth = lookup.depth
+    if applied.restored is not None and applied.restored.new is not None:
+        # The agent's own form of the restored message from there on (its next request
+        # finds it), and the prefix shared is the lineage's whole history.
+        start = min(start, applied.restored.new)
+        depth = max(depth, applied.parent_fp.n_messages if applied.parent_fp is not None else depth)
     return Outcome(
         ops=ops,
         role=applied.role,
         rewrites=rewrites,
         record=record,
-        links=prep.links[start:],
+        links=[*prep.links[start:], *applied.extra_links],
         touch=touch,
         new_blobs=tuple(new_blobs),
         offered=applied.offered,
         fork_action=applied.fork_action,
         parent_fp=applied.parent_fp,
         fork_signal=decision.signal if repaired_now else None,
-        depth=lookup.depth,
+        depth=depth,
+        extra_blobs=applied.extra_blobs,
+        keep_items=tuple(applied.keep_items),
     )
 
 
@@ -336,27 +435,45 @@ def _restore(texts: Texts, prep: Prepared, recorded: dict[str, str]) -> list[str
     return changed
 
 
-def _pin_learned(texts: Texts, prep: Prepared, learned: Learned) -> bool:
-    """The system texts with the learned spans pinned, when they are still the texts
-    learning compared (the lineage's pack pins restored); True if they were set."""
+def _pin_learned(texts: Texts, prep: Prepared, learned: Learned, settled: Settled) -> bool:
+    """The system texts with the settled learned spans pinned, when they are still the
+    texts learning compared (the lineage's pack pins restored); True if they were set."""
     slots = prep.system_slots
-    if not learned.texts or len(learned.base) != len(slots):
+    if not settled.texts or len(learned.base) != len(slots):
         return False
     if any(s.get() != b for s, b in zip(slots, learned.base, strict=True)):
         return False
-    for slot, text in zip(slots, learned.texts, strict=True):
+    for slot, text in zip(slots, settled.texts, strict=True):
         slot.set(texts.intern(prep.scope, text))
     return True
 
 
-def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str], *, learned: bool = False) -> None:
-    """The lineage's date notes, each on the user message it was first added to
-    (named by the date rule, else by learning's class)."""
+def _apply_notes(
+    prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[str], *, learned: bool = False
+) -> list[notes.Note]:
+    """The lineage's date notes, each on the user message it was first added to,
+    wherever the agent put it now (named by the date rule, else by learning's class);
+    the notes placed, as recorded (their index now where the message is)."""
+    if not recorded:
+        return []
     rule = next((s.rule.name for s in prep.spans if s.rule.action == "date"), None)
-    for index, line in recorded:
+    history = prep.exchange.history(prep.body)
+    known: dict[int, str | None] = {}
+
+    def hashes(index: int) -> str | None:
+        if index not in known:
+            j = index - prep.offset
+            msg = history[j] if 0 <= j < len(history) else None
+            known[index] = message_hash(prep, msg) if msg is not None and prep.exchange.is_user(msg) else None
+        return known[index]
+
+    # Every place is found before a line is appended (the hashes are of the agent's messages).
+    out: list[notes.Note] = []
+    for index, line in notes.placed(recorded, hashes, len(history) + prep.offset):
         slot = prep.exchange.note_slot(prep.body, index - prep.offset) if index >= prep.offset else None
         if slot is None:
             continue
+        out.append((index, line, known.get(index) or ""))
         prep.originals.setdefault(slot.path, (slot, slot.get()))
         slot.set(notes.appended(slot.get(), line))
         if notes.is_time(line) and (learned or rule is None):
@@ -365,6 +482,20 @@ def _apply_notes(prep: Prepared, recorded: Sequence[notes.Note], rewrites: list[
             name = rule or ("learned.date" if learned else "date")
         if name not in rewrites:
             rewrites.append(name)
+    return out
+
+
+def message_hash(prep: Prepared, msg: Any) -> str:
+    """The hash of a history item as the agent sent it (where a date note goes)."""
+    return chain.digest(prep.exchange.canonical_message(msg))
+
+
+def _newest_user_hash(prep: Prepared) -> str:
+    """The hash of the request's newest user message ("" when it has none)."""
+    index = prep.signals.last_user_index
+    history = prep.exchange.history(prep.body)
+    j = -1 if index is None else index - prep.offset
+    return message_hash(prep, history[j]) if 0 <= j < len(history) else ""
 
 
 def _params(inherit_params: Sequence[str], prep: Prepared) -> dict[str, str]:

@@ -13,9 +13,12 @@ prompt again with fresh values.  The two texts are compared
 - ``suggest`` (the default): nothing the request forwards changes, nor its role;
   the spans are counted and each new pattern is logged once with a rule;
 - ``pin``: the request continues the lineage, and every span of a class but
-  ``other`` gets the value the lineage forwarded (its first one), as a ``pin``
-  rule would; for ``time`` and ``date`` the model is told the current value in a
-  note, as a ``date`` rule does (:mod:`canonicalize.notes`).  The edits are named
+  ``other`` gets the value the lineage forwarded, as a ``pin`` rule would, once
+  the evidence says it is a value (a ``counter`` only when its place has been
+  seen changing twice, with two different changes: :mod:`canonicalize.sightings`;
+  :meth:`Learned.settle` decides with the evidence the store returned); for
+  ``time`` and ``date`` the model is told the current value in a note, as a
+  ``date`` rule does (:mod:`canonicalize.notes`).  The edits are named
   ``learned.<class>``.  ``other`` changes reach the upstream as sent;
 - ``off``: nothing of this runs.
 
@@ -37,6 +40,9 @@ generalized shape with its context (:mod:`canonicalize.spans`), never the
 value.  Nothing here crosses tenants: the store's lookups and blobs are the
 tenant's own.
 
+The messages before the first reply, and the blocks an agent drops from its
+history, are :mod:`canonicalize.recall`'s.
+
 Cost: an agent whose system text comes back as the lineage forwarded it (the
 packs' spans masked) never reaches this module; a request that does costs one
 store call for the recorded texts, a line-level comparison with each candidate
@@ -45,12 +51,13 @@ lineage (at most the lookup's ``CANDIDATES``) and a token-level one with the clo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from canonicalize import pins, textdiff, values
+from canonicalize import pins, sightings, textdiff, values
 from canonicalize.analysis import Prepared
 from canonicalize.lineage import Decision, ForkPolicy, LineageRecord, Lookup, fork_signal
 from canonicalize.ruleset import LearnMode
@@ -61,7 +68,7 @@ Mode = LearnMode
 MODES: tuple[Mode, ...] = ("off", "suggest", "pin")
 CLASSES = values.CLASSES
 PINNED = CLASSES[:-1]  # every class but other
-REWRITES = tuple(f"learned.{c}" for c in PINNED)
+REWRITES = (*(f"learned.{c}" for c in PINNED), "learned.history")  # (history: canonicalize.recall)
 MIN_KEPT = 0.5  # share of the lineage's text a request must keep outside its "other" changes
 MAX_SPANS = 64  # value changes in one request: more is a different prompt, not fresh values
 SEP = "\n\x1e\n"  # between a request's system texts when they are compared as one
@@ -78,16 +85,59 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class Learned:
-    """What a request learned, and (``pin``) what it forwards because of it."""
+    """What a request learned, and (``pin``) what it may forward because of it: which
+    spans are pinned is settled with their evidence (:meth:`settle`)."""
 
     spans: tuple[Span, ...]  # every change found, ``other`` included
     decision: Decision  # the decision to finalize (``pin``: it continues ``parent``)
     lookup: Lookup  # the lookup to finalize with (``pin``: as deep as the parent is)
     pin: bool = False  # the pins below apply
     base: tuple[str, ...] = ()  # the system texts after the lineage's pack pins, which ``texts`` pin
-    texts: tuple[str, ...] = ()  # the system texts to forward
-    told: tuple[str, ...] = ()  # time / date values the model is told
-    tools: bytes | None = None  # the lineage's tools[] to forward (their descriptions' spans pinned)
+    compared: _Compared | None = None  # the system texts against the lineage's, value by value
+    tool_spans: tuple[Span, ...] = ()  # the spans of the tool descriptions
+    tools: bytes | None = None  # the lineage's tools[] (every difference a value in a description)
+
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """The evidence blobs settling the pins takes (:mod:`canonicalize.sightings`)."""
+        return sightings.refs(self.spans) if self.pin else ()
+
+    def settle(self, blobs: Mapping[str, bytes]) -> Settled:
+        """The pins, given the evidence blobs the store returned for :attr:`refs`."""
+        writes: dict[str, bytes] = {}
+        allowed: set[int] = set()
+        for i, span in enumerate(self.spans):
+            if span.cls == "other":
+                continue
+            verdict = sightings.judge(span, blobs)
+            writes.update(verdict.writes)
+            if verdict.pinned:
+                allowed.add(i)
+        system = [s for i, s in enumerate(self.spans) if i in allowed and s.scope == "system"]
+        tools_ok = self.tools is not None and all(
+            i in allowed for i, s in enumerate(self.spans) if s.scope == "tools" and s.cls != "other"
+        )
+        texts = self.compared.pinned({id(s) for s in system}) if self.compared is not None and system else None
+        kept = [s for s in self.spans if s.scope == "system" and s in system] if texts is not None else []
+        kept += [s for s in self.spans if s.scope == "tools" and s.cls != "other"] if tools_ok else []
+        return Settled(
+            spans=tuple(kept),
+            texts=texts or (),
+            tools=self.tools if tools_ok else None,
+            told=tuple(s.new for s in kept if s.cls in TOLD),
+            writes=writes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The learned pins a request forwards, and the evidence it leaves."""
+
+    spans: tuple[Span, ...]  # the spans pinned
+    texts: tuple[str, ...]  # the system texts to forward (empty: forwarded as they are)
+    tools: bytes | None  # the lineage's tools[] to forward
+    told: tuple[str, ...]  # time / date values the model is told
+    writes: dict[str, bytes]  # evidence blobs to store
 
 
 def learn_plan(prep: Prepared, lookup: Lookup, decision: Decision, policy: ForkPolicy) -> Plan | None:
@@ -194,17 +244,16 @@ def learn_spans(
             return keep if compared.diff.others else Learned(spans, Decision("fork", rec, signal), narrowed)
         decision, lookup = Decision("continuation", rec), narrowed
     tool_pins = [s for s in tools[0] if s.cls != "other"] if tools is not None and tools[1] is not None else []
-    pinned = compared.pinned() if compared is not None and system_pins else None
-    if pinned is None and not tool_pins:
+    if not system_pins and not tool_pins:
         return Learned(spans, decision, lookup)
     return Learned(
         spans,
         decision,
         lookup,
         pin=True,
-        base=compared.base if compared is not None and pinned is not None else (),
-        texts=pinned or (),
-        told=tuple(s.new for s in (*system_pins, *tool_pins) if s.cls in TOLD),
+        base=compared.base if compared is not None else (),
+        compared=compared if system_pins else None,
+        tool_spans=tuple(tool_pins),
         tools=tools[1] if tools is not None else None,
     )
 
@@ -236,15 +285,22 @@ class _Compared:
     old: str
     new: str
     base: tuple[str, ...]
+    _spans: tuple[Span, ...] = ()
 
     def spans(self) -> tuple[Span, ...]:
-        return spans_of(self.diff.changes, self.old, self.new, "system")
+        return self._spans
 
-    def pinned(self) -> tuple[str, ...] | None:
-        """The request's texts with every value change given the lineage's value."""
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_spans", spans_of(self.diff.changes, self.old, self.new, "system"))
+
+    def pinned(self, allowed: set[int]) -> tuple[str, ...] | None:
+        """The request's texts with every value change whose span (by ``id``) is in
+        ``allowed`` given the lineage's value."""
         out: list[str] = []
         pos = 0
-        for c in self.diff.values:
+        for c, span in zip(self.diff.changes, self._spans, strict=True):
+            if c.cls == "other" or id(span) not in allowed:
+                continue
             out += (self.new[pos : c.nstart], self.old[c.ostart : c.oend])
             pos = c.nend
         out.append(self.new[pos:])

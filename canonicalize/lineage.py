@@ -90,7 +90,7 @@ class LineageRecord:
     tools_ref: str | None = None
     tools_meaning: str = ""  # hash of the tools as a set of canonical schemas (key order ignored)
     params: dict[str, str] = field(default_factory=dict)  # inherit_params as forwarded: raw JSON text
-    notes: tuple[tuple[int, str], ...] = ()  # date notes: (history index, line), see canonicalize.notes
+    notes: tuple[tuple[int, str, str], ...] = ()  # date notes: (history index, line, message hash): canonicalize.notes
     fingerprint: Fingerprint | None = None
     requests: int = 0
     branch: int = 0  # forks: how many messages of the parent's history the fork replayed
@@ -106,6 +106,12 @@ class LineageRecord:
     at: float | None = None
     pauses: tuple[int, ...] = ()
     message_id: str | None = None
+    # learn: pin (canonicalize.recall): the lineage's newest user message as forwarded
+    # (its history index, the blob ref), and the messages it forwards as recorded
+    # because the agent dropped a block from them (index, the agent's hash, blob ref).
+    tail: tuple[int, str] | None = None
+    restores: tuple[tuple[int, str, str], ...] = ()
+    first: str | None = None  # the blob ref of its first message as its root forwarded it
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -143,6 +149,12 @@ class LineageRecord:
             out["ps"] = list(self.pauses)
         if self.message_id is not None:
             out["mi"] = self.message_id
+        if self.tail is not None:
+            out["tl"] = list(self.tail)
+        if self.restores:
+            out["rs"] = [list(r) for r in self.restores]
+        if self.first is not None:
+            out["fm"] = self.first
         return out
 
     @classmethod
@@ -164,7 +176,7 @@ class LineageRecord:
             tools_ref=d.get("tr"),
             tools_meaning=d.get("tm", ""),
             params={k: v for k, v in dict(d.get("par", {})).items() if isinstance(v, str)},
-            notes=tuple((int(i), str(t)) for i, t in d.get("no", ())),
+            notes=tuple((int(n[0]), str(n[1]), str(n[2]) if len(n) > 2 else "") for n in d.get("no", ())),
             fingerprint=Fingerprint.from_json(fp) if fp else None,
             requests=int(d.get("n", 0)),
             branch=int(d.get("b", 0)),
@@ -172,6 +184,9 @@ class LineageRecord:
             at=_at(d.get("at")),
             pauses=tuple(p for p in d.get("ps", ()) if isinstance(p, int) and not isinstance(p, bool)),
             message_id=d["mi"] if isinstance(d.get("mi"), str) else None,
+            tail=(int(d["tl"][0]), str(d["tl"][1])) if isinstance(d.get("tl"), list) and len(d["tl"]) == 2 else None,
+            restores=tuple((int(i), str(h), str(r)) for i, h, r in d.get("rs", ())),
+            first=d["fm"] if isinstance(d.get("fm"), str) else None,
         )
 
     @property

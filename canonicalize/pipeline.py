@@ -38,14 +38,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from canonicalize import analysis, chain, finalize, identity
+from canonicalize import analysis, chain, finalize, identity, recall
 from canonicalize.analysis import Prepared
 from canonicalize.bodies import Kept
 from canonicalize.finalize import Outcome
 from canonicalize.identity import ToolsId
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.learn import Learned, Plan, learn_plan, learn_spans
-from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, Lookup, classify
+from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, classify
 from canonicalize.memo import Memos
 from canonicalize.ruleset import RuleSet, Settings
 from canonicalize.wire.base import Exchange, Slot
@@ -129,9 +129,45 @@ class Canonicalizer:
         (:func:`canonicalize.learn.learn_spans`)."""
         return learn_spans(prep, lookup, decision, plan, blobs, self.settings.learn, self.rules.fork)
 
-    def blobs_needed(self, prep: Prepared, decision: Decision) -> tuple[str, ...]:
-        """The recorded blobs :meth:`finalize` needs for ``decision``."""
-        return finalize.blobs_needed(prep, decision)
+    def blobs_needed(
+        self, prep: Prepared, decision: Decision, learned: Learned | None = None, lookup: Lookup | None = None
+    ) -> tuple[str, ...]:
+        """The recorded blobs :meth:`finalize` needs for ``decision`` (and what ``prep``
+        learned: the evidence its pins take; with ``learn: pin`` and its ``lookup``, the
+        lineage's recorded messages)."""
+        return finalize.blobs_needed(prep, decision, learned, lookup=lookup, keep_history=self.keeps_history)
+
+    @property
+    def keeps_history(self) -> bool:
+        """``learn: pin``: lineages keep their newest user message as forwarded and
+        forward it again when the agent drops a block from it (:mod:`canonicalize.recall`)."""
+        return self.settings.learn == "pin"
+
+    def stem(self, prep: Prepared) -> bytes | None:
+        """The link that finds the lineage of a request whose first message lost a block
+        (:func:`canonicalize.recall.stem`); None: nothing to look for."""
+        if not self.keeps_history or prep.signals.first_assistant is None:
+            return None
+        return recall.stem(prep)
+
+    def stem_heads(self, prep: Prepared, found: Lookup) -> tuple[tuple[LineageRecord, ...], tuple[str, ...]]:
+        """Of the lineages the stem found, those ``prep`` may continue (roots of its
+        session identity that recorded their first message), and those messages' refs."""
+        recs = tuple(
+            r
+            for r in found.candidates
+            if r.kind == "root" and r.first is not None and r.identity == prep.signals.identity
+        )
+        return recs, tuple(dict.fromkeys(r.first for r in recs if r.first is not None))
+
+    def match_head(self, prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> recall.Head | None:
+        """How the request's first message relates to ``rec``'s recorded one
+        (:func:`canonicalize.recall.match_head`)."""
+        return recall.match_head(prep, rec, blobs)
+
+    def is_template(self, prep: Prepared, rec: LineageRecord, link: bytes, found: Lookup) -> bool:
+        """A value line is the agent's template (:func:`canonicalize.recall.is_template`)."""
+        return recall.is_template(prep, rec, link, found)
 
     def finalize(
         self,
@@ -142,10 +178,21 @@ class Canonicalizer:
         new_id: str,
         blobs: dict[str, bytes],
         learned: Learned | None = None,
+        head: recall.Head | None = None,
     ) -> Outcome:
-        """Step 3: :func:`canonicalize.finalize.finalize` (edits ``prep``'s parse)."""
+        """Step 3: :func:`canonicalize.finalize.finalize` (edits ``prep``'s parse); ``head``:
+        the lineage's first message to forward (found by :meth:`match_head`)."""
         return finalize.finalize(
-            self.rules, self.memos, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned
+            self.rules,
+            self.memos,
+            prep,
+            lookup,
+            decision,
+            new_id=new_id,
+            blobs=blobs,
+            learned=learned,
+            keep_history=self.keeps_history,
+            head=head,
         )
 
     def tools_id(self, exchange: Exchange, tool_list: list[Any], *, hold: bool = False) -> ToolsId | None:

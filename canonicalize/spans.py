@@ -14,7 +14,9 @@ from the context's words (``learned_request_id``).
 
 ``key`` names a span's place: its line with every changed span masked, so that
 the next turns of an agent (fresh values, same lines) find the place known and
-need no rule written again.
+need no rule written again.  ``place`` names it whatever else on the line changed:
+the line with every value on it masked, and which value it is (what the evidence
+of :mod:`canonicalize.sightings` is kept under).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from canonicalize.identity import hash_text
 
 CONTEXT = 32  # characters of a span's line a rule keeps as its context (at least)
 TOLD = ("time", "date")  # classes whose current value the model is told in a note
+RULE_SCOPES = ("system", "tools")  # where a rule can pin a learned span (not ``messages``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +40,8 @@ class Span:
 
     ``old`` and ``new`` are the values (never logged); ``line`` / ``at`` and
     ``old_line`` / ``old_at`` the line holding the span and where in it, now and
-    before; ``scope`` is ``system`` or ``tools``; ``key`` names the span's place: a
+    before; ``scope`` is ``system``, ``tools`` or ``messages`` (the messages before the
+    first reply, :mod:`canonicalize.recall`: no rule pins those); ``key`` names the span's place: a
     hash of its line with every changed span masked, and which of them it is (the
     same turn after turn while only values change)."""
 
@@ -50,6 +54,7 @@ class Span:
     old_line: str = ""
     old_at: tuple[int, int] = (0, 0)
     key: str = ""
+    place: str = ""
 
     @property
     def action(self) -> str:
@@ -58,8 +63,8 @@ class Span:
     def suggest(self) -> tuple[str, str] | None:
         """The rule's pattern (the span in group ``v``) and name; None for ``other``, or
         when no pattern with context from the line matches the span before and now."""
-        if self.cls == "other":
-            return None
+        if self.cls == "other" or self.scope not in RULE_SCOPES:
+            return None  # (a value in the messages: no rule pins it, learning does)
         found = rule_for(self.line, *self.at, self.cls, self.old)
         if found is None or not _matches(found[0], self.old_line, *self.old_at):
             return None
@@ -98,8 +103,22 @@ def spans_of(changes: Sequence[textdiff.Change], old: str, new: str, scope: str)
         masked.append(new[pos:last])
         key = hash_text(f"{scope}\x1f{c.cls}\x1f{''.join(masked)}\x1f{mine.index(c)}")
         at, old_at = (c.nstart - first, c.nend - first), (c.ostart - ofirst, c.oend - ofirst)
-        out.append(Span(c.cls, scope, o, n, line, at, old[ofirst:olast], old_at, key))
+        out.append(Span(c.cls, scope, o, n, line, at, old[ofirst:olast], old_at, key, place_of(scope, line, at[0])))
     return tuple(out)
+
+
+def place_of(scope: str, line: str, start: int) -> str:
+    """The place of the value starting at ``line[start]``: a hash of the line with every
+    value on it masked, and which of them it is (its other values changing or not)."""
+    masked: list[str] = []
+    which = 0
+    for kind, s, _, tok in values.token_list(line):
+        if values.is_value(kind):
+            which += s < start
+            masked.append("\x00")
+        else:
+            masked.append(tok)
+    return hash_text(f"{scope}\x1f{''.join(masked)}\x1f{which}")
 
 
 def _line(text: str, start: int, end: int) -> tuple[int, int]:

@@ -56,7 +56,9 @@ class Suggestions:
         return False
 
     def message(self, span: LearnedSpan, rule: dict[str, str] | None, *, pinned: bool) -> str:
-        where = "system text" if span.scope == "system" else "a tool description"
+        where = {"system": "system text", "tools": "a tool description"}.get(
+            span.scope, "messages before the first reply"
+        )
         done = "pinned" if pinned else f"not changed (canonicalize.learn: {self.mode})"
         if rule is None:
             return f"learned a volatile {span.cls} span in the {where}, {done}; no rule fits its context"

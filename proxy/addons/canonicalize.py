@@ -25,7 +25,8 @@ from collections.abc import Callable
 
 import orjson
 
-from canonicalize import Decision, JsonDoc, Learned, Lookup, Plan, Prepared
+from canonicalize import Decision, JsonDoc, Learned, LineageRecord, Lookup, Plan, Prepared
+from canonicalize.recall import Head
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.learned import Suggestions
@@ -65,6 +66,11 @@ class Canonicalize:
             lookup, flow.store_ok = Lookup(), False
         flow.lookup = lookup
         decision = canon.classify(prep, lookup)
+        head = None
+        if flow.store_ok and decision.role == "root" and not lookup.depth:
+            recalled = await self._recall(flow, prep)
+            if recalled is not None:
+                decision, lookup, head = recalled
         learned = None
         plan = canon.learning(prep, lookup, decision) if flow.store_ok else None
         if plan is not None:
@@ -72,7 +78,7 @@ class Canonicalize:
             if learned is not None:
                 decision, lookup = learned.decision, learned.lookup
         blobs: dict[str, bytes] = {}
-        refs = canon.blobs_needed(prep, decision)
+        refs = canon.blobs_needed(prep, decision, learned, lookup)
         if refs and flow.store_ok:
             try:
                 found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
@@ -82,10 +88,10 @@ class Canonicalize:
         new_id = self.new_id()
         if flow.big:
             outcome = await asyncio.to_thread(
-                canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned
+                canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned, head=head
             )
         else:
-            outcome = canon.finalize(prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned)
+            outcome = canon.finalize(prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned, head=head)
         flow.ops.extend(outcome.ops)
         flow.rewrites = outcome.rewrites
         if flow.store_ok:
@@ -115,6 +121,46 @@ class Canonicalize:
         if learned is not None:
             self.suggestions.note(flow.tenant, learned)
         return learned
+
+    async def _recall(self, flow: Flow, prep: Prepared) -> tuple[Decision, Lookup, Head] | None:
+        """The lineage of a request whose first message is the one the lineage forwarded
+        but for a dropped block or fresh values on the agent's template lines (``learn:
+        pin``, canonicalize.recall): found by its stem, the recorded message fetched and
+        compared, each changed line checked (another conversation of the tenant has it),
+        then the request's chain with the recorded message in place looked up again,
+        which the lineage must own whole.  Nothing found, or the store down: None."""
+        s, canon = self.s, self.s.canon
+        stem = canon.stem(prep)
+        if stem is None:
+            return None
+        try:
+            found = await s.guard.call(lambda: s.store.lookup(flow.tenant, [stem], None))
+            recs, refs = canon.stem_heads(prep, found)
+            if not recs:
+                return None
+            raw = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
+            blobs = {ref: b for ref, b in zip(refs, raw, strict=True) if b is not None}
+            for rec in recs:
+                head = canon.match_head(prep, rec, blobs)
+                if head is None or rec.fingerprint is None or not await self._templates(flow, prep, rec, head):
+                    continue
+                links = head.links
+                check = await s.guard.call(lambda: self._lookup_links(flow.tenant, links, None))  # noqa: B023
+                owners = {r.id for i, r in enumerate(check.candidates) if check.depth_of(i) == check.depth}
+                if check.depth >= rec.fingerprint.n_messages and rec.id in owners:
+                    return Decision("continuation", rec), Lookup(0, (rec,), None, (0,)), head
+        except StoreError:
+            return None
+        return None
+
+    async def _templates(self, flow: Flow, prep: Prepared, rec: LineageRecord, head: Head) -> bool:
+        """Every line whose values ``head`` changed is the agent's template (one lookup each)."""
+        s, canon = self.s, self.s.canon
+        for link in head.lines:
+            found = await s.guard.call(lambda: s.store.lookup(flow.tenant, [link], None))  # noqa: B023
+            if not canon.is_template(prep, rec, link, found):
+                return False
+        return True
 
     def _parse(self, flow: Flow) -> bool:
         """The body parsed by pieces of the tenant's recent bodies where they are equal."""
@@ -169,9 +215,12 @@ class Canonicalize:
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
-        links = prep.links
+        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent)
+
+    async def _lookup_links(self, tenant: str, links: list[bytes], declared: str | None) -> Lookup:
+        """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute)."""
         offset = max(len(links) - LOOKUP_LINKS, 0)
-        found = await self.s.store.lookup(tenant, links[offset:], prep.signals.declared_parent)
+        found = await self.s.store.lookup(tenant, links[offset:], declared)
         if not offset or not found.depth:
             return found
         return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))

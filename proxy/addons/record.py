@@ -77,6 +77,9 @@ class Record:
                 )
             else:
                 blobs = {}
+            blobs.update(outcome.extra_blobs)  # what learning leaves (evidence), stored as is
+            if outcome.keep_items:  # forwarded messages a lineage keeps (learn: pin)
+                blobs.update(self._items(flow, outcome))
             record = outcome.record if flow.replica is None else outcome.record.evolve(replica=flow.replica)
             message_id = flow.reply.usage.message_id if flow.keep_message_id and flow.reply is not None else None
             if message_id is not None and flow.status < 400:  # the next turn's diagnostics.previous_message_id
@@ -107,6 +110,17 @@ class Record:
         self._written[(tenant, ref)] = None
         if len(self._written) > WRITTEN:
             self._written.popitem(last=False)
+
+    @staticmethod
+    def _items(flow: Flow, outcome: Outcome) -> dict[str, bytes]:
+        """The forwarded values the outcome names, by their refs."""
+        doc = JsonDoc(flow.out)
+        out: dict[str, bytes] = {}
+        for path, ref in outcome.keep_items:
+            span = doc.span(path)
+            if span is not None:
+                out[ref] = doc.raw[span[0] : span[1]]
+        return out
 
     @staticmethod
     def _blobs(flow: Flow, outcome: Outcome, wanted: tuple[str, ...]) -> dict[str, bytes]:

@@ -82,12 +82,15 @@ def test_pin_keeps_the_lineages_first_values_and_tells_the_time() -> None:
     h = harness("pin")
     first, out = two_turns(h, system(clock="14:31:02", rid=UUID2, used="13,001"))
     assert out.role == "continuation" and out.record.id == first.record.id
-    assert sys_of(out) == system()
-    assert out.rewrites == ["learned.time", "learned.uuid", "learned.counter"]
+    # A clock and an id are pinned on sight; a counter's first change reaches the upstream.
+    assert sys_of(out) == system(used="13,001")
+    assert out.rewrites == ["learned.time", "learned.uuid"]
     assert out.body["messages"][-1]["content"] == "Strip it, then.\n\n(Note: the current time is now 14:31:02.)"
-    # The next turn: still the first values; the note stays on its message, a new one is added.
+    # The next turn: the counter's line changed again (another change): now it is pinned
+    # too; the note stays on its message, a new one is added.
     third = h.send(chat(system(clock="14:32:40", rid=UUID3, used="14,200"), U1, R1, U2, R2, U3))
-    assert third.role == "continuation" and sys_of(third) == system()
+    assert third.role == "continuation" and sys_of(third) == system(used="13,001")
+    assert third.rewrites == ["learned.time", "learned.uuid", "learned.counter"]
     messages = third.body["messages"]
     assert messages[3]["content"] == "Strip it, then.\n\n(Note: the current time is now 14:31:02.)"
     assert messages[-1]["content"] == "Thanks.\n\n(Note: the current time is now 14:32:40.)"
@@ -324,3 +327,77 @@ def test_a_lineage_of_another_wire_api_with_the_same_messages_is_never_learned_f
     h.send(_messages(system(clock="14:30:30", rid=UUID3), U1), exchange=MESSAGES, reply=R1)
     out = h.send(chat(system(clock="14:31:02", rid=UUID2), U1, R1, U2))
     assert out.role == "continuation" and out.record.id == mine.record.id and sys_of(out) == system()
+
+
+# -- evidence: a number changed once is an edit --------------------------------------------------
+def _rules(limit: str, words: str, clock: str = "14:30:15") -> str:
+    return (
+        f"You are Atlas.\nCurrent time: {clock}\nNever make more than {limit} tool calls.\n"
+        f"Answer in under {words} words.\n\n{GUIDE}"
+    )
+
+
+def test_a_number_changed_once_reaches_the_upstream_as_sent() -> None:
+    h = harness("pin")
+    h.send(chat(_rules("3", "200"), U1), reply=R1)
+    out = h.send(chat(_rules("30", "50", clock="14:31:02"), U1, R1, U2), reply=R2)
+    assert out.role == "continuation"
+    assert sys_of(out) == _rules("30", "50")  # the edits as sent, the clock pinned
+    assert "learned.counter" not in out.rewrites
+    # Kept: the next turn sends what was forwarded, nothing changes there.
+    again = h.send(chat(_rules("30", "50", clock="14:32:00"), U1, R1, U2, R2, U3))
+    assert sys_of(again) == _rules("30", "50")
+
+
+def test_the_same_edit_in_another_session_is_still_one_change() -> None:
+    # An operator's edit every session of the tenant picks up: the same change twice.
+    h = harness("pin")
+    a, b = {"role": "user", "content": "Session A."}, {"role": "user", "content": "Session B."}
+    h.send(chat(_rules("3", "200"), a), reply=R1)
+    h.send(chat(_rules("3", "200", clock="14:30:20"), b), reply=R1)
+    h.send(chat(_rules("30", "200", clock="14:31:00"), a, R1, U2))
+    out = h.send(chat(_rules("30", "200", clock="14:31:05"), b, R1, U2))
+    assert "Never make more than 30 tool calls" in sys_of(out)
+
+
+def test_a_line_seen_changing_twice_is_a_counter() -> None:
+    h = harness("pin")
+    h.send(chat(system(used="12,345"), U1), reply=R1)
+    second = h.send(chat(system(used="13,001"), U1, R1, U2), reply=R2)
+    assert sys_of(second) == system(used="13,001")
+    third = h.send(chat(system(used="14,200"), U1, R1, U2, R2, U3))
+    assert sys_of(third) == system(used="13,001") and "learned.counter" in third.rewrites
+
+
+def test_evidence_is_the_tenants_own() -> None:
+    # Tenant 1's counter line changed twice (a counter now); tenant 2's first change on
+    # the very same line is still one change: forwarded as sent.
+    h = harness("pin")
+    h.send(chat(system(used="12,345"), U1), reply=R1)
+    h.send(chat(system(used="13,001"), U1, R1, U2), reply=R2)
+    assert "learned.counter" in h.send(chat(system(used="14,200"), U1, R1, U2, R2, U3)).rewrites
+    other = {"authorization": "Bearer sk-2"}
+    h.send(chat(system(used="12,345"), U1), reply=R1, headers=other)
+    out = h.send(chat(system(used="13,001"), U1, R1, U2), headers=other)
+    assert out.role == "continuation" and sys_of(out) == system(used="13,001")
+    assert "learned.counter" not in out.rewrites
+
+
+def test_the_date_note_stays_on_its_message_when_the_agent_lays_its_history_out_anew() -> None:
+    # An agent that re-lays its history (aider puts its files message after the restored
+    # turns): the note moves with the message it was added to, and says that request's date.
+    h = harness("pin")
+
+    def prompt(date: str) -> str:
+        return f"You are Atlas.\n- Current date: {date}\n\n{GUIDE}"
+
+    files = {"role": "user", "content": "I have added these files to the chat: app.py"}
+    h.send(chat(prompt("2026-05-14"), U1), reply=R1)
+    second = h.send(chat(prompt("2026-05-15"), U1, R1, U2), reply=R2)
+    note = "\n\n(Note: the current date is now 2026-05-15.)"
+    assert second.body["messages"][3]["content"] == "Strip it, then." + note
+    third = h.send(chat(prompt("2026-05-15"), U1, R1, files, U2, R2, U3))
+    messages = third.body["messages"]
+    assert messages[3] == files and messages[4]["content"] == "Strip it, then." + note
+    assert messages[-1]["content"] == "Thanks."
+    assert sys_of(third) == prompt("2026-05-14")

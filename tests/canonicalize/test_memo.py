@@ -253,9 +253,9 @@ def test_signals_at_a_depth_are_the_signals_built_with_it() -> None:
 def test_an_evolved_record_is_the_record_built_with_the_changes() -> None:
     from canonicalize import LineageRecord
 
-    rec = LineageRecord(id="a", pins={"k": "v"}, notes=((1, "n"),), requests=3)
+    rec = LineageRecord(id="a", pins={"k": "v"}, notes=((1, "n", "h"),), requests=3)
     assert rec.evolve(requests=4, head="h") == LineageRecord(
-        id="a", pins={"k": "v"}, notes=((1, "n"),), requests=4, head="h"
+        id="a", pins={"k": "v"}, notes=((1, "n", "h"),), requests=4, head="h"
     )
     with pytest.raises(TypeError):
         rec.evolve(nonsense=1)

@@ -2,7 +2,7 @@
 agents no pack knows (tests.infra.unknown_agents) on the three wire APIs,
 streamed and not, each request answered with the reply the agent then replays
 (as a real agent would).  With ``learn: pin`` the upstream receives what a fixed
-agent sends; with ``suggest`` it receives what ``off`` forwards, byte for byte."""
+agent sends, but for a counter's first change; with ``suggest`` it receives what ``off`` forwards, byte for byte."""
 
 from __future__ import annotations
 
@@ -61,7 +61,9 @@ def test_pin_sends_the_upstream_what_a_fixed_agent_would(
     received = [r["body"] for r in recorder.requests()]
     score = ua.score(lines, received)
     assert score.leaks == 0 and score.edits and score.edits_pinned == 0
-    assert score.share >= 0.95, score.misses
+    # A counter's first change reaches the upstream (one change is no evidence); every
+    # other value is pinned: what a prefix cache serves is >= 95% of a fixed agent's.
+    assert score.kept >= 0.95, score.misses
     roles = [r.headers["x-prefixpin-role"] for r in answers]
     assert roles.count("root") == len({line["session"] for line in lines})
     rewrites = {name for r in answers for name in r.headers.get("x-prefixpin-rewrites", "").split(",") if name}

@@ -329,6 +329,8 @@ def system_texts(agent: str, body: bytes | Json) -> list[str]:
 class Score:
     requests: int = 0
     fixed: int = 0  # forwarded the fixed agent's system texts
+    cached: int = 0  # system bytes a prefix cache serves from the session's previous request
+    cached_fixed: int = 0  # the same, for the fixed agent
     edits: int = 0  # requests with a legitimate edit in effect
     edits_pinned: int = 0  # of those, forwarded without the edit
     leaks: int = 0  # forwarded a value only another session sent
@@ -337,6 +339,11 @@ class Score:
     @property
     def share(self) -> float:
         return self.fixed / self.requests if self.requests else 0.0
+
+    @property
+    def kept(self) -> float:
+        """The share of the fixed agent's cacheable system bytes the run kept."""
+        return self.cached / self.cached_fixed if self.cached_fixed else 1.0
 
 
 def score(lines: Sequence[Json], forwarded: Sequence[bytes | Json]) -> Score:
@@ -347,6 +354,7 @@ def score(lines: Sequence[Json], forwarded: Sequence[bytes | Json]) -> Score:
         own.setdefault(line["session"], set()).update(line["values"])
         agents.setdefault(line["agent"], set()).update(line["values"])
     out = Score()
+    previous: dict[str, tuple[bytes, bytes]] = {}  # session: (forwarded, fixed) system bytes
     for line, body in zip(lines, forwarded, strict=True):
         texts = system_texts(line["agent"], body)
         out.requests += 1
@@ -354,6 +362,12 @@ def score(lines: Sequence[Json], forwarded: Sequence[bytes | Json]) -> Score:
             out.fixed += 1
         else:
             out.misses.append((line["session"], line["turn"]))
+        now = ("\x1e".join(texts).encode(), "\x1e".join(line["fixed"]).encode())
+        before = previous.get(line["session"])
+        if before is not None:
+            out.cached += _common(before[0], now[0])
+            out.cached_fixed += _common(before[1], now[1])
+        previous[line["session"]] = now
         joined = "\n".join(texts)
         if line["edits"]:
             out.edits += 1
@@ -363,6 +377,13 @@ def score(lines: Sequence[Json], forwarded: Sequence[bytes | Json]) -> Score:
         if any(value in joined for value in foreign):
             out.leaks += 1
     return out
+
+
+def _common(a: bytes, b: bytes) -> int:
+    """The length of the common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    i = next((i for i in range(n) if a[i] != b[i]), n)
+    return i
 
 
 def replayed(line: Json) -> Json | None:

@@ -57,8 +57,10 @@ def test_pin_forwards_what_a_fixed_agent_sends(lines: list[dict[str, Any]], repl
     assert score.leaks == 0
     assert score.edits == 14 and score.edits_pinned == 0
     # Without recorded replies two sessions that ask the same first thing and carry no
-    # value of their own in the prompt cannot be told apart: neither is continued.
-    assert score.share >= (0.99 if replies else 0.9), score.misses
+    # value of their own in the prompt cannot be told apart: neither is continued.  A
+    # counter's first change reaches the upstream (one change is no evidence): what a
+    # prefix cache serves of the system texts is what a fixed agent's would, but that.
+    assert score.kept >= (0.98 if replies else 0.9), score.misses
     assert all(f.role in ("root", "continuation") for f in flows)
 
 
@@ -168,7 +170,9 @@ def test_suggest_rules_stabilize_the_trace_as_learn_pin_does(lines: list[dict[st
     values = {v for line in lines for v in line["values"]}
     assert not any(v in r["pattern"] for v in values for r in rules)
     # Used as the config with learn: off, the rules forward the system texts learn: pin does,
-    # but for the sessions that edited their prompt (module proxy.cli.suggest), from the edit on.
+    # but for the sessions that edited their prompt (module proxy.cli.suggest), from the edit
+    # on, and a counter, which a rule pins from the first request on (learn: pin waits for
+    # its line to change twice): there the rules forward what the fixed agent sends.
     by_rules = run(
         lines,
         from_mapping(
@@ -182,8 +186,14 @@ def test_suggest_rules_stabilize_the_trace_as_learn_pin_does(lines: list[dict[st
         if ua.system_texts(line["agent"], a.out) != ua.system_texts(line["agent"], b.out)
     }
     edited = {line["session"] for line in lines if line["edits"]}
+    fixed = {
+        (line["session"], line["turn"])
+        for line, a in zip(lines, by_rules, strict=True)
+        if ua.system_texts(line["agent"], a.out) == line["fixed"]
+    }
     assert differ and all(
-        s in edited and any(ln["edits"] for ln in lines if (ln["session"], ln["turn"]) == (s, t)) for s, t in differ
+        (s, t) in fixed or (s in edited and any(ln["edits"] for ln in lines if (ln["session"], ln["turn"]) == (s, t)))
+        for s, t in differ
     )
     score = ua.score(lines, [f.out for f in by_rules])
     assert score.leaks == 0 and score.edits_pinned == 0
