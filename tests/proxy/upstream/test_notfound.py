@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from proxy.upstream.notfound import NotFound
+from proxy.upstream.notfound import MAX_PATHS, NotFound
 
 WHERE = "http://127.0.0.1:8080/v2/v1/chat/completions"
 PATH = "/v1/chat/completions"
@@ -70,3 +70,17 @@ def test_found_clears_the_mark() -> None:
     nf.answered(0, "POST", PATH, WHERE, 404, b"")
     nf.found(0)
     assert nf.missing(0) is None
+
+
+def test_paths_remembered_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """At most MAX_PATHS (replica, path) pairs: past it they are forgotten (a forgotten
+    path warns again), so a client inventing paths cannot grow the memory."""
+    nf = NotFound(clock=Clock())
+    with caplog.at_level(logging.WARNING, logger="prefixpin"):
+        nf.answered(0, "POST", PATH, WHERE, 404, b"")
+        nf.answered(0, "POST", PATH, WHERE, 404, b"")
+        assert len(_warnings(caplog)) == 1
+        for i in range(MAX_PATHS):
+            nf.answered(0, "POST", f"/openai/deployments/d{i}/chat/completions", WHERE, 404, b"")
+        nf.answered(0, "POST", PATH, WHERE, 404, b"")
+    assert len(_warnings(caplog)) == MAX_PATHS + 2
