@@ -174,7 +174,7 @@ def create_app(
             except PrefixpinError as exc:
                 if isinstance(exc, UpstreamError):
                     metrics.upstream_errors.labels(exc.metric_kind).inc()
-                    log.warning("upstream error on passthrough: %s (%s)", exc, exc.detail)
+                    log.warning("upstream error on passthrough: %s", exc.logged)
                 metrics.requests.labels("passthrough", "bypass", str(exc.status)).inc()
                 await responses.from_error(exc)(scope, receive, send)
                 return
@@ -188,7 +188,7 @@ def create_app(
                 # The upstream cut the body: the client's is cut too (the server aborts
                 # the connection, no terminating chunk), so the client can tell.
                 metrics.upstream_errors.labels("stream_cut").inc()
-                log.warning("the upstream cut a passthrough response; the client's is cut too (%s)", exc.detail)
+                log.warning("the upstream cut a passthrough response; the client's is cut too: %s", exc.logged)
                 raise
         finally:
             watch.close()

@@ -3,17 +3,19 @@
 Precedence: built-in defaults < YAML file (``--config`` or ``PREFIXPIN_CONFIG``) <
 environment (``PREFIXPIN_UPSTREAM``, ``PREFIXPIN_REDIS_URL``) < command-line
 flags.  Every error names the key and the problem, e.g.
-``store.backend: must be one of memory, redis (got 'mongo')``.  Environment
-variables are read here and nowhere else.  Secrets (a password in
+``store.backend: must be one of memory, redis (got 'mongo')``; one load reports
+every problem it finds, not only the first.  Environment variables are read
+here and nowhere else.  Secrets (a password in
 ``store.redis_url``) never appear in ``repr`` or in ``check-config`` output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -27,7 +29,31 @@ from proxy.redact import redact
 
 
 class ConfigError(ValueError):
-    """The configuration is invalid; ``str()`` names the key and the problem."""
+    """The configuration is invalid.  ``problems`` holds every problem found, each
+    naming its key; ``str()`` is all of them, one a line."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems: tuple[str, ...] = problems
+
+
+class _Problems:
+    """Collects the problems of one load, so that it reports all of them: a check
+    that raises ConfigError under :meth:`check` is noted and the load goes on."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as exc:
+            self.found.extend(exc.problems)
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise ConfigError(*self.found)
 
 
 def _hide_password(url: str) -> str:
@@ -393,58 +419,55 @@ def _rules(value: Any) -> tuple[UserRule, ...]:
     if not isinstance(value, list):
         raise ConfigError(f"canonicalize.rules: must be a list of rules (got {value!r})")
     out = []
-    known = {f.name for f in fields(UserRule)}
+    problems = _Problems()
     for i, item in enumerate(value):
-        key = f"canonicalize.rules[{i}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{key}: must be a mapping with name, pattern, action (got {item!r})")
-        for k in item:
-            if k not in known:
-                raise ConfigError(f"{key}.{k}: unknown key (known: {', '.join(sorted(known))})")
-        for required in ("name", "pattern", "action"):
-            if not isinstance(item.get(required), str) or not item.get(required):
-                raise ConfigError(f"{key}.{required}: is required and must be a non-empty string")
-        rule = UserRule(**dict(item))
-        try:
-            compile_rule(
-                rule.name,
-                rule.pattern,
-                rule.action,
-                rule.scope,
-                identity=bool(rule.identity),
-                replacement=str(rule.replacement),
-            )
-        except RuleError as exc:
-            raise ConfigError(f"{key} ({rule.name}): {exc}") from None
-        out.append(rule)
+        with problems.check():
+            out.append(_rule(f"canonicalize.rules[{i}]", item))
     names = [r.name for r in out]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
-        raise ConfigError(f"canonicalize.rules: duplicate rule name(s): {', '.join(sorted(dup))}")
+        problems.found.append(f"canonicalize.rules: duplicate rule name(s): {', '.join(sorted(dup))}")
+    problems.raise_any()
     return tuple(out)
+
+
+def _rule(key: str, item: Any) -> UserRule:
+    """One user rule, compiled once to check it."""
+    known = {f.name for f in fields(UserRule)}
+    if not isinstance(item, Mapping):
+        raise ConfigError(f"{key}: must be a mapping with name, pattern, action (got {item!r})")
+    problems = _Problems()
+    for k in item:
+        if k not in known:
+            problems.found.append(f"{key}.{k}: unknown key (known: {', '.join(sorted(known))})")
+    for required in ("name", "pattern", "action"):
+        if not isinstance(item.get(required), str) or not item.get(required):
+            problems.found.append(f"{key}.{required}: is required and must be a non-empty string")
+    problems.raise_any()
+    rule = UserRule(**dict(item))
+    try:
+        compile_rule(
+            rule.name,
+            rule.pattern,
+            rule.action,
+            rule.scope,
+            identity=bool(rule.identity),
+            replacement=str(rule.replacement),
+        )
+    except RuleError as exc:
+        raise ConfigError(f"{key} ({rule.name}): {exc}") from None
+    return rule
 
 
 def _prices(value: Any) -> tuple[tuple[str, Price], ...]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"provider_cache.prices: must be a mapping of model to prices (got {value!r})")
     out = []
-    names = [f.name for f in fields(Price)]
+    problems = _Problems()
     for model, item in value.items():
-        key = f"provider_cache.prices.{model}"
-        if not isinstance(model, str) or not model:
-            raise ConfigError(f"provider_cache.prices: model names must be non-empty strings (got {model!r})")
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{key}: must be a mapping with {', '.join(names)} (got {item!r})")
-        for k in item:
-            if k not in names:
-                raise ConfigError(f"{key}.{k}: unknown key (known: {', '.join(names)})")
-        numbers = {}
-        for name in names:
-            v = item.get(name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-                raise ConfigError(f"{key}.{name}: is required, USD per million tokens, 0 or more (got {v!r})")
-            numbers[name] = float(v)
-        out.append((model, Price(**numbers)))
+        with problems.check():
+            out.append((model, _price(model, item)))
+    problems.raise_any()
     return tuple(out)
 
 
@@ -463,38 +486,63 @@ def _min_tokens(value: Any) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _section(name: str, cls: Any, data: Any) -> Any:
+def _price(model: Any, item: Any) -> Price:
+    names = [f.name for f in fields(Price)]
+    key = f"provider_cache.prices.{model}"
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"provider_cache.prices: model names must be non-empty strings (got {model!r})")
+    if not isinstance(item, Mapping):
+        raise ConfigError(f"{key}: must be a mapping with {', '.join(names)} (got {item!r})")
+    problems = _Problems()
+    for k in item:
+        if k not in names:
+            problems.found.append(f"{key}.{k}: unknown key (known: {', '.join(names)})")
+    numbers = {}
+    for name in names:
+        v = item.get(name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            problems.found.append(f"{key}.{name}: is required, USD per million tokens, 0 or more (got {v!r})")
+        else:
+            numbers[name] = float(v)
+    problems.raise_any()
+    return Price(**numbers)
+
+
+def _section(name: str, cls: Any, data: Any, problems: _Problems) -> Any:
+    """The section ``name`` from ``data``; each key's problem goes to ``problems``
+    and that key keeps its default (so that the cross-field checks still run)."""
     if data is None:
         return cls()
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{name}: must be a mapping (got {data!r})")
+        problems.found.append(f"{name}: must be a mapping (got {data!r})")
+        return cls()
     defaults = cls()
     known = {f.name: f for f in fields(cls)}
     values: dict[str, Any] = {}
     for k, v in data.items():
         key = f"{name}.{k}"
         if k not in known:
-            raise ConfigError(f"{key}: unknown key (known: {', '.join(known)})")
+            problems.found.append(f"{key}: unknown key (known: {', '.join(known)})")
+            continue
         default = getattr(defaults, k)
         if is_dataclass(default):
-            values[k] = _section(key, type(default), v)
-        elif key in _OPTIONAL_STR:
-            values[k] = _optional_str(key, v)
-        elif key == "canonicalize.rules":
-            values[k] = _rules(v)
-        elif key == "listen.workers":
-            values[k] = _workers(v)
-        elif key == "affinity.llama_slots":
-            values[k] = _llama_slots(v)
-        elif key == "provider_cache.prices":
-            values[k] = _prices(v)
-        elif key == "provider_cache.min_tokens":
-            values[k] = _min_tokens(v)
-        elif isinstance(default, tuple):
-            values[k] = _str_list(key, v)
-        else:
-            values[k] = _check_scalar(key, v, default)
+            values[k] = _section(key, type(default), v, problems)
+            continue
+        with problems.check():
+            values[k] = _value(key, v, default)
     return replace(defaults, **values)
+
+
+def _value(key: str, value: Any, default: Any) -> Any:
+    """One key's value, checked (ConfigError naming the key)."""
+    special: Callable[[Any], Any] | None = _SPECIAL.get(key)
+    if special is not None:
+        return special(value)
+    if key in _OPTIONAL_STR:
+        return _optional_str(key, value)
+    if isinstance(default, tuple):
+        return _str_list(key, value)
+    return _check_scalar(key, value, default)
 
 
 # Keys whose default is null: a non-empty string or null.
@@ -529,6 +577,16 @@ def _llama_slots(value: Any) -> int | Literal["auto"]:
     return value
 
 
+# Keys with a reader of their own (the rest: by their default's type).
+_SPECIAL: dict[str, Callable[[Any], Any]] = {
+    "canonicalize.rules": _rules,
+    "listen.workers": _workers,
+    "affinity.llama_slots": _llama_slots,
+    "provider_cache.prices": _prices,
+    "provider_cache.min_tokens": _min_tokens,
+}
+
+
 def from_mapping(data: Any, environment: Environment | None = None) -> Config:
     """Build and validate a Config from parsed YAML (or any mapping)."""
     if data is None:
@@ -537,50 +595,88 @@ def from_mapping(data: Any, environment: Environment | None = None) -> Config:
         raise ConfigError(f"config: the top level must be a mapping (got {type(data).__name__})")
     sections = {f.name: f for f in fields(Config) if f.name != "environment"}
     values: dict[str, Any] = {}
+    problems = _Problems()
     for k, v in data.items():
         if k not in sections:
-            raise ConfigError(f"{k}: unknown key (known: {', '.join(sections)})")
-        values[k] = _section(k, sections[k].default_factory, v)
+            problems.found.append(f"{k}: unknown key (known: {', '.join(sections)})")
+            continue
+        values[k] = _section(k, sections[k].default_factory, v, problems)
     config = Config(**values, environment=environment or Environment())
-    validate(config)
+    with problems.check():
+        validate(config)
+    problems.raise_any()
     return config
 
 
 def validate(config: Config) -> None:
-    """Cross-field checks, shared by every way a Config is built."""
+    """Cross-field checks, shared by every way a Config is built: every check runs,
+    and one ConfigError lists what they found."""
+    problems = _Problems()
+    for check in _CHECKS:
+        with problems.check():
+            check(config)
+    problems.raise_any()
+
+
+def _validate_packs(config: Config) -> None:
     unknown = [p for p in config.canonicalize.packs if p not in PACKS]
     if unknown:
         raise ConfigError(f"canonicalize.packs: unknown pack(s) {', '.join(unknown)} (built-in: {', '.join(PACKS)})")
+
+
+def _validate_fork(config: Config) -> None:
+    problems = _Problems()
     for i, m in enumerate(config.fork.markers):
         try:
             re.compile(m)
         except re.error as exc:
-            raise ConfigError(f"fork.markers[{i}]: does not compile: {exc}") from None
+            problems.found.append(f"fork.markers[{i}]: does not compile: {exc}")
+    if config.fork.min_depth < 1:
+        problems.found.append(f"fork.min_depth: must be at least 1 (got {config.fork.min_depth})")
+    problems.raise_any()
+
+
+def _validate_limits(config: Config) -> None:
     if config.limits.max_concurrency < 0:
         raise ConfigError(f"limits.max_concurrency: must be 0 (no limit) or more (got {config.limits.max_concurrency})")
-    if config.fork.min_depth < 1:
-        raise ConfigError(f"fork.min_depth: must be at least 1 (got {config.fork.min_depth})")
-    _validate_tenancy(config)
+
+
+def _validate_upstream(config: Config) -> None:
     url = urlsplit(config.upstream.url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
-    _validate_affinity(config)
-    _validate_egress(config)
+
+
+def _validate_store(config: Config) -> None:
     if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in ("redis", "rediss", "unix"):
         raise ConfigError("store.redis_url: must be a redis://, rediss:// or unix:// URL")
-    config.settings()  # compiles user rules; raises ConfigError naming the rule
+
+
+def _validate_rules(config: Config) -> None:
+    problems = _Problems()
+    for i, r in enumerate(config.canonicalize.rules):
+        try:
+            compile_rule(r.name, r.pattern, r.action, r.scope, identity=r.identity, replacement=r.replacement)
+        except RuleError as exc:
+            problems.found.append(f"canonicalize.rules[{i}] ({r.name}): {exc}")
+    problems.raise_any()
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def _validate_tenancy(config: Config) -> None:
+    problems = _Problems()
     for i, name in enumerate(config.tenancy.credential_headers):
         if not _TOKEN.fullmatch(name):
-            raise ConfigError(f"tenancy.credential_headers[{i}]: not a header name (got {name!r})")
+            problems.found.append(f"tenancy.credential_headers[{i}]: not a header name (got {name!r})")
     for i, name in enumerate(config.tenancy.credential_params):
         if not name:
-            raise ConfigError(f"tenancy.credential_params[{i}]: must be a non-empty string")
+            problems.found.append(f"tenancy.credential_params[{i}]: must be a non-empty string")
+    problems.raise_any()
+
+
+def _validate_tenant_bounds(config: Config) -> None:
     store = config.store
     if store.tenant_max_entries <= store.max_links_per_request:
         raise ConfigError(
@@ -591,30 +687,32 @@ def _validate_tenancy(config: Config) -> None:
 
 
 def _validate_affinity(config: Config) -> None:
+    problems = _Problems()
     for i, u in enumerate(config.upstream.pool):
         parts = urlsplit(u)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"upstream.pool[{i}]: must be an http(s) URL (got {redact(u)!r})")
+            problems.found.append(f"upstream.pool[{i}]: must be an http(s) URL (got {redact(u)!r})")
     a = config.affinity
     if a.max_load < 1:
-        raise ConfigError(f"affinity.max_load: must be at least 1 (got {a.max_load})")
+        problems.found.append(f"affinity.max_load: must be at least 1 (got {a.max_load})")
     if config.listen.workers > 1 and config.store.backend != "redis":
-        raise ConfigError(
+        problems.found.append(
             f"listen.workers: {config.listen.workers} processes share lineages through Redis: set store.backend: "
             "redis (or PREFIXPIN_REDIS_URL); with the memory store each would have its own"
         )
     if a.llama_slots and config.listen.workers > 1:
-        raise ConfigError(
+        problems.found.append(
             f"listen.workers: must be 1 (or auto) with affinity.llama_slots: one process assigns the slots "
             f"(got {config.listen.workers})"
         )
     for i, name in enumerate(a.headers):
         if not _TOKEN.fullmatch(name):
-            raise ConfigError(f"affinity.headers[{i}]: not a header name (got {name!r})")
+            problems.found.append(f"affinity.headers[{i}]: not a header name (got {name!r})")
+    problems.raise_any()
 
 
-def _validate_egress(config: Config) -> None:
-    """The TLS files load, the proxy URLs are ones prefixpin can use."""
+def _validate_tls(config: Config) -> None:
+    """The TLS files load (the first that does not is the problem: the next ones depend on it)."""
     tls = config.upstream.tls
     for key, path in (("ca_file", tls.ca_file), ("cert_file", tls.cert_file), ("key_file", tls.key_file)):
         if path is not None and not os.access(path, os.R_OK):
@@ -632,23 +730,81 @@ def _validate_egress(config: Config) -> None:
             ctx.load_cert_chain(tls.cert_file, tls.key_file or None)
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"upstream.tls.cert_file: the certificate and key do not load ({exc})") from None
+
+
+def _validate_proxies(config: Config) -> None:
+    """The egress proxy URLs (configured, or from the environment) are ones prefixpin can use."""
     env = config.environment
+    problems = _Problems()
     for key, url in (
         ("upstream.proxy", None if config.upstream.proxy == "direct" else config.upstream.proxy),
         ("HTTPS_PROXY (environment)", env.https_proxy),
         ("HTTP_PROXY (environment)", env.http_proxy),
     ):
-        if url is None:
-            continue
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme.lower() not in ("http", "https"):
-            raise ConfigError(f"{key}: {parts.scheme}:// proxies are not supported (use an http:// or https:// proxy)")
-        try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError:
-            raise ConfigError(f"{key}: the port is not a number ({redact(url)})") from None
-        if not parts.hostname:
-            raise ConfigError(f"{key}: the proxy URL names no host ({redact(url)})")
+        if url is not None:
+            with problems.check():
+                _check_proxy(key, url)
+    problems.raise_any()
+
+
+def _check_proxy(key: str, url: str) -> None:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ConfigError(f"{key}: {parts.scheme}:// proxies are not supported (use an http:// or https:// proxy)")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ConfigError(f"{key}: the port is not a number ({redact(url)})") from None
+    if not parts.hostname:
+        raise ConfigError(f"{key}: the proxy URL names no host ({redact(url)})")
+
+
+# validate()'s checks, in the order their problems are listed.
+_CHECKS: tuple[Callable[[Config], None], ...] = (
+    _validate_packs,
+    _validate_fork,
+    _validate_limits,
+    _validate_tenancy,
+    _validate_tenant_bounds,
+    _validate_upstream,
+    _validate_affinity,
+    _validate_tls,
+    _validate_proxies,
+    _validate_store,
+    _validate_rules,
+)
+
+
+def config_file(
+    path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+) -> str | os.PathLike[str] | None:
+    """The file :func:`load` reads: ``path``, else ``$PREFIXPIN_CONFIG``, else none."""
+    env = os.environ if env is None else env
+    return path or env.get("PREFIXPIN_CONFIG") or None
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config file's YAML as a mapping (ConfigError naming the file, and the line
+    for a YAML error)."""
+    name = repr(str(path))
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {name}: cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {name}: is not UTF-8 text (byte {exc.start})") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = ": ".join(p for p in (exc.context, exc.problem) if p)
+        raise ConfigError(f"config file {name}{where}: is not valid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {name}: is not valid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, Mapping):
+        raise ConfigError(f"config file {name}: the top level must be a mapping (got {type(loaded).__name__})")
+    return dict(loaded or {})
 
 
 def load(
@@ -659,21 +815,8 @@ def load(
 ) -> Config:
     """Defaults < file < environment < ``overrides`` (dotted keys, from the CLI)."""
     env = os.environ if env is None else env
-    path = path or env.get("PREFIXPIN_CONFIG") or None
-    data: dict[str, Any] = {}
-    if path:
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"config file {str(p)!r}: cannot be read: {exc.strerror}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(p)!r}: is not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, Mapping):
-            raise ConfigError(f"config file {str(p)!r}: the top level must be a mapping")
-        data = dict(loaded or {})
+    path = config_file(path, env=env)
+    data = read_file(path) if path else {}
     dotted: dict[str, Any] = {}
     if env.get("PREFIXPIN_UPSTREAM"):
         dotted["upstream.url"] = env["PREFIXPIN_UPSTREAM"]

@@ -42,6 +42,11 @@ class PrefixpinError(Exception):
         super().__init__(message)
         self.detail = detail  # for the log only (already scrubbed)
 
+    @property
+    def logged(self) -> str:
+        """The message, with the detail in parentheses when there is one: for the log."""
+        return f"{self} ({self.detail})" if self.detail else str(self)
+
 
 class RequestRejected(PrefixpinError):
     status = 400

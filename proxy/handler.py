@@ -8,7 +8,8 @@
        next turn finds it whichever process serves it; see proxy.store.Store.shared)
 
 Every hook runs under one :class:`proxy.addons.Runner` that fails open.  The
-response carries ``x-prefixpin-role``, ``-lineage`` and ``-rewrites``.  An error
+response carries ``x-prefixpin-role``, ``-lineage`` and ``-rewrites`` (empty when
+no rule changed the request).  An error
 before the response started is answered in the API's own shape
 (:mod:`proxy.responses`); a stream the upstream cuts ends with an in-band error
 event.
@@ -115,7 +116,7 @@ class Handler:
         except PrefixpinError as exc:  # before the response started: the upstream failed, or the path is refused
             if isinstance(exc, UpstreamError):
                 self.s.metrics.upstream_errors.labels(exc.metric_kind).inc()
-                log.warning("upstream error on %s: %s (%s)", exchange.name, exc, exc.detail)
+                log.warning("upstream error on %s: %s", exchange.name, exc.logged)
             flow.status = exc.status
             response = responses.from_error(exc, exchange)
             response.raw_headers = _tag(response.raw_headers, flow)
@@ -151,10 +152,11 @@ class Handler:
         upstream = self.upstream
         if self.runner.pending:  # earlier responses' counting: while this one is with the upstream
             asyncio.get_running_loop().call_soon(self.runner.drain)
+        path = client_path(scope)
         with watch:
             resp = await upstream.send(
                 "POST",
-                client_path(scope),
+                path,
                 flow.query.decode("latin-1"),
                 headers,
                 flow.out,
@@ -167,10 +169,12 @@ class Handler:
             out_headers = raw_response_headers(resp.headers, drop=(b"content-encoding",) if decoder else ())
             flow.status = resp.status
             ctype = next((v for k, v in out_headers if k == b"content-type"), b"")
+            content = b""
             if resp.status < 400 and b"text/event-stream" in ctype:
                 await self._stream(send, resp, flow, _tag(out_headers, flow), sent, watch, decoder)
             else:
-                await self._whole(send, resp, flow, out_headers, sent, watch, decoder)
+                content = await self._whole(send, resp, flow, out_headers, sent, watch, decoder)
+            upstream.answered(resp.replica, path, resp.status, content)  # a 404: a wrong base path?
         finally:
             await resp.aclose()  # early (the client left): the upstream connection is closed
 
@@ -193,7 +197,8 @@ class Handler:
         sent: float,
         watch: ClientWatch,
         decoder: decode.Decoder | None,
-    ) -> None:
+    ) -> bytes:
+        """The whole answer, read, then sent; returns what was sent."""
         with watch:
             content = await resp.read()
         if decoder is not None:
@@ -218,6 +223,7 @@ class Handler:
         await send({"type": "http.response.body", "body": content})
         if reply is not None and not read_first:
             self._complete(flow, reply, content)
+        return content
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -258,7 +264,7 @@ class Handler:
             pass  # counted with the upstream's status, as the relay saw it
         except UpstreamError as exc:
             self.s.metrics.upstream_errors.labels("stream_cut").inc()
-            log.warning("the upstream cut a stream on %s: %s (%s)", flow.exchange.name, exc, exc.detail)
+            log.warning("the upstream cut a stream on %s: %s", flow.exchange.name, exc.logged)
             flow.status = 502
             cut = responses.stream_cut(flow.exchange, type(exc).__name__)
             await send({"type": "http.response.body", "body": cut})
@@ -320,8 +326,9 @@ def _tag(headers: list[tuple[bytes, bytes]], flow: Flow) -> list[tuple[bytes, by
     tags = [(b"x-prefixpin-role", flow.role.encode())]
     if flow.outcome is not None:
         tags.append((b"x-prefixpin-lineage", flow.outcome.record.id.encode()))
-    if flow.rewrites:
-        tags.append((b"x-prefixpin-rewrites", ",".join(flow.rewrites).encode()))
+    # Always there, empty when no rule changed the request: a client can tell "nothing
+    # changed" from "not through prefixpin".
+    tags.append((b"x-prefixpin-rewrites", ",".join(flow.rewrites).encode()))
     if flow.replica is not None:
         tags.append((b"x-prefixpin-replica", b"%d" % flow.replica))
     if flow.slot is not None:

@@ -128,6 +128,10 @@ class Metrics:
     """The metric families of one app."""
 
     def __init__(self, models: Iterable[str] = (), max_models: int = 50, rules: Iterable[str] = ()) -> None:
+        # No ``*_created`` series: one per counter and histogram child, they doubled the
+        # exposition and nothing reads them (rate() and increase() need no start time).
+        # A process-wide switch of prometheus_client (multiprocess mode has none anyway).
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         models = tuple(models)
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.model_label = ModelLabels(models, max_models)

@@ -115,7 +115,8 @@ class Pricing:
             self._loaded = True
             self._map = self._load_map()
             if self._map is None:
-                log.info("litellm is not installed: models not in provider_cache.prices are not priced")
+                # Said once, at DEBUG: without the litellm extra this is the normal case.
+                log.debug("litellm is not installed: models not in provider_cache.prices are not priced")
         if self._map is None:
             return None
         entry = self._map.get(model)

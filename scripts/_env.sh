@@ -10,11 +10,13 @@ ensure_venv() {  # $1: lock file
   if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
   fi
-  stamp="$VENV/.installed-$(sha256sum "$lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  stamp="$VENV/.installed-$(sha256sum "$lock" "$ROOT/requirements-build.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
   if [ ! -f "$stamp" ]; then
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --require-hashes -r "$lock"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" \
-      || "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$ROOT"
+    # setuptools from its own lock, with the rest: a fresh venv's (Debian's 66, no wheel)
+    # cannot build an editable install, and pip's build isolation would fetch an unpinned one.
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --require-hashes \
+      -r "$ROOT/requirements-build.lock" -r "$lock"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
     touch "$stamp"
   fi
   export PATH="$VENV/bin:$PATH"

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 import yaml
 
-from proxy.config import Config, ConfigError, load
+from proxy.config import Config, ConfigError, config_file, load
 
 
 def _load_or_exit(path: str | None, overrides: dict[str, object] | None = None) -> Config:
+    """The effective config, or exit 2 with every problem it has, each naming its key."""
     try:
         return load(path, overrides=overrides)
     except ConfigError as exc:
-        print(f"prefixpin: invalid configuration: {exc}", file=sys.stderr)
+        source = config_file(path)
+        named = any(p.startswith("config file ") for p in exc.problems)  # the file's own problem names it
+        where = f" ({source})" if source and not named else ""
+        if len(exc.problems) == 1:
+            print(f"prefixpin: invalid configuration{where}: {exc.problems[0]}", file=sys.stderr)
+        else:
+            print(f"prefixpin: invalid configuration{where}, {len(exc.problems)} problems:", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  {problem}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -46,6 +56,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = _load_or_exit(args.path)
+    if not config_file(args.path):
+        print("prefixpin: no config file (PATH or $PREFIXPIN_CONFIG): the built-in defaults", file=sys.stderr)
     data = config.public_dict()
     if args.json:
         print(json.dumps(data, indent=2))
@@ -102,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    check = sub.add_parser("check-config", help="validate a config and print the effective one")
-    check.add_argument("path")
+    check = sub.add_parser(
+        "check-config", help="validate a config and print the effective one; exit 2 listing every problem"
+    )
+    check.add_argument("path", nargs="?", help="YAML config file (default: $PREFIXPIN_CONFIG)")
     check.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     check.set_defaults(func=cmd_check_config)
 
@@ -152,6 +166,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `prefixpin audit ... | head`: the reader is gone, and so is the rest
+        _quiet_stdout()
+        return 141  # as a process SIGPIPE ended (128 + 13), like `cat` in the same pipe
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no second
+    BrokenPipeError (Python's documented recipe for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -226,15 +226,16 @@ class Connection(asyncio.Protocol):
     async def wait(self, fut: asyncio.Future[Any], timeout: float | None) -> Any:
         if timeout is None:
             return await fut
-        timer = self.loop.call_later(timeout, self._on_timeout, fut)
+        timer = self.loop.call_later(timeout, self._on_timeout, fut, timeout)
         try:
             return await fut
         finally:
             timer.cancel()
 
-    def _on_timeout(self, fut: asyncio.Future[Any]) -> None:
+    def _on_timeout(self, fut: asyncio.Future[Any], timeout: float) -> None:
         if not fut.done():
-            fut.set_exception(UpstreamTimeout("prefixpin timed out waiting for the upstream's response"))
+            detail = f"{self.where}: nothing in {timeout:g} s"
+            fut.set_exception(UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail))
 
     async def next_chunk(self, timeout: float | None) -> bytes | None:
         """The body bytes received so far (joined), or None at its end."""

@@ -30,9 +30,10 @@ from proxy.config import Config
 from proxy.errors import UpstreamError
 from proxy.metrics import Metrics
 from proxy.redact import redact
-from proxy.upstream.client import UpstreamClient
+from proxy.upstream.client import UpstreamClient, upstream_url
 from proxy.upstream.live import LiveLineages
 from proxy.upstream.message import Body, Response
+from proxy.upstream.notfound import NotFound
 from proxy.upstream.policy import NO_ROUTE, Policy, Replica, RoundRobin, Route, make_policy
 from proxy.upstream.transport import open_transport
 
@@ -87,6 +88,7 @@ class Pool:
         self.in_flight = [0] * len(self.clients)
         self.down_until = [0.0] * len(self.clients)
         self.live = LiveLineages(len(self.clients))
+        self.not_found = NotFound(clock=clock)
         if self.pooled:
             for i in range(len(self.clients)):
                 metrics.replica_requests.labels(str(i))
@@ -168,19 +170,42 @@ class Pool:
         resp.replica = index
         return resp
 
+    def answered(self, index: int, path: str, status: int, body: bytes) -> None:
+        """Replica ``index`` answered a wire route's POST to ``path`` with ``status``
+        (``body``: the start of its answer; proxy.upstream.notfound)."""
+        if status < 400 and self.not_found.served(index):
+            return  # the usual case, at once
+        where = redact(upstream_url(self.clients[index].base, path))
+        self.not_found.answered(index, "POST", path, where, status, body)
+
     async def health(self) -> list[str | None]:
-        """Each replica's problem (None when its ``/health`` answers below 500)."""
+        """Each replica's problem (None when its ``/health`` answers below 500, and a
+        wire route it answered with 404 is there when asked again)."""
         out: list[str | None] = []
         for i, client in enumerate(self.clients):
             try:
                 r = await client.send("GET", "/health", "", [], b"", timeout=2)
                 await r.aclose()
-                out.append(f"answered {r.status}" if r.status >= 500 else None)
+                out.append(f"answered {r.status}" if r.status >= 500 else await self._route(i))
             except UpstreamError as exc:
                 if exc.never_sent and self.pooled:
                     self.down_until[i] = self.clock() + self.retry_after_s
                 out.append(str(exc))  # names no URL
         return out
+
+    async def _route(self, index: int) -> str | None:
+        """A route the replica answered with 404, asked again: a POST of ``{}`` (no
+        generation can start from it) gets a 4xx of the route where there is one."""
+        path = self.not_found.missing(index)
+        if path is None:
+            return None
+        headers = [("content-type", "application/json")]
+        r = await self.clients[index].send("POST", path, "", headers, b"{}", timeout=2)
+        await r.aclose()
+        if r.status != 404:
+            self.not_found.found(index)
+            return None
+        return f"answers 404 to POST {path}: no such route under upstream.url's path (is that path right?)"
 
     def describe(self, index: int) -> str:
         return redact(self.clients[index].base)

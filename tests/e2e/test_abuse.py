@@ -294,6 +294,31 @@ def test_hang_after_connect_is_a_response_timeout(
     assert "waiting for the upstream's response" in message and "connecting" not in message
 
 
+def test_a_stream_that_stalls_is_cut_and_logged_with_where(
+    serve: Serve, upstream: Any, write_config: WriteConfig, log_dir: Path
+) -> None:
+    """A stream with nothing for upstream.timeout_s ends with an error event; the log
+    line says where and how long, and no line ends in an empty "()"."""
+
+    def script(conn: raw.Conn) -> None:
+        if conn.read_request() is not None:
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            conn.send(head + raw.chunk(b"data: " + raw.STREAM_EVENTS[0] + b"\n\n"))
+            conn.hang()
+
+    up = upstream(script)
+    proxy = serve(up.url, write_config({"upstream": {"timeout_s": 0.5}}))
+    with _http() as http:
+        r = http.post(proxy + "/v1/chat/completions", json={**BODY, "stream": True})
+    assert r.status_code == 200 and b"upstream_stream_cut" in r.content
+    line = (
+        "the upstream cut a stream on chat_completions: prefixpin timed out waiting for the upstream's "
+        f"response ({up.url}: nothing in 0.5 s)"
+    )
+    wait_until(lambda: line in prefixpin_logs(log_dir), message="the stream-timeout line")
+    assert not [ln for ln in prefixpin_logs(log_dir).splitlines() if ln.rstrip().endswith("()")]
+
+
 def test_hop_by_hop_and_own_headers_are_not_forwarded(serve: Serve, upstream: Any) -> None:
     def script(conn: raw.Conn) -> None:
         while conn.read_request() is not None:

@@ -76,6 +76,7 @@ def test_stream_cut_by_upstream_ends_cleanly(serve: Callable[..., str], recorder
     recorder.control(cut=True, content="hello world")
     with _http() as http, http.stream("POST", proxy + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
         assert r.status_code == 200
+        assert r.headers["x-prefixpin-rewrites"] == ""  # there, and empty: no rule changed it
         data = b"".join(r.iter_bytes())  # no exception: the HTTP stream itself ends properly
     events = [e for e in data.split(b"\n\n") if e.strip()]
     last = orjson.loads(events[-1].removeprefix(b"data: "))
@@ -151,6 +152,7 @@ def test_untouched_request_reaches_upstream_byte_identical(serve: Callable[..., 
         r = http.post(proxy + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 200
     assert r.headers["x-prefixpin-role"] == "root"
+    assert r.headers["x-prefixpin-rewrites"] == ""
     assert recorder.bodies() == [raw]
 
 

@@ -107,6 +107,7 @@ def test_a_lineage_continues_on_whichever_worker_serves_it(
     # /metrics is every worker's: both connections see all three requests.
     # (each worker counts a response a moment after it: DRAIN_S)
     wait_until(lambda: _requests_total(a) == _requests_total(b) == 3, message="every worker's /metrics sums all three")
+    assert "_created" not in a.get("/metrics").text  # no start-time series: they doubled the exposition
 
 
 def _pids(base: str) -> set[int]:

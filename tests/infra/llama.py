@@ -31,8 +31,10 @@ CACHE = Path(os.environ.get("PREFIXPIN_CACHE", Path.home() / ".cache" / "prefixp
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> None:
+    """Run a build step; its output goes to stderr, so that stdout holds only the paths
+    this module prints (``server=$(python -c '... print(ensure_server())')`` in scripts/image)."""
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    subprocess.run(cmd, cwd=cwd, check=True)
+    subprocess.run(cmd, cwd=cwd, check=True, stdout=sys.stderr.fileno())
 
 
 def _locked(name: str):  # type: ignore[no-untyped-def]

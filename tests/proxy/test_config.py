@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy.config import Config, ConfigError, from_mapping, load
 from tests.infra.procs import REPO, prefixpin_argv
@@ -21,15 +25,29 @@ def test_defaults_match_spec() -> None:
     assert c.tenancy.trust_header is False and c.metrics.enabled is True
 
 
-def test_example_config_is_valid_and_complete() -> None:
+def test_example_config_is_the_defaults_and_complete() -> None:
+    """Copying config.example.yaml changes nothing: it holds the defaults, and shows
+    the user rule it documents only as a comment."""
     c = load(REPO / "config.example.yaml", env={})
-    assert c.canonicalize.rules[0].name == "my_clock"
+    assert c == load(None, env={})
     text = (REPO / "config.example.yaml").read_text()
     plain = Config().public_dict()
     for section, keys in plain.items():
         assert f"{section}:" in text
         for key in keys:
             assert f"{key}:" in text, f"config.example.yaml does not document {section}.{key}"
+
+
+def test_example_configs_commented_rule_is_valid() -> None:
+    lines = (REPO / "config.example.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  # - name: my_clock"))
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("  # "):
+            break
+        block.append(line[4:])
+    rules = from_mapping({"canonicalize": {"rules": yaml.safe_load("\n".join(block))}}).canonicalize.rules
+    assert [(r.name, r.action, r.scope) for r in rules] == [("my_clock", "pin", "system")]
 
 
 @pytest.mark.parametrize(
@@ -147,3 +165,133 @@ def test_check_config_cli(tmp_path: Path) -> None:
     broken.write_text("listen: [\n")
     out = subprocess.run([*prefixpin_argv(), "serve", "--config", str(broken)], capture_output=True, text=True)
     assert out.returncode != 0 and "is not valid YAML" in out.stderr
+
+
+def check_config(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXPIN_")}
+    return subprocess.run(
+        [*prefixpin_argv(), "check-config", *args],
+        capture_output=True,
+        text=True,
+        env={**environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_every_problem_is_reported() -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping(
+            {
+                "listen": {"port": "x", "hots": 1},
+                "store": {"backend": "mongo"},
+                "canonicalize": {
+                    "packs": ["nope"],
+                    "rules": [{"name": "a"}, {"name": "b", "pattern": "(", "action": "pin"}],
+                },
+                "fork": {"markers": ["["], "min_depth": 0},
+                "foo": 1,
+                "upstream": {"url": "ftp://x", "tls": {"verify": "maybe"}},
+                "provider_cache": {"prices": {"m": {"input": -1}}},
+            }
+        )
+    found = info.value.problems
+    for key in (
+        "listen.port: must be an integer",
+        "listen.hots: unknown key",
+        "store.backend: must be one of memory, redis",
+        "canonicalize.packs: unknown pack(s) nope",
+        "canonicalize.rules[0].pattern: is required",
+        "canonicalize.rules[0].action: is required",
+        "canonicalize.rules[1] (b): pattern does not compile",
+        "fork.markers[0]: does not compile",
+        "fork.min_depth: must be at least 1",
+        "foo: unknown key",
+        "upstream.url: must be an http(s) URL",
+        "upstream.tls.verify: must be true or false",
+        "provider_cache.prices.m.input: is required",
+        "provider_cache.prices.m.output: is required",
+    ):
+        assert sum(p.startswith(key) for p in found) == 1, (key, found)
+    assert str(info.value) == "\n".join(found)
+
+
+def test_check_config_lists_every_problem_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: {port: x}\nstore: {backend: mongo}\ncanonicalize: {packs: [nope]}\n")
+    out = check_config(str(bad))
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"invalid configuration ({bad}), 3 problems:" in out.stderr
+    for problem in ("listen.port: must be", "store.backend: must be", "canonicalize.packs: unknown pack"):
+        assert f"\n  {problem}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"listen: [\n", "line 2, column 1: is not valid YAML"),
+        (b"a: b: c\n", "line 1, column 5: is not valid YAML: mapping values are not allowed here"),
+        (b"listen:\n\tport: 1\n", "line 2, column 1: is not valid YAML"),
+        (b"x: !!python/object:os.system {}\n", "is not valid YAML: could not determine a constructor"),
+        (b"\xff\xfe\x00", "is not UTF-8 text"),
+        (b"- a\n- b\n", "the top level must be a mapping (got list)"),
+    ],
+)
+def test_check_config_invalid_yaml_exits_2(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    out = check_config(str(path))
+    assert out.returncode == 2, out.stderr
+    assert f"config file {str(path)!r}" in out.stderr and message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_check_config_reads_prefixpin_config(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("listen: {port: 9123}\n")
+    out = check_config("--json", env={"PREFIXPIN_CONFIG": str(path)})
+    assert out.returncode == 0 and json.loads(out.stdout)["listen"]["port"] == 9123
+    path.write_text("listen: {port: 0}\n")
+    out = check_config(env={"PREFIXPIN_CONFIG": str(path)})
+    assert out.returncode == 2 and f"({path}): listen.port: must be greater than 0" in out.stderr
+    out = check_config("--json")  # neither: the defaults, and a word that they are
+    assert out.returncode == 0 and json.loads(out.stdout)["listen"]["port"] == 8787
+    assert "no config file" in out.stderr
+
+
+def test_serve_with_a_bad_config_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("store: {backend: mongo}\n")
+    out = subprocess.run(
+        [*prefixpin_argv(), "serve", "--config", str(path), "--port", "1"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "store.backend: must be one of memory, redis (got 'mongo')" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["check-config", "audit"])
+def test_no_traceback_when_the_reader_is_gone(tmp_path: Path, command: str) -> None:
+    """``prefixpin ... | head``: stdout's reader closed before prefixpin wrote (a pipe
+    with no reader, as head leaves it), and through a real ``head -1``."""
+    argv = [*prefixpin_argv(), command]
+    if command == "audit":
+        trace = tmp_path / "t.jsonl"
+        body = {"model": "m", "messages": [{"role": "user", "content": "x" * 200}]}
+        trace.write_text("".join(json.dumps({"t": i, "body": body}) + "\n" for i in range(300)))
+        argv += [str(trace), "--json", "--no-progress"]
+    else:
+        argv += [str(REPO / "config.example.yaml")]
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    finally:
+        os.close(write)
+    assert out.returncode == 141 and out.stderr == ""
+    piped = subprocess.run(
+        f"{shlex.join(argv)} | head -1", shell=True, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    assert piped.returncode == 0 and piped.stdout.strip() and piped.stderr == ""

@@ -28,3 +28,13 @@ def test_a_removed_series_starts_again_from_zero() -> None:
     m.upstream_errors.clear()
     m.upstream_errors.labels("connect").inc()
     assert 'prefixpin_upstream_errors_total{kind="connect"} 1.0' in generate_latest(m.registry).decode()
+
+
+def test_no_created_series() -> None:
+    """One ``*_created`` sample per counter and histogram child doubled /metrics; nothing reads them."""
+    m = Metrics()
+    m.requests.labels("chat_completions", "root", "200").inc()
+    m.request_duration.labels("chat_completions").observe(0.1)
+    text = generate_latest(m.registry).decode()
+    assert "prefixpin_requests_total" in text
+    assert "_created" not in text
