@@ -224,8 +224,8 @@ def test_audit_text_names_the_breaks_left(tmp_path: Path) -> None:
     out = _run(str(_causes_trace(tmp_path)), "--no-progress")
     assert out.returncode == 0, out.stderr
     assert "breaks after canonicalization" in out.stdout
-    assert "      3: L1 continuation, tools_changed, tools[2] at byte 0" in out.stdout
-    assert "      5: L2 root, system_changed, system at byte 13" in out.stdout
+    assert "  #2     L1 continuation, tools_changed, tools[2] at byte 0" in out.stdout  # #index: its line from 0
+    assert "  #4     L2 root, system_changed, system at byte 13" in out.stdout
     assert "uncached by cause:" in out.stdout
 
 
