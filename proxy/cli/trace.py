@@ -91,7 +91,8 @@ def _skip(text: str, i: int) -> int:
 
 def _members(text: str) -> tuple[Any, tuple[int, int] | None]:
     """The line's JSON value and, when it is an object, where its ``body`` member's
-    value is in ``text`` (json.loads's reading: the last of a repeated key wins)."""
+    value is in ``text``, between the colon and the next delimiter (json.loads's
+    reading: the last of a repeated key wins)."""
     i = _skip(text, 0)
     if text[i : i + 1] != "{":
         return json.loads(text), None
@@ -105,11 +106,11 @@ def _members(text: str) -> tuple[Any, tuple[int, int] | None]:
         i = _skip(text, i)
         if not isinstance(key, str) or text[i : i + 1] != ":":
             return json.loads(text), None  # its error
-        i = _skip(text, i + 1)
-        value, end = _DECODER.raw_decode(text, i)
+        colon = i + 1
+        value, end = _DECODER.raw_decode(text, _skip(text, colon))
         obj[key] = value
-        span = (i, end) if key == "body" else span
         i = _skip(text, end)
+        span = (colon, i) if key == "body" else span  # with the whitespace around it, as written
         if text[i : i + 1] == ",":
             i = _skip(text, i + 1)
             continue

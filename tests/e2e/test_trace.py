@@ -71,9 +71,7 @@ def serve_traced(log_dir: Path) -> Iterator[Callable[..., tuple[str, Proc]]]:
 
 def _samples(base: str, name: str) -> list[tuple[dict[str, str], float]]:
     text = httpx.get(base + "/metrics", trust_env=False, timeout=10).text
-    return [
-        (s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
-    ]
+    return [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
 
 def _metric(base: str, name: str, label: str) -> dict[str, float]:

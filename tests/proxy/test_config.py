@@ -74,6 +74,14 @@ def test_example_config_is_valid_and_complete() -> None:
             },
             "provider_cache.prices.m.cache_write_1h: unknown key",
         ),
+        (
+            {"trace": {"path": "/nonexistent-dir/t.jsonl"}},
+            "trace.path: the directory '/nonexistent-dir' does not exist",
+        ),
+        ({"trace": {"path": "/tmp"}}, "trace.path: '/tmp' is a directory, not a file"),
+        ({"trace": {"path": ""}}, "trace.path: must be a non-empty string or null"),
+        ({"trace": {"max_bytes": 0}}, "trace.max_bytes: must be greater than 0"),
+        ({"trace": {"keep": -1}}, "trace.keep: must be 0 or more rotated files (got -1)"),
     ],
 )
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
@@ -129,3 +137,14 @@ def test_check_config_cli(tmp_path: Path) -> None:
     broken.write_text("listen: [\n")
     out = subprocess.run([*prefixpin_argv(), "serve", "--config", str(broken)], capture_output=True, text=True)
     assert out.returncode != 0 and "is not valid YAML" in out.stderr
+
+
+def test_trace_defaults_and_the_serve_flag(tmp_path: Path) -> None:
+    c = load(None, env={})
+    assert (c.trace.path, c.trace.max_bytes, c.trace.keep) == (None, 256 * 2**20, 3)
+    flagged = load(None, env={}, overrides={"trace.path": str(tmp_path / "t.jsonl")})  # serve --trace PATH
+    assert flagged.trace.path == str(tmp_path / "t.jsonl")
+    parser_args = (
+        __import__("proxy.cli", fromlist=["build_parser"]).build_parser().parse_args(["serve", "--trace", "x.jsonl"])
+    )
+    assert parser_args.trace == "x.jsonl"
