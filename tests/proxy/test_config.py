@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.cli import build_parser
 from proxy.config import Config, ConfigError, from_mapping, load
 from tests.infra.procs import REPO, prefixpin_argv
 
@@ -144,7 +145,5 @@ def test_trace_defaults_and_the_serve_flag(tmp_path: Path) -> None:
     assert (c.trace.path, c.trace.max_bytes, c.trace.keep) == (None, 256 * 2**20, 3)
     flagged = load(None, env={}, overrides={"trace.path": str(tmp_path / "t.jsonl")})  # serve --trace PATH
     assert flagged.trace.path == str(tmp_path / "t.jsonl")
-    parser_args = (
-        __import__("proxy.cli", fromlist=["build_parser"]).build_parser().parse_args(["serve", "--trace", "x.jsonl"])
-    )
+    parser_args = build_parser().parse_args(["serve", "--trace", "x.jsonl"])
     assert parser_args.trace == "x.jsonl"
