@@ -58,14 +58,15 @@ class TraceFile:
         self.keep = keep
         self._fd: int | None = None
         self._regular = True
+        self._left = -1  # the file's size when this process last wrote to it (its last byte: a newline)
 
     def append(self, lines: Sequence[Line]) -> None:
         """Write ``lines`` at the end of the file, in order; :class:`AppendError` says
         how many were written when it fails (an :class:`OSError` before any was)."""
-        fd = self._locked()
+        fd, size = self._locked()
         written = 0
         try:
-            size = self._end(fd)
+            size = self._end(fd, size)
             group: list[Line] = []
             grouped = 0
             for line in lines:
@@ -74,12 +75,13 @@ class TraceFile:
                     self._write(fd, group, size)
                     written += len(group)
                     fd = self._rotate(fd)
-                    size = os.fstat(fd).st_size
+                    size = self._end(fd, os.fstat(fd).st_size)
                     group, grouped = [], 0
                 group.append(line)
                 grouped += n
             self._write(fd, group, size)
             written += len(group)
+            self._left = size + grouped
         except OSError as exc:
             raise AppendError(written, exc) from None
         finally:
@@ -94,17 +96,21 @@ class TraceFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            self._left = -1
 
     # -- under the lock -----------------------------------------------------------------
-    def _locked(self) -> int:
-        """The descriptor of the file now at ``path``, locked."""
+    def _locked(self) -> tuple[int, int]:
+        """The descriptor of the file now at ``path``, locked, and the file's size."""
         for _ in range(REOPEN_TRIES):
             if self._fd is None:
                 self._fd = self._open()
             fd = self._fd
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if not self._regular or self._current(fd):
-                return fd
+            if not self._regular:
+                return fd, 0
+            mine = os.fstat(fd)
+            if self._current(mine):
+                return fd, mine.st_size
             _unlock(fd)  # rotated by another process: its new file
             self.close()
         raise OSError(f"{self.path} was replaced {REOPEN_TRIES} times while this process tried to append to it")
@@ -118,27 +124,25 @@ class TraceFile:
         self._regular = stat.S_ISREG(os.fstat(fd).st_mode)
         return fd
 
-    def _current(self, fd: int) -> bool:
+    def _current(self, mine: os.stat_result) -> bool:
         try:
             now = os.stat(self.path)
         except FileNotFoundError:
             return False
-        mine = os.fstat(fd)
         return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
 
-    def _end(self, fd: int) -> int:
-        """The file's size, once a line a killed writer left open is ended."""
-        if not self._regular:
-            return 0
-        size = os.fstat(fd).st_size
-        if size:
-            try:
-                last = os.pread(fd, 1, size - 1)
-            except OSError:  # opened write-only
-                return size
-            if last != b"\n":
-                self._write(fd, [[b"\n"]], size)
-                size += 1
+    def _end(self, fd: int, size: int) -> int:
+        """The file's size, once a line a killed writer left open is ended (looked at
+        only when another process wrote since this one did)."""
+        if not self._regular or not size or size == self._left:
+            return size
+        try:
+            last = os.pread(fd, 1, size - 1)
+        except OSError:  # opened write-only
+            return size
+        if last != b"\n":
+            self._write(fd, [[b"\n"]], size)
+            size += 1
         return size
 
     def _write(self, fd: int, lines: Sequence[Line], size: int) -> None:
@@ -170,7 +174,7 @@ class TraceFile:
                 if older.exists():
                     os.replace(older, f"{self.path}.{i + 1}")
             os.replace(path, f"{self.path}.1")
-        self._fd = self._open()
+        self._fd, self._left = self._open(), -1
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         _unlock(fd)
         os.close(fd)

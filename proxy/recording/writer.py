@@ -4,6 +4,10 @@ The event loop only puts an :class:`~proxy.recording.line.Entry` in the queue
 (:meth:`Recorder.put`: never blocks, never raises).  A thread takes what the queue
 holds, encodes each entry (:class:`~proxy.recording.line.Encoder`) and appends the
 lines to the file in one locked write (:class:`~proxy.recording.file.TraceFile`).
+Woken by a first entry, the thread lets :data:`GATHER_S` pass before it takes the
+queue: under load it wakes (and takes the GIL from the event loop) a few times a
+second, not once per request, and each write carries many lines.  A line reaches
+the file that long after its response ended.
 
 Nothing here can fail a request.  A line that is not written (the queue is full,
 the disk is, the file cannot be opened) is counted in
@@ -30,6 +34,7 @@ MAX_BYTES = 64 << 20  # their bodies' bytes
 WARN_EVERY_S = 10.0
 _ENTRY_BYTES = 1024  # what an entry costs besides its body (headers, reply), roughly
 BATCH_LINES = 256  # lines the writer takes at once (one write)
+GATHER_S = 0.05  # how long the writer lets entries gather once one came
 
 
 class Recorder:
@@ -119,6 +124,8 @@ class Recorder:
                     self._cond.wait()
                 if not self._queue:
                     return
+                if not self._closing and len(self._queue) < BATCH_LINES:
+                    self._cond.wait(GATHER_S)  # more come meanwhile (close() cuts it short)
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH_LINES))]
                 self._bytes -= sum(len(e.body) + _ENTRY_BYTES for e in batch)
                 self._busy = True
