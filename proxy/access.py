@@ -24,6 +24,7 @@ from proxy.flow import Flow
 from proxy.front.server import ACCESS_NOTE, access_log
 
 __all__ = ["ACCESS_NOTE", "enabled", "note"]
+log = logging.getLogger("prefixpin")
 
 
 def enabled() -> bool:
@@ -31,9 +32,19 @@ def enabled() -> bool:
 
 
 def note(flow: Flow) -> str:
-    """The request's part of its access-log line (module docstring)."""
+    """The request's part of its access-log line (module docstring); never raises (a
+    failure leaves out what it could not say)."""
     outcome = flow.outcome
     parts = [f"role={flow.role}", f"lineage={outcome.record.id if outcome is not None else '-'}"]
+    try:
+        return " ".join(parts + _tokens(flow))
+    except Exception:
+        log.exception("the access log's token counts failed")
+        return " ".join(parts)
+
+
+def _tokens(flow: Flow) -> list[str]:
+    parts = []
     usage = flow.reply.usage.result if flow.reply is not None else None
     p = prediction(flow)
     if usage is not None:
@@ -44,4 +55,4 @@ def note(flow: Flow) -> str:
         causes = [p.cause] if p is not None and p.cause is not None else []
     if causes:
         parts.append(f"cause={','.join(causes)}")
-    return " ".join(parts)
+    return parts

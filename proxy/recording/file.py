@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 Line = Sequence[bytes]  # one line's pieces; the last ends with b"\n"
-REOPEN_TRIES = 16  # times the file may be found replaced before an append gives up
+REOPEN_TRIES = 1000  # times the file may be found replaced (each: another process rotated it) before giving up
 _IOV_MAX = 1024  # pieces one writev() takes (Linux's IOV_MAX)
 
 

@@ -30,8 +30,7 @@ import base64
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_plus
 
 import orjson
@@ -50,9 +49,9 @@ _B64_CHUNK = 3 << 18  # base64 encoded a piece at a time (a multiple of 3: the p
 _NEWLINES = bytes.maketrans(b"\r\n", b"  ")
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """What one request leaves for the trace, as the event loop has it."""
+class Entry(NamedTuple):
+    """What one request leaves for the trace, as the event loop has it (immutable, and
+    a third of a frozen dataclass's cost to make: one per request)."""
 
     t: float  # wall-clock seconds when the request came in
     path: str  # the request target's path, as sent

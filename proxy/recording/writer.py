@@ -1,13 +1,18 @@
 """Recording off the request path: a bounded queue and one writer thread.
 
-The event loop only puts an :class:`~proxy.recording.line.Entry` in the queue
-(:meth:`Recorder.put`: never blocks, never raises).  A thread takes what the queue
-holds, encodes each entry (:class:`~proxy.recording.line.Encoder`) and appends the
-lines to the file in one locked write (:class:`~proxy.recording.file.TraceFile`).
-Woken by a first entry, the thread lets :data:`GATHER_S` pass before it takes the
-queue: under load it wakes (and takes the GIL from the event loop) a few times a
-second, not once per request, and each write carries many lines.  A line reaches
-the file that long after its response ended.
+The event loop puts each request in the queue (:meth:`Recorder.put`: never blocks,
+never raises), encoded as its line (:class:`~proxy.recording.line.Encoder`: a few
+microseconds, the body not copied) when the proxy parsed its body, else as the
+:class:`~proxy.recording.line.Entry` it is (checking or base64-encoding a body the
+proxy did not parse is the thread's work).  A thread takes what the queue holds and
+appends the lines to the file in one locked write
+(:class:`~proxy.recording.file.TraceFile`), with the GIL released: the event loop
+and the thread do not take turns at the GIL over the encoding, which on a loaded
+machine cost more than the encoding itself.
+The event loop does not wake the thread: the thread looks at the queue every
+:data:`POLL_S` (or as soon as :data:`BATCH_LINES` wait), so under load it takes the
+GIL from the event loop ten times a second, not once per request, and each write
+carries many lines.  A line reaches the file within ``POLL_S`` of its response's end.
 
 Nothing here can fail a request.  A line that is not written (the queue is full,
 the disk is, the file cannot be opened) is counted in
@@ -33,8 +38,8 @@ MAX_LINES = 4096  # entries waiting for the writer
 MAX_BYTES = 64 << 20  # their bodies' bytes
 WARN_EVERY_S = 10.0
 _ENTRY_BYTES = 1024  # what an entry costs besides its body (headers, reply), roughly
-BATCH_LINES = 256  # lines the writer takes at once (one write)
-GATHER_S = 0.05  # how long the writer lets entries gather once one came
+BATCH_LINES = 256  # lines the writer takes at once (one write); as many waiting wake it
+POLL_S = 0.1  # how often the writer looks at the queue
 
 
 class Recorder:
@@ -55,7 +60,7 @@ class Recorder:
         self._lost = lost
         self.max_lines = max_lines
         self.max_bytes = max_bytes
-        self._queue: deque[Entry] = deque()
+        self._queue: deque[tuple[Entry | Line, int]] = deque()  # (entry or line, its bytes)
         self._bytes = 0
         self._cond = threading.Condition()
         self._closing = False
@@ -67,17 +72,26 @@ class Recorder:
         self._thread.start()
 
     def put(self, entry: Entry) -> bool:
-        """Queue ``entry``; False (counted) when the queue is full or closed."""
+        """Queue ``entry`` (as its line when the proxy parsed its body); False (counted)
+        when the queue is full or closed, or the line cannot be made."""
         size = len(entry.body) + _ENTRY_BYTES
+        item: Entry | Line = entry
+        if entry.parsed:
+            try:
+                item = self.encoder.encode(entry)
+            except Exception as exc:  # a bug of ours: the request is served all the same
+                log.exception("trace: a line could not be encoded")
+                self.lost(1, f"{type(exc).__name__} while encoding")
+                return False
         with self._cond:
             full = len(self._queue) >= self.max_lines or self._bytes + size > self.max_bytes
             if full or self._closing:
                 dropped = True
             else:
                 dropped = False
-                self._queue.append(entry)
+                self._queue.append((item, size))
                 self._bytes += size
-                if len(self._queue) == 1:
+                if len(self._queue) == BATCH_LINES:  # a burst: no need to wait for the poll
                     self._cond.notify()
         if dropped:
             self.lost(1, "the queue of lines to write is full" if full else "recording has stopped")
@@ -118,24 +132,27 @@ class Recorder:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._busy = False
-                self._cond.notify_all()  # flush() waiters
-                while not self._queue and not self._closing:
-                    self._cond.wait()
+                if self._busy:
+                    self._busy = False
+                    self._cond.notify_all()  # flush() waiters
                 if not self._queue:
-                    return
-                if not self._closing and len(self._queue) < BATCH_LINES:
-                    self._cond.wait(GATHER_S)  # more come meanwhile (close() cuts it short)
+                    if self._closing:
+                        return
+                    self._cond.wait(POLL_S)  # close() and a burst cut it short
+                    continue
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH_LINES))]
-                self._bytes -= sum(len(e.body) + _ENTRY_BYTES for e in batch)
+                self._bytes -= sum(size for _, size in batch)
                 self._busy = True
-            self._write(batch)
+            self._write([item for item, _ in batch])
 
-    def _write(self, batch: list[Entry]) -> None:
+    def _write(self, batch: list[Entry | Line]) -> None:
         lines: list[Line] = []
-        for entry in batch:
+        for item in batch:
+            if not isinstance(item, Entry):
+                lines.append(item)
+                continue
             try:
-                lines.append(self.encoder.encode(entry))
+                lines.append(self.encoder.encode(item))
             except Exception as exc:  # a bug of ours must not stop the thread
                 log.exception("trace: a line could not be encoded")
                 self.lost(1, f"{type(exc).__name__} while encoding")
