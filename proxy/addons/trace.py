@@ -1,7 +1,8 @@
 """``trace.path``: each finished request handed to the recorder (proxy.recording) as
 one trace line: what the client sent, what prefixpin decided, what the upstream
 reported.  A counting hook: it runs off the next request's path, and all it does
-there is queue references (the writer thread encodes and writes)."""
+there is queue the line (its head encoded, the body referenced: the writer thread
+writes it)."""
 
 from __future__ import annotations
 

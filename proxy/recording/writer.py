@@ -6,9 +6,10 @@ microseconds, the body not copied) when the proxy parsed its body, else as the
 :class:`~proxy.recording.line.Entry` it is (checking or base64-encoding a body the
 proxy did not parse is the thread's work).  A thread takes what the queue holds and
 appends the lines to the file in one locked write
-(:class:`~proxy.recording.file.TraceFile`), with the GIL released: the event loop
-and the thread do not take turns at the GIL over the encoding, which on a loaded
-machine cost more than the encoding itself.
+(:class:`~proxy.recording.file.TraceFile`), the GIL released while it writes: the
+event loop and the thread do not take turns at the GIL over the encoding (the
+encoder holds only frozen sets: both threads use it).
+
 The event loop does not wake the thread: the thread looks at the queue every
 :data:`POLL_S` (or as soon as :data:`BATCH_LINES` wait), so under load it takes the
 GIL from the event loop ten times a second, not once per request, and each write
