@@ -233,9 +233,7 @@ def test_fail_on_and_min_ratio_gate_ci(tmp_path: Path) -> None:
     trace = str(_causes_trace(tmp_path))
     out = _run(trace, "--fail-on", "system_changed,tools_changed", "--no-progress")
     assert out.returncode == 3, out.stderr
-    assert "gate failed: request #2 (L1, continuation): tools_changed in tools[2] at byte 0 against #1" in (
-        out.stderr
-    )
+    assert "gate failed: request #2 (L1, continuation): tools_changed in tools[2] at byte 0 against #1" in (out.stderr)
     assert "request #4 (L2, root): system_changed in system at byte 13" in out.stderr
     assert "prefixpin audit:" in out.stdout  # the report is printed all the same
     assert _run(trace, "--fail-on", "model_changed,params_changed", "--json").returncode == 0
