@@ -30,6 +30,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import bench_attribution, traces
+from tests.conftest import track
 from tests.infra.procs import Proc, free_port, prefixpin_argv
 from tests.infra.wait import wait_until
 
@@ -167,29 +168,48 @@ def test_the_audit_of_a_recording_names_what_the_live_counter_counted(
     assert "Hermes Agent" in text and "Hermes Agent" not in log  # prompt text: in the trace only
 
 
-def _hammer(base: str, bodies: list[bytes], threads: int) -> list[int]:
+def _clients_on_each_worker(base: str, per_worker: int) -> list[httpx.Client]:
+    """Keep-alive clients, ``per_worker`` on each of the two workers (``/healthz`` names
+    the process behind a connection; the kernel picks it)."""
+    held: dict[int, list[httpx.Client]] = {}
+    for _ in range(400):
+        client = track(
+            httpx.Client(base_url=base, trust_env=False, timeout=120, limits=httpx.Limits(max_connections=1))
+        )
+        pid = int(client.get("/healthz").json()["pid"])
+        if len(held.setdefault(pid, [])) < per_worker:
+            held[pid].append(client)
+        else:
+            client.close()
+        if len(held) == 2 and all(len(c) == per_worker for c in held.values()):
+            return [c for clients in held.values() for c in clients]
+    raise AssertionError(f"400 connections did not reach both workers {per_worker} times: {list(held)}")
+
+
+def _hammer(clients: list[httpx.Client], bodies: list[bytes]) -> list[int]:
+    """Every body sent, the clients at once (each its share, in turn)."""
     statuses: list[int] = []
-    chunks = [bodies[i::threads] for i in range(threads)]
+    chunks = [bodies[i :: len(clients)] for i in range(len(clients))]
 
-    def send(chunk: list[bytes]) -> None:
-        with httpx.Client(base_url=base, trust_env=False, timeout=120) as client:
-            for body in chunk:
-                r = client.post("/v1/chat/completions", content=body, headers={"authorization": "Bearer sk-w"})
-                statuses.append(r.status_code)
+    def send(client: httpx.Client, chunk: list[bytes]) -> None:
+        for body in chunk:
+            r = client.post("/v1/chat/completions", content=body, headers={"authorization": "Bearer sk-w"})
+            statuses.append(r.status_code)
 
-    workers = [threading.Thread(target=send, args=(c,)) for c in chunks]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    threads = [threading.Thread(target=send, args=(c, chunk)) for c, chunk in zip(clients, chunks, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return statuses
 
 
 def test_several_workers_write_whole_lines_across_rotations(
     tmp_path: Path, provider: str, serve_traced: Callable[..., tuple[str, Proc]], redis_proc: Callable[..., Any]
 ) -> None:
-    """Bodies of 60-300 KB (far past PIPE_BUF), sent by 6 clients at once to 2 workers,
-    the file rotating every ~1 MB: every line is whole, every body is the one sent."""
+    """Bodies of 50-150 KB (far past PIPE_BUF and a pipe's 64 KiB), sent by 6 clients at
+    once, 3 on each of 2 workers, the file rotating every ~1 MB: every line is whole,
+    every body is the one sent."""
     _, redis_url = redis_proc()
     config = tmp_path / "workers.yaml"
     max_bytes = 1 << 20
@@ -209,7 +229,7 @@ def test_several_workers_write_whole_lines_across_rotations(
         filler = f"request {i} " + "lorem ipsum dolor sit amet " * (2000 + 400 * (i % 10))
         body = {"model": "m", "messages": [{"role": "user", "content": filler}], "temperature": 0.50, "n": 1e0}
         bodies.append(json.dumps(body).encode())
-    assert all(s == 200 for s in _hammer(base, bodies, threads=6))
+    assert all(s == 200 for s in _hammer(_clients_on_each_worker(base, 3), bodies))
 
     def files() -> list[Path]:
         return sorted(tmp_path.glob("w.jsonl*"))
