@@ -47,7 +47,7 @@ from benchmarks.overhead.targets import Target
 from benchmarks.overhead.tools import BIN_DIR, Unavailable, prioritize
 from tests.infra.procs import REPO, Proc
 
-TARGETS = ("direct", "nginx", "prefixpin", "prefixpin-bypass", "prefixpin-auto", "litellm")
+TARGETS = ("direct", "nginx", "prefixpin", "prefixpin-bypass", "prefixpin-trace", "prefixpin-auto", "litellm")
 DEFAULT = ("direct", "nginx", "prefixpin")
 WORKLOADS = ("body", "mix")
 
@@ -138,6 +138,8 @@ def make_targets(args: argparse.Namespace, upstream: Proc, up: str, work: Path) 
         out.append(targets.prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=source))
     if "prefixpin-bypass" in wanted:
         out.append(targets.prefixpin_bypass(pp))
+    if "prefixpin-trace" in wanted:  # the default config, every request recorded (trace.path)
+        out.append(targets.prefixpin(up, name="prefixpin-trace", config=recording_config(work)))
     if "prefixpin-auto" in wanted:  # the default config but a worker per CPU
         auto = work / "auto-workers.yaml"
         auto.write_text("listen: {workers: auto}\n")
@@ -145,6 +147,23 @@ def make_targets(args: argparse.Namespace, upstream: Proc, up: str, work: Path) 
     if "litellm" in wanted:
         out.append(litellm.target(up, work, install=not (args.smoke or args.no_install)))
     return out
+
+
+TRACE_MAX_BYTES = 64 << 20  # the recording target rotates (and removes) as it goes: a run writes GBs
+
+
+def recording_config(work: Path) -> Path:
+    """``prefixpin-trace``'s config: every request recorded to the run's temp dir."""
+    path = work / "recording.yaml"
+    trace = {"path": str(work / "trace.jsonl"), "max_bytes": TRACE_MAX_BYTES, "keep": 1}
+    path.write_text(json.dumps({"trace": trace}))  # JSON is YAML
+    return path
+
+
+def recorded(work: Path) -> dict[str, int]:
+    """What ``prefixpin-trace`` left in its files (the newest two: it removes older ones)."""
+    files = sorted(work.glob("trace.jsonl*"))
+    return {"files": len(files), "lines": sum(f.read_bytes().count(b"\n") for f in files)}
 
 
 def sample_roles(all_targets: list[Target], loads: dict[str, workloads.Workload], conversations: int) -> dict[str, Any]:
@@ -192,6 +211,7 @@ def run_all(args: argparse.Namespace, plan: Plan) -> tuple[list[Target], list[di
             for key, counts in sample.items():
                 log(f"role sample, {key}: {roles.share(counts)}")
             runs = Runner(loads, logs, plan).run(all_targets)
+            trace = recorded(work) if "prefixpin-trace" in args.targets else None
         finally:
             for t in all_targets:
                 t.stop()
@@ -199,6 +219,7 @@ def run_all(args: argparse.Namespace, plan: Plan) -> tuple[list[Target], list[di
     extra = {
         "workloads": {k: {"name": k, "about": w.about, "bytes": list(w.sizes)} for k, w in loads.items()},
         "role_sample": sample,
+        "recorded": trace,
     }
     return all_targets, runs, extra
 
@@ -216,6 +237,8 @@ def failures(doc: dict[str, Any]) -> list[str]:
             bad.append(f"role sample {key}: {counts}")
         if key.startswith("mix ") and not counts.get("continuation"):
             bad.append(f"role sample {key}: no continuation ({counts})")
+    if doc.get("recorded") is not None and not doc["recorded"]["lines"]:
+        bad.append("prefixpin-trace recorded nothing")
     return bad
 
 

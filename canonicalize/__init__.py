@@ -10,7 +10,7 @@ from canonicalize import chain
 from canonicalize.analysis import Prepared
 from canonicalize.bodies import Kept
 from canonicalize.edits import AddMember, Op, render
-from canonicalize.evidence import Evidence, evidence
+from canonicalize.evidence import Evidence, evidence, places
 from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.learn import Learned, Plan
@@ -81,6 +81,7 @@ __all__ = [
     "match",
     "parent_of",
     "parse_usage",
+    "places",
     "predict",
     "render",
     "split_uncached",

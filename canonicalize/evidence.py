@@ -20,6 +20,13 @@ as it is, any other value as compact JSON); ``before`` and ``after`` hold at mos
 :data:`EVIDENCE_CHARS` characters of the parent's and of this request's text,
 from :data:`CONTEXT_CHARS` characters before the difference.
 
+The break's evidence is the *first* place the two prompts differ.  :func:`places`
+lists every place (at most :data:`MAX_PLACES`), in the order the prompt is read:
+each changed run of lines in the model, the system texts, each tool, each param
+and each history item the parent had sent (a pinned minute further down the
+system prompt than the memory counter is a second place).  A place's ``offset`` is
+the first differing byte of the run in this request's text.
+
 The texts are the user's prompt: evidence goes to the user's own ``prefixpin
 audit`` output, never to logs or metrics.
 """
@@ -33,10 +40,12 @@ from typing import Any
 
 import orjson
 
+from canonicalize.textdiff import lines
 from canonicalize.wire.base import Exchange
 
 EVIDENCE_CHARS = 80
 CONTEXT_CHARS = 24
+MAX_PLACES = 16  # places listed per request; a prompt rewritten throughout has more
 _MISSING = object()
 
 Found = tuple[str, str, str]  # field, the parent's text, this request's text
@@ -195,3 +204,83 @@ def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return _dumps(value).decode("utf-8", "replace")
+
+
+# -- every place --------------------------------------------------------------------------
+
+
+def places(
+    exchange: Exchange,
+    parent: dict[str, Any],
+    body: dict[str, Any],
+    params: Sequence[str] = (),
+    limit: int = MAX_PLACES,
+) -> list[Evidence]:
+    """Every place ``body``'s prompt differs from ``parent``'s, its new content aside
+    (module docstring); at most ``limit``."""
+    out: list[Evidence] = []
+    _values(parent.get("model", _MISSING), body.get("model", _MISSING), "model", out)
+    a = [s.get() for s in exchange.system_slots(parent)]
+    b = [s.get() for s in exchange.system_slots(body)]
+    if len(a) <= 1 and len(b) <= 1:
+        _texts("system", (a or [""])[0], (b or [""])[0], out)
+    else:
+        for i, (x, y) in enumerate(zip_longest(a, b, fillvalue="")):
+            _texts(f"system[{i}]", x, y, out)
+    ta, tb = exchange.tools(parent) or [], exchange.tools(body) or []
+    _values([_unwrap(t) for t in ta], [_unwrap(t) for t in tb], "tools", out)
+    for name in dict.fromkeys(params):
+        _values(parent.get(name, _MISSING), body.get(name, _MISSING), f"params.{name}", out)
+    _history_places(exchange, parent, body, out)
+    return out[:limit]
+
+
+def _history_places(exchange: Exchange, parent: dict[str, Any], body: dict[str, Any], out: list[Evidence]) -> None:
+    """Each item the parent had sent that the request changed or dropped."""
+    a, b = exchange.history(parent), exchange.history(body)
+    key = exchange.items_key
+    items = body.get(key)
+    at = {id(item): j for j, item in enumerate(items)} if isinstance(items, list) else {}
+    for i, x in enumerate(a):
+        if len(out) >= MAX_PLACES:
+            return
+        if i >= len(b):  # the request dropped the parent's later messages
+            j = len(items) if isinstance(items, list) else i
+            out.append(window(f"{key}[{j}]", _text(x), ""))
+            return
+        if exchange.canonical_message(x) != exchange.canonical_message(b[i]):
+            _values(x, b[i], f"{key}[{at.get(id(b[i]), i)}]", out)
+
+
+def _values(a: Any, b: Any, path: str, out: list[Evidence]) -> None:
+    """The places ``a`` and ``b`` differ, leaf by leaf (:func:`_first`'s paths)."""
+    if len(out) >= MAX_PLACES or _same(a, b):
+        return
+    if isinstance(a, str) and isinstance(b, str):
+        _texts(path, a, b, out)
+    elif isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b):
+        for k in a:
+            _values(a[k], b[k], f"{path}.{k}", out)
+    elif isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            _values(x, y, f"{path}[{i}]", out)
+        for i in range(min(len(a), len(b)), max(len(a), len(b))):  # added or removed
+            _values(a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING, f"{path}[{i}]", out)
+    elif isinstance(a, dict) and isinstance(b, dict):  # keys added, removed or moved
+        found = _first(a, b, path)
+        out.append(window(*found) if found else window(path, _text(a), _text(b)))
+    else:
+        out.append(window(path, _text(a), _text(b)))
+
+
+def _texts(field: str, old: str, new: str, out: list[Evidence]) -> None:
+    """One place per run of changed lines of two texts."""
+    for o1, o2, n1, n2, _ in lines(old, new):
+        if len(out) >= MAX_PLACES:
+            return
+        k = common_prefix(old[o1:o2], new[n1:n2])
+        o, n = o1 + k, n1 + k
+        ostart, nstart = max(o - CONTEXT_CHARS, 0), max(n - CONTEXT_CHARS, 0)
+        offset = len(new[:n].encode("utf-8", "surrogatepass"))
+        before = old[ostart : ostart + EVIDENCE_CHARS]
+        out.append(Evidence(field, offset, before, new[nstart : nstart + EVIDENCE_CHARS]))

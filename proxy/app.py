@@ -38,6 +38,7 @@ from proxy.config import Config
 from proxy.errors import PrefixpinError, StoreError, UpstreamError
 from proxy.handler import Handler, read_body
 from proxy.metrics import Metrics
+from proxy.recording import open_recorder
 from proxy.services import Services
 from proxy.store import Store, open_store
 from proxy.store.guard import StoreGuard
@@ -109,6 +110,7 @@ def create_app(
         the_store = store if store is not None else open_store(config.store)  # an empty MemoryStore is falsy
         slots = SlotWatch(upstream.clients, config.affinity.llama_slots) if config.affinity.llama_slots else None
         s = Services(config=config, canon=canon, store=the_store, guard=StoreGuard(), metrics=metrics, slots=slots)
+        s.recorder = open_recorder(config, metrics)
         if clock is not None:
             s.clock = clock
         state["handler"] = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
@@ -122,6 +124,8 @@ def create_app(
                 await slots.aclose()
             state["handler"].runner.drain()
             await s.drain(timeout=5)  # let pending records land
+            if s.recorder is not None:  # the trace lines still queued
+                await asyncio.to_thread(s.recorder.close, 5.0)
             await upstream.aclose()
             await the_store.close()
 

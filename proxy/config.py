@@ -267,6 +267,15 @@ class ProviderCache:
 
 
 @dataclass(frozen=True)
+class Trace:
+    """``trace``: live traffic recorded as an audit trace (SPEC section 2h, proxy.recording)."""
+
+    path: str | None = None  # the file appended to; None: nothing is recorded
+    max_bytes: int = 256 * 2**20  # the file rotates when the next line would take it past this
+    keep: int = 3  # rotated files kept (PATH.1 the newest); 0: the full file is removed
+
+
+@dataclass(frozen=True)
 class Log:
     level: str = "info"
     access: bool = False
@@ -284,6 +293,7 @@ class Config:
     metrics: Metrics = field(default_factory=Metrics)
     limits: Limits = field(default_factory=Limits)
     log: Log = field(default_factory=Log)
+    trace: Trace = field(default_factory=Trace)
     provider_cache: ProviderCache = field(default_factory=ProviderCache)
     environment: Environment = field(default_factory=Environment)  # not a config key: see Environment
 
@@ -372,6 +382,7 @@ _POSITIVE = {
     "metrics.max_models",
     "affinity.max_load",
     "affinity.retry_after_s",
+    "trace.max_bytes",
 }
 
 
@@ -546,7 +557,13 @@ def _value(key: str, value: Any, default: Any) -> Any:
 
 
 # Keys whose default is null: a non-empty string or null.
-_OPTIONAL_STR = {"upstream.tls.ca_file", "upstream.tls.cert_file", "upstream.tls.key_file", "upstream.proxy"}
+_OPTIONAL_STR = {
+    "upstream.tls.ca_file",
+    "upstream.tls.cert_file",
+    "upstream.tls.key_file",
+    "upstream.proxy",
+    "trace.path",
+}
 
 
 def _optional_str(key: str, value: Any) -> str | None:
@@ -711,6 +728,21 @@ def _validate_affinity(config: Config) -> None:
     problems.raise_any()
 
 
+def _validate_trace(config: Config) -> None:
+    """The trace's directory exists; whether it can be written is found out when it is
+    (a failed write is counted, never a failed request: proxy.recording)."""
+    t = config.trace
+    if t.keep < 0:
+        raise ConfigError(f"trace.keep: must be 0 or more rotated files (got {t.keep})")
+    if t.path is None:
+        return
+    directory = Path(t.path).expanduser().parent
+    if not directory.is_dir():
+        raise ConfigError(f"trace.path: the directory {str(directory)!r} does not exist")
+    if Path(t.path).expanduser().is_dir():
+        raise ConfigError(f"trace.path: {t.path!r} is a directory, not a file")
+
+
 def _validate_tls(config: Config) -> None:
     """The TLS files load (the first that does not is the problem: the next ones depend on it)."""
     tls = config.upstream.tls
@@ -771,6 +803,7 @@ _CHECKS: tuple[Callable[[Config], None], ...] = (
     _validate_tls,
     _validate_proxies,
     _validate_store,
+    _validate_trace,
     _validate_rules,
 )
 

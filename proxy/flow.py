@@ -29,6 +29,7 @@ class Flow:
     query: bytes  # the raw query string, as the client sent it
     raw: bytes  # the body as the client sent it
     started: float  # perf_counter() when the body was in
+    path: str = ""  # the request target's path, as the client sent it (no query)
     body: dict[str, Any] | None = None  # its parse; None when it is not a JSON object
     doc: JsonDoc | None = None
     kept: Kept | None = None  # what canonicalize.bodies kept of this body (prepare reuses its session's links)

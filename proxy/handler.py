@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from canonicalize import Exchange, Reply, SSESplitter
 from canonicalize.sse import dumps, read
-from proxy import responses
+from proxy import access, responses
 from proxy.addons import Runner
 from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamError
 from proxy.flow import Flow
@@ -97,7 +97,8 @@ class Handler:
         self, scope: Scope, receive: Receive, send: Send, exchange: Exchange, raw: bytes, started: float
     ) -> None:
         """The request, its body ``raw`` read (since ``started``)."""
-        flow = Flow(exchange, Headers(scope=scope), scope["query_string"], raw, started)
+        path = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
+        flow = Flow(exchange, Headers(scope=scope), scope["query_string"], raw, started, path)
         await self.runner.request(flow)
         if flow.big:
             await asyncio.to_thread(self.runner.render, flow)
@@ -126,6 +127,8 @@ class Handler:
             # Right after the last byte, with no await between: the memory store has
             # the turn before this process reads the client's next request.
             self._finish(flow)
+            if access.enabled():
+                scope.setdefault("extensions", {})[access.ACCESS_NOTE] = access.note(flow)
 
     def _finish(self, flow: Flow) -> None:
         """The done hooks (record now, the counting a little later), once."""

@@ -38,6 +38,7 @@ FAIL_OPEN_STAGES = (
     "record",
     "provider_cache",
     "response",
+    "trace",
 )
 UPSTREAM_ERROR_KINDS = (
     "connect",

@@ -11,6 +11,7 @@ from typing import Any
 from canonicalize import Canonicalizer
 from proxy.config import Config
 from proxy.metrics import Metrics
+from proxy.recording import Recorder
 from proxy.store import Store
 from proxy.store.guard import StoreGuard
 from proxy.upstream.slot_watch import SlotWatch
@@ -32,6 +33,7 @@ class Services:
     # outlive restarts, so their times are the wall clock's.  Tests inject their own.
     clock: Callable[[], float] = wall_clock
     slots: SlotWatch | None = None  # affinity.llama_slots: the llama-servers' slots, as read
+    recorder: Recorder | None = None  # trace.path: every request recorded as a trace line
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

@@ -96,19 +96,24 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def compare(doc: dict[str, Any]) -> list[str]:
-    """This tree over prefixpin@REF, same rounds: req/s at each connection count, p50 at one."""
+def compare(doc: dict[str, Any], target: str = "prefixpin", against: str | None = None) -> list[str]:
+    """``target`` over ``against`` (default: this tree over prefixpin@REF), same rounds:
+    req/s at each connection count."""
     ref = doc["config"].get("compare_ref")
-    if not ref:
+    against = against or (f"prefixpin@{ref}" if ref else None)
+    if against is None:
         return []
     idx, out = _index(doc["runs"]), []
     for w in doc["config"]["workloads"]:
         parts = []
         for c in doc["config"]["conns"]:
-            a, b = idx.get(("prefixpin", f"{w}-c{c}")), idx.get((f"prefixpin@{ref}", f"{w}-c{c}"))
+            a, b = idx.get((target, f"{w}-c{c}")), idx.get((against, f"{w}-c{c}"))
             x = ratio(a, b)
             if x is not None:
                 parts.append(f"{x:.3f}x req/s at {c} conn{'s' if c > 1 else ''}")
+            cpu_a, cpu_b = _get(a, "cpu_ms_per_req"), _get(b, "cpu_ms_per_req")
+            if c == max(doc["config"]["conns"]) and cpu_a and cpu_b:
+                parts.append(f"{cpu_a / cpu_b:.3f}x CPU per request")
         if parts:
             out.append(f"- {w}: " + ", ".join(parts))
     return out
@@ -177,6 +182,14 @@ def render(doc: dict[str, Any]) -> str:
     out += ["", table(doc)]
     if doc["config"].get("compare_ref"):
         out += ["", f"This tree over prefixpin@{doc['config']['compare_ref']}, same rounds:", *compare(doc)]
+    if "prefixpin-trace" in doc["targets"] and "prefixpin" in doc["targets"]:
+        rec = doc.get("recorded") or {}
+        out += [
+            "",
+            f"Recording every request (trace.path; {rec.get('lines', 0):,} lines in the last "
+            f"{rec.get('files', 0)} file(s)) over prefixpin, same rounds:",
+            *compare(doc, "prefixpin-trace", "prefixpin"),
+        ]
     out += ["", f"CPU per request at {top} connections, against nginx's:", *cpu(doc)]
     out += ["", f"Each round's req/s at {top} connections:", *rounds(doc)]
     seen = [r for r in doc["runs"] if r.get("roles")]

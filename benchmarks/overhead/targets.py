@@ -6,6 +6,8 @@ Every target is a set of real child processes on loopback (``tests.infra.procs``
     nginx             proxy_pass, upstream keepalive, proxy_buffering off, one worker (nginx.py)
     prefixpin         ``prefixpin serve --upstream <upstream>`` (default config), from this tree
     prefixpin@REF     the same, running the code of git revision REF (``--compare-ref``)
+    prefixpin-trace   the default config, every request recorded (``trace.path``, rotated at
+                      64 MiB, one old file kept; on request)
     prefixpin-auto    the default config but ``listen.workers: auto`` (on request)
     prefixpin-bypass  the prefixpin process, every request sent with ``x-prefixpin-bypass: 1``
                       (no parse, no canonicalization, no store): its HTTP shell (on request)

@@ -1,6 +1,9 @@
 """The request path as an ordered tuple of small addons (mitmproxy's model).
 
-    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ProviderCache, ForkGuard, Affinity, Measure, Record)
+    ADDONS = (Bypass, Tenancy, Canonicalize, StreamUsage, ProviderCache, ForkGuard, Affinity, Measure, Record,
+              Trace)
+
+``Trace`` is there only with ``trace.path`` (proxy.recording).
 
 The tuple *is* the execution order.  An addon implements one or both hooks, each a
 typed protocol:
@@ -39,6 +42,7 @@ from proxy.addons.provider_cache import ProviderCache
 from proxy.addons.record import Record
 from proxy.addons.stream_usage import StreamUsage
 from proxy.addons.tenancy import Tenancy
+from proxy.addons.trace import Trace
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.services import Services
@@ -73,7 +77,7 @@ Addon = RequestHook | DoneHook
 def build(s: Services, *, new_id: Callable[[], str] | None = None, offline: bool = False) -> tuple[Addon, ...]:
     """The addons of one app, in execution order.  ``offline`` (``prefixpin audit``,
     proxy.offline: no upstream): without the ones that place a request on the
-    upstream or count a live one (affinity, measure).  ``new_id``: lineage ids."""
+    upstream, count or record a live one (affinity, measure, trace).  ``new_id``: lineage ids."""
     addons: tuple[Addon, ...] = (
         Bypass(),
         Tenancy(s.config.tenancy),
@@ -87,7 +91,7 @@ def build(s: Services, *, new_id: Callable[[], str] | None = None, offline: bool
     )
     if offline:
         return tuple(a for a in addons if not isinstance(a, Affinity | Measure))
-    return addons
+    return addons if s.recorder is None else (*addons, Trace(s.recorder))
 
 
 class Runner:

@@ -32,7 +32,7 @@ class Measure:
         m = self.m
         m.requests.labels(flow.exchange.name, flow.role, str(flow.status)).inc()
         m.request_duration.labels(flow.exchange.name).observe((flow.ended or time.perf_counter()) - flow.started)
-        p = self._predict(flow)
+        p = prediction(flow)
         reply = flow.reply
         usage = reply.usage.result if reply is not None else None
         if usage is not None:
@@ -53,13 +53,13 @@ class Measure:
             if p.cause is not None:
                 m.prefix_breaks.labels(p.cause).inc()
 
-    @staticmethod
-    def _predict(flow: Flow) -> Prediction | None:
-        """The forwarded request against its parent; None: it has none (or is not ours)."""
-        outcome, prep = flow.outcome, flow.prep
-        if outcome is None or prep is None or outcome.record.fingerprint is None:
-            return None
-        parent = parent_of(outcome, prep, flow.lookup)
-        if parent is None:
-            return None
-        return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, prep.sizes)
+
+def prediction(flow: Flow) -> Prediction | None:
+    """The forwarded request against its parent; None: it has none (or is not ours)."""
+    outcome, prep = flow.outcome, flow.prep
+    if outcome is None or prep is None or outcome.record.fingerprint is None:
+        return None
+    parent = parent_of(outcome, prep, flow.lookup)
+    if parent is None:
+        return None
+    return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, prep.sizes)

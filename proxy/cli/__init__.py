@@ -41,6 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "listen.host": args.host,
             "listen.port": args.port,
             "listen.workers": args.workers,
+            "trace.path": args.trace,
         },
     )
     setup_logging(config)
@@ -111,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (default 8787)")
     serve.add_argument(
         "--workers", help="worker processes sharing the port, lineages in Redis: N or auto (one per CPU); default 1"
+    )
+    serve.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="record every request to PATH as an audit trace (JSON Lines; trace.path), for prefixpin audit",
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -17,6 +17,18 @@ cause as ``prefixpin_uncached_tokens_total`` splits them (against the trace as
 sent: what that upstream was sent).  Unknown keys are ignored; a malformed line
 is reported with its number and skipped.
 
+A trace ``prefixpin serve --trace`` recorded (:attr:`TraceLine.recorded`) is
+audited as it was served: each line's body is the client's bytes, its ``tenant``
+(the hashed one) keeps tenants apart as they were live (an empty one, a request
+without credentials, shares nothing), its ``status`` and ``response`` are recorded
+as the proxy recorded them, and its usage, which the upstream reported for what
+prefixpin forwarded, is split against the request *after* canonicalization, as
+``prefixpin_uncached_tokens_total`` split it live (a request prefixpin bypassed or
+failed open: all ``new``, as live).
+
+Every request is numbered by its ``index``, its line in the trace from 0, in the
+text report, ``--json``, ``--html`` and the gate's messages alike.
+
 ``--json`` lists every request under ``requests`` (SPEC section 2e);
 ``--fail-on`` and ``--min-ratio`` gate CI (:mod:`proxy.cli.gate`); ``--html``
 writes the report as one page (:mod:`proxy.cli.report_html`).  Evidence holds
@@ -49,6 +61,7 @@ import orjson
 
 from canonicalize import (
     UNCACHED_CAUSES,
+    Evidence,
     Exchange,
     Fingerprint,
     Parent,
@@ -57,6 +70,7 @@ from canonicalize import (
     evidence,
     parent_of,
     parse_usage,
+    places,
     predict,
     split_uncached,
 )
@@ -64,10 +78,11 @@ from canonicalize.identity import PROMPT_PARAMS
 from proxy.cli import gate, report_html, suggest
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
-from proxy.config import Config
+from proxy.config import Config, Tenancy
 from proxy.flow import Flow
 from proxy.offline import Offline
 from proxy.pricing import Pricing, saved
+from proxy.tenancy import tenant_of
 
 BYTES_PER_TOKEN = 4  # the estimate behind the audit's dollar figures (module docstring)
 
@@ -162,11 +177,38 @@ def _forwarded(flow: Flow, body: dict[str, Any]) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else body
 
 
+TENANT = "x-prefixpin-tenant"
+
+
+def _tenant(line: TraceLine, policy: Tenancy) -> str:
+    """The line's tenant: the one recorded with it ("" when it shared nothing), else
+    what its credentials make (a trace's credentials are usually stripped: its
+    anonymous lines are one user's)."""
+    if line.recorded:
+        tenant = line.extra.get("tenant")
+        return tenant if isinstance(tenant, str) else ""
+    raw = [
+        (k.lower().encode("latin-1", "replace"), v.encode("utf-8", "surrogatepass")) for k, v in line.headers.items()
+    ]
+    return tenant_of(raw, urlsplit(line.path).query.encode("utf-8", "surrogatepass"), policy)
+
+
+def _headers(line: TraceLine, tenant: str) -> dict[str, str]:
+    """The line's headers, its tenant named by the one header the audit trusts."""
+    headers = {k: v for k, v in line.headers.items() if k.lower() != TENANT}
+    if tenant:
+        headers[TENANT] = tenant
+    return headers
+
+
 async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
-    # A trace's credentials are usually stripped: its anonymous lines are one user's.
+    # Each line's tenant is found first (_tenant) and named to the flow by a trusted
+    # header; a line without one shares nothing, as the proxy's isolated tenant.
     # Its time is the trace's (``t``): a lineage's pauses are the ones it recorded.
     now = [0.0]
-    offline = Offline(replace(config, tenancy=replace(config.tenancy, anonymous="shared")), clock=lambda: now[0])
+    policy = replace(config.tenancy, anonymous="shared")
+    tenancy = replace(config.tenancy, trust_header=True, anonymous="isolated")
+    offline = Offline(replace(config, tenancy=tenancy), clock=lambda: now[0])
     params = (*offline.s.canon.fork.inherit_params, *PROMPT_PARAMS)
     lineages: dict[str, Lineage] = {}
     last: dict[str, Seen] = {}  # lineage id -> its last request
@@ -185,14 +227,15 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
             skipped.append({"line": line.line, "error": str(exc)})
             continue
         flow = await offline.send(
-            line.body,
+            line.raw if line.recorded and line.raw is not None else line.body,
             exchange=exchange,
-            headers=line.headers,
+            headers=_headers(line, _tenant(line, policy)),
             query=urlsplit(line.path).query,
             reply=_reply_of(line, exchange),
+            status=_status(line),
         )
         total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
-        index = line.line - 1
+        index = line.index
         entry: dict[str, Any] = {
             "index": index,
             "lineage": None,
@@ -206,6 +249,9 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
             "cacheable_bytes": 0,
             "cacheable_bytes_before": 0,
             "new_bytes": total_bytes,
+            "new_bytes_before": total_bytes,
+            "places": [],
+            "places_before": [],
             "rewrites": list(flow.rewrites),
         }
         requests.append(entry)
@@ -223,10 +269,10 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
         forwarded = _forwarded(flow, line.body)
         parent = parent_of(outcome, prep, flow.lookup)
         seen = last.get(parent.lineage) if parent is not None else None
-        before_p = _judge(entry, flow, parent, seen, line, forwarded, (raw_fp, raw_sizes), params)
+        after_p, before_p = _judge(entry, flow, parent, seen, line, forwarded, (raw_fp, raw_sizes), params)
         before, after = entry["cacheable_bytes_before"], entry["cacheable_bytes"]
         cause_before, cause_after = entry["cause_before"], entry["cause"]
-        _observed(entry, usage, before_p)
+        _observed(entry, usage, _split_against(line, after_p, before_p))
         last[rec.id] = Seen(index, raw_fp, line.body, forwarded)
         lin.tally.add(total_bytes, before, after, cause_before, cause_after)
         total.add(total_bytes, before, after, cause_before, cause_after)
@@ -263,27 +309,51 @@ def _judge(
     forwarded: dict[str, Any],
     raw: tuple[Fingerprint, list[int]],
     params: tuple[str, ...],
-) -> Prediction | None:
+) -> tuple[Prediction | None, Prediction | None]:
     """The request against its parent, after canonicalization and as sent: its cause,
-    evidence and cacheable bytes into ``entry``; returns the prediction as sent."""
+    evidence, every differing place and cacheable bytes into ``entry``; returns both
+    predictions."""
     outcome, prep = flow.outcome, flow.prep
     assert outcome is not None and prep is not None
     fp = outcome.record.fingerprint
     if parent is None or fp is None:
-        return None
+        return None, None
     p = predict(fp, parent.fingerprint, outcome.depth, prep.sizes)
     # Ratios are per request, so scale "after" to the bytes as received.
     scale = entry["prompt_bytes"] / p.total if p.total else 0.0
     entry.update(cause=p.cause, cacheable_bytes=round(p.shared * scale), new_bytes=round(p.new * scale))
     if seen is None:
-        return None
+        return p, None
     q = predict(raw[0], seen.raw_fp, outcome.depth, raw[1])
-    entry.update(parent=seen.index, cause_before=q.cause, cacheable_bytes_before=q.shared)
+    entry.update(parent=seen.index, cause_before=q.cause, cacheable_bytes_before=q.shared, new_bytes_before=q.new)
+    exchange = line.exchange
     if p.cause is not None:
-        entry["evidence"] = evidence(line.exchange, seen.forwarded, forwarded, p.cause, params).to_json()
+        entry["evidence"] = evidence(exchange, seen.forwarded, forwarded, p.cause, params).to_json()
+        entry["places"] = _json(places(exchange, seen.forwarded, forwarded, params))
     if q.cause is not None:
-        entry["evidence_before"] = evidence(line.exchange, seen.sent, line.body, q.cause, params).to_json()
-    return q
+        entry["evidence_before"] = evidence(exchange, seen.sent, line.body, q.cause, params).to_json()
+        entry["places_before"] = _json(places(exchange, seen.sent, line.body, params))
+    return p, q
+
+
+def _json(found: list[Evidence]) -> list[dict[str, Any]]:
+    return [e.to_json() for e in found]
+
+
+def _status(line: TraceLine) -> int:
+    """The status the proxy recorded (a failed request's turn is recorded too); 200
+    for a line that says none."""
+    status = line.extra.get("status")
+    return status if line.recorded and isinstance(status, int) and not isinstance(status, bool) else 200
+
+
+def _split_against(line: TraceLine, after: Prediction | None, before: Prediction | None) -> Prediction | None:
+    """What the line's usage is split against: what its upstream was sent.  A recorded
+    line's upstream was sent what prefixpin forwarded (after); one prefixpin bypassed or
+    failed open was counted all new."""
+    if not line.recorded:
+        return before
+    return None if line.extra.get("role") in ("bypass", "fail-open") else after
 
 
 def _observed(entry: dict[str, Any], usage: Usage | None, p: Prediction | None) -> None:
@@ -379,11 +449,13 @@ def _break_lines(requests: list[dict[str, Any]]) -> list[str]:
     broken = [r for r in requests if r["cause"]]
     if not broken:
         return []
-    out = ["", "breaks after canonicalization (line: lineage role, cause, changed field at byte):"]
+    out = ["", "breaks after canonicalization (#index: lineage role, cause, changed field at byte):"]
     for r in broken[:BREAKS_SHOWN]:
         ev = r["evidence"] or {}
         where = f"{ev['field']} at byte {ev['offset']}" if ev else "-"
-        out.append(f"  {r['index'] + 1:>5}: {r['lineage']} {r['role']}, {r['cause']}, {where}")
+        more = len(r["places"]) - 1
+        also = f" (+{more} more place{'s' if more != 1 else ''})" if more > 0 else ""
+        out.append(f"  #{r['index']:<5} {r['lineage']} {r['role']}, {r['cause']}, {where}{also}")
     if len(broken) > BREAKS_SHOWN:
         out.append(f"  ... and {len(broken) - BREAKS_SHOWN} more (--json or --html lists them all)")
     return out

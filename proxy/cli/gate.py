@@ -6,7 +6,8 @@ the named causes (``any`` names all five), ``--min-ratio`` when the trace's tota
 predicted cacheable share of prompt bytes is below ``X``.  A failed gate exits
 :data:`FAILED` (3); a gate that cannot be read exits 2, like every other usage
 error; 0 is a pass.  What failed is said on stderr, one line per request (its
-index, lineage, cause and changed field, never the prompt text).
+index, ``#7``: its line in the trace from 0, as in the text report, ``--json`` and
+``--html``; its lineage, cause and changed field, never the prompt text).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ class Gate:
 def _request(r: dict[str, Any]) -> str:
     ev = r.get("evidence") or {}
     where = f" in {ev['field']} at byte {ev['offset']}" if ev else ""
-    parent = f" against request {r['parent']}" if r.get("parent") is not None else ""
-    return f"request {r['index']} ({r['lineage']}, {r['role']}): {r['cause']}{where}{parent}"
+    parent = f" against #{r['parent']}" if r.get("parent") is not None else ""
+    return f"request #{r['index']} ({r['lineage']}, {r['role']}): {r['cause']}{where}{parent}"
 
 
 def report_failures(failures: Sequence[str]) -> str:

@@ -6,14 +6,22 @@ Content-Security-Policy of ``default-src 'none'`` says so to the browser):
 - a summary: requests, lineages, the predicted cacheable share before and after
   canonicalization, the breaks left, and the observed tokens when the trace
   carries usage;
-- every lineage as a tree, each fork drawn under its parent;
-- per request, a bar of its prompt bytes (as long as the prompt, against the
-  trace's longest): cacheable (the parent's bytes up to the break), broken (the
-  parent's bytes after it, the break's cost) and new (what the parent never
-  sent); under it, when the line carries usage, the observed tokens: cached, and
-  the uncached ones by cause;
-- every break (as sent, and after canonicalization) with its cause, the changed
-  field, the byte it starts at, and the two texts with the changed run marked.
+- every lineage as a tree, each fork drawn under its parent, each a ``<details>``
+  that folds;
+- per request (``#index``: its line in the trace, from 0, the number ``--json``
+  and the gate use), two bars of its prompt bytes (as long as the prompt, against
+  the trace's longest): *sent*, the trace as the agent sent it, and *after*
+  canonicalization; each cacheable (the parent's bytes up to the break), broken
+  (the parent's bytes after it, the break's cost) and new (what the parent never
+  sent); under them, when the line carries usage, the observed tokens: cached,
+  and the uncached ones by cause;
+- every break (as sent, and after canonicalization) with its cause and every
+  place the request differs from its parent: the changed field, the byte it
+  starts at, and the two texts with the changed run marked.
+
+A large trace (more than :data:`COMPACT_AT` requests) opens compact: only the
+requests with a break are shown (a checkbox, a CSS-only toggle, shows the rest),
+lineages without any break are folded, and so are the breaks prefixpin fixes.
 
 Everything from the trace is escaped (prompt text is untrusted): a trace cannot
 put markup, a script or a link into the page.
@@ -25,7 +33,9 @@ from collections import defaultdict
 from html import escape
 from typing import Any
 
-from canonicalize.evidence import EVIDENCE_CHARS, common_prefix
+from canonicalize.evidence import EVIDENCE_CHARS, MAX_PLACES, common_prefix
+
+COMPACT_AT = 40  # requests past which the page opens compact (breaks only, quiet lineages folded)
 
 COLORS = {
     "cacheable": "#2e9e5b",
@@ -65,9 +75,24 @@ table.requests td{padding:3px 10px;border-top:1px solid #eef0f3;vertical-align:m
 td.idx{font-family:ui-monospace,monospace;white-space:nowrap;color:#5b6577;width:70px}
 td.role{width:90px}
 td.bars{width:60%}
+.lane{display:flex;align-items:center;gap:6px}
+.lane .lbl{flex:0 0 38px;font-size:10px;color:#7b8494;text-align:right}
+.lane .track{flex:1}
 .bar{display:flex;height:12px;background:#eef0f3;border-radius:2px;overflow:hidden;margin:2px 0}
 .bar span{display:block;height:100%}
+.bar.sent{height:8px;opacity:.8}
 .bar.observed{height:7px}
+.toggle{margin:14px 0 0;font-size:13px}
+.toggle input{vertical-align:-2px;margin-right:6px}
+#only-breaks:checked ~ #lineages tr[data-break="none"],
+#only-left:checked ~ #lineages tr.request:not([data-break="left"]){display:none}
+#only-breaks:checked ~ #lineages .hidden-note.quiet,#only-left:checked ~ #lineages .hidden-note.fine{display:inline}
+#only-left:checked ~ #lineages .hidden-note.quiet{display:none}
+.hidden-note{display:none;color:#7b8494;font-weight:400}
+section.folded>details>summary{font-size:16px;font-weight:600;padding:8px 0;background:none}
+section.folded>details{border:0;background:none}
+ol.places{margin:4px 0 2px;padding-left:20px}
+ol.places li{margin:4px 0}
 .chip{display:inline-block;font-size:11px;padding:1px 6px;border-radius:8px;color:#fff;margin-right:4px}
 .fixed{color:#2e7d4f;font-size:11px}
 article.break{border:1px solid #dde1e7;border-left:4px solid #d9534f;border-radius:4px;background:#fff;
@@ -91,6 +116,7 @@ NONE = '<p class="empty">none</p>'
 def render(report: dict[str, Any], trace: str) -> str:
     """The page for ``report`` (``proxy.cli.audit.audit``'s) of the trace ``trace``."""
     requests = report["requests"]
+    compact = len(requests) > COMPACT_AT
     widest = max((r["prompt_bytes"] for r in requests), default=0) or 1
     by_lineage: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for r in requests:
@@ -98,25 +124,32 @@ def render(report: dict[str, Any], trace: str) -> str:
     children: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for lin in report["lineages"]:
         children[lin["parent"]].append(lin)
-    tree = "".join(_lineage(lin, children, by_lineage, widest) for lin in children[None])
+    tree = _Tree(children, by_lineage, widest, compact)
+    html = "".join(tree.lineage(lin) for lin in children[None])
     known = {lin["id"] for lin in report["lineages"]}
     for parent, orphans in children.items():  # a fork whose parent is not in the trace
         if parent is not None and parent not in known:
-            tree += "".join(_lineage(lin, children, by_lineage, widest) for lin in orphans)
+            html += "".join(tree.lineage(lin) for lin in orphans)
     if by_lineage.get(None):
-        tree += _group("unattributed", "requests forwarded as sent (bypassed, not JSON)", by_lineage[None], widest)
+        html += tree.group("unattributed", "requests forwarded as sent (bypassed, not JSON)", by_lineage[None])
     left = "".join(_break(r) for r in requests if r["cause"])
     fixed = "".join(_break(r) for r in requests if r["cause_before"] and not r["cause"])
+    n_fixed = sum(1 for r in requests if r["cause_before"] and not r["cause"])
     body = (
         f'<header><h1>prefixpin audit</h1><p class="trace">{escape(trace)}</p></header><main>'
         f"{_summary(report)}{_legend()}"
-        f'<section id="lineages"><h2>Lineages</h2><ul class="tree">{tree}</ul></section>'
+        f'<input type="checkbox" id="only-breaks"{" checked" if compact else ""}>'
+        '<label class="toggle" for="only-breaks">only the requests with a break (as sent or after)</label> '
+        '<input type="checkbox" id="only-left">'
+        '<label class="toggle" for="only-left">only the breaks left after canonicalization</label>'
+        f'<section id="lineages"><h2>Lineages</h2><ul class="tree">{html}</ul></section>'
         f'<section id="breaks"><h2>Breaks left after canonicalization</h2>'
         f"{left or NO_BREAKS}</section>"
-        f'<section id="fixed"><h2>Breaks prefixpin fixes (as sent)</h2>'
-        f"{fixed or NONE}</section>"
+        f'<section id="fixed" class="folded"><details{"" if compact else " open"}><summary>'
+        f"Breaks prefixpin fixes (as sent): {n_fixed}</summary>{fixed or NONE}</details></section>"
         "</main><footer>Bytes are predicted offline from the trace; tokens are what the upstream reported "
-        "(when the trace has them). Generated by prefixpin audit.</footer>"
+        "(when the trace has them). Requests are numbered by their line in the trace, from 0 (#0 is the "
+        "first line), as in prefixpin audit --json. Generated by prefixpin audit.</footer>"
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
@@ -162,9 +195,9 @@ def _legend() -> str:
     items += [("evicted", "evicted (observed): the parent's bytes the upstream no longer had")]
     spans = "".join(f'<span><i class="sw" style="background:{COLORS[k]}"></i>{escape(t)}</span>' for k, t in items)
     note = (
-        "<span>Each request: its prompt bytes after canonicalization, to scale; under it, thinner, the tokens "
-        "the upstream reported (cached, then uncached by cause, against the trace as sent) when the trace has "
-        "them.</span>"
+        "<span>Each request (#index: its line in the trace, from 0): its prompt bytes to scale, as the agent "
+        "sent them (sent) and as prefixpin forwards them (after); under them, the tokens the upstream reported "
+        "(cached, then uncached by cause) when the trace has them.</span>"
     )
     return f'<section class="legend">{spans}{note}</section>'
 
@@ -175,58 +208,82 @@ def _chip(cause: str, n: int | None = None) -> str:
     return f'<span class="chip" style="background:{color}">{text}</span>'
 
 
-def _lineage(
-    lin: dict[str, Any],
-    children: dict[str | None, list[dict[str, Any]]],
-    by_lineage: dict[str | None, list[dict[str, Any]]],
-    widest: int,
-) -> str:
-    kind = "fork" if lin["kind"] == "fork" else "root"
-    parent = f" of {escape(lin['parent'])}" if lin["parent"] else ""
-    mine = by_lineage.get(lin["id"], [])
-    if mine and mine[0]["parent"] is not None and not lin["parent"]:  # a root that replays a recorded conversation
-        parent = f' <a href="#req-{mine[0]["parent"]}">after line {mine[0]["parent"] + 1}</a>'
-    breaks = sum(lin["breaks_after"].values())
-    n = lin["requests"]
-    meta = (
-        f"{n} request{'s' if n != 1 else ''} · {lin['prompt_bytes'] / 1024:.1f} KB · cacheable "
-        f"{_pct(lin['cacheable_before'])} → {_pct(lin['cacheable_after'])} · "
-        f"{sum(lin['breaks_before'].values())} → {breaks} breaks"
-    )
-    forks = "".join(_lineage(c, children, by_lineage, widest) for c in children.get(lin["id"], []))
-    return (
-        f'<li class="lineage {kind}" id="lineage-{escape(lin["id"])}"><details open><summary>'
-        f'<span class="kind {kind}">{kind}{parent}</span>{escape(lin["id"])} <span class="meta">{meta}</span>'
-        f"</summary>{_table(by_lineage.get(lin['id'], []), widest)}</details>"
-        f"{f'<ul>{forks}</ul>' if forks else ''}</li>"
-    )
+def _broken(r: dict[str, Any]) -> str:
+    """``left`` (a break after canonicalization), ``fixed`` (as sent only) or ``none``."""
+    return "left" if r["cause"] else "fixed" if r["cause_before"] else "none"
 
 
-def _group(name: str, meta: str, requests: list[dict[str, Any]], widest: int) -> str:
-    return (
-        f'<li class="lineage other"><details open><summary>{escape(name)} <span class="meta">{escape(meta)}</span>'
-        f"</summary>{_table(requests, widest)}</details></li>"
-    )
+class _Tree:
+    """The lineage tree: each lineage a folding ``<details>``, its forks under it."""
+
+    def __init__(
+        self,
+        children: dict[str | None, list[dict[str, Any]]],
+        by_lineage: dict[str | None, list[dict[str, Any]]],
+        widest: int,
+        compact: bool,
+    ) -> None:
+        self.children, self.by_lineage, self.widest, self.compact = children, by_lineage, widest, compact
+
+    def lineage(self, lin: dict[str, Any]) -> str:
+        kind = "fork" if lin["kind"] == "fork" else "root"
+        parent = f" of {escape(lin['parent'])}" if lin["parent"] else ""
+        mine = self.by_lineage.get(lin["id"], [])
+        if mine and mine[0]["parent"] is not None and not lin["parent"]:  # a root that replays a conversation
+            parent = f' <a href="#req-{mine[0]["parent"]}">after #{mine[0]["parent"]}</a>'
+        breaks = sum(lin["breaks_after"].values())
+        n = lin["requests"]
+        meta = (
+            f"{n} request{'s' if n != 1 else ''} · {lin['prompt_bytes'] / 1024:.1f} KB · cacheable "
+            f"{_pct(lin['cacheable_before'])} → {_pct(lin['cacheable_after'])} · "
+            f"{sum(lin['breaks_before'].values())} → {breaks} breaks"
+        )
+        forks = "".join(self.lineage(c) for c in self.children.get(lin["id"], []))
+        return (
+            f'<li class="lineage {kind}" id="lineage-{escape(lin["id"])}">{self._details(mine)}<summary>'
+            f'<span class="kind {kind}">{kind}{parent}</span>{escape(lin["id"])} <span class="meta">{meta}</span>'
+            f"{_hidden(mine)}</summary>{self.table(mine)}</details>"
+            f"{f'<ul>{forks}</ul>' if forks else ''}</li>"
+        )
+
+    def group(self, name: str, meta: str, requests: list[dict[str, Any]]) -> str:
+        return (
+            f'<li class="lineage other">{self._details(requests)}<summary>{escape(name)} '
+            f'<span class="meta">{escape(meta)}</span>{_hidden(requests)}</summary>'
+            f"{self.table(requests)}</details></li>"
+        )
+
+    def _details(self, requests: list[dict[str, Any]]) -> str:
+        """Open, except a lineage without any break in a compact page."""
+        quiet = all(_broken(r) == "none" for r in requests)
+        return "<details>" if self.compact and quiet else "<details open>"
+
+    def table(self, requests: list[dict[str, Any]]) -> str:
+        return f'<table class="requests">{"".join(_row(r, self.widest) for r in requests)}</table>'
 
 
-def _table(requests: list[dict[str, Any]], widest: int) -> str:
-    return f'<table class="requests">{"".join(_row(r, widest) for r in requests)}</table>'
+def _hidden(requests: list[dict[str, Any]]) -> str:
+    """What the compact views leave out of a lineage, said in its summary."""
+    quiet = sum(1 for r in requests if _broken(r) == "none")
+    fine = sum(1 for r in requests if _broken(r) != "left")
+    notes = f' <span class="hidden-note quiet">({quiet} without a break hidden)</span>' if quiet else ""
+    return notes + (f' <span class="hidden-note fine">({fine} without a break left hidden)</span>' if fine else "")
 
 
 def _row(r: dict[str, Any], widest: int) -> str:
     total = r["prompt_bytes"]
-    cacheable, new = r["cacheable_bytes"], r["new_bytes"]
-    broken = max(total - cacheable - new, 0)
     width = 100 * total / widest
-    segments = [("cacheable", cacheable), (r["cause"] or "new", broken), ("new", new)]
-    title = f"{total:,} bytes: {cacheable:,} cacheable, {broken:,} after the break, {new:,} new"
-    bars = _bar(segments, total, width, title, "bytes")
+    sent = _bytes(total, r["cacheable_bytes_before"], r.get("new_bytes_before", total), r["cause_before"])
+    after = _bytes(total, r["cacheable_bytes"], r["new_bytes"], r["cause"])
+    lanes = _lane("sent", _bar(sent, total, width, _title("as sent", sent), "bytes sent"))
+    lanes += _lane("after", _bar(after, total, width, _title("after canonicalization", after), "bytes"))
     usage = r.get("usage")
     if usage:
         split = r.get("uncached") or {}
         parts = [("cached", usage["cached_tokens"]), *((c, split.get(c, 0)) for c in _ORDER)]
         detail = ", ".join(f"{n:,} {c}" for c, n in parts if n)
-        bars += _bar(parts, usage["prompt_tokens"], width, f"{usage['prompt_tokens']:,} tokens: {detail}", "observed")
+        tokens = _bar(parts, usage["prompt_tokens"], width, f"{usage['prompt_tokens']:,} tokens: {detail}", "observed")
+        lanes += _lane("tokens", tokens)
     if r["cause"]:
         state = f'<a href="#break-{r["index"]}">{_chip(r["cause"])}</a>'
     elif r["cause_before"]:
@@ -234,9 +291,25 @@ def _row(r: dict[str, Any], widest: int) -> str:
     else:
         state = ""
     return (
-        f'<tr class="request" id="req-{r["index"]}"><td class="idx">line {r["index"] + 1}</td>'
-        f'<td class="role">{escape(str(r["role"]))}</td><td class="bars">{bars}</td><td>{state}</td></tr>'
+        f'<tr class="request" data-break="{_broken(r)}" id="req-{r["index"]}"><td class="idx">#{r["index"]}</td>'
+        f'<td class="role">{escape(str(r["role"]))}</td><td class="bars">{lanes}</td><td>{state}</td></tr>'
     )
+
+
+def _bytes(total: int, cacheable: int, new: int, cause: str | None) -> list[tuple[str, int]]:
+    """A prompt's bytes: cacheable, after the break (in the cause's colour), new."""
+    broken = max(total - cacheable - new, 0)
+    return [("cacheable", cacheable), (cause or "new", broken), ("new", new)]
+
+
+def _title(when: str, segments: list[tuple[str, int]]) -> str:
+    (_, cacheable), (_, broken), (_, new) = segments
+    total = cacheable + broken + new
+    return f"{when}: {total:,} bytes: {cacheable:,} cacheable, {broken:,} after the break, {new:,} new"
+
+
+def _lane(label: str, bar: str) -> str:
+    return f'<div class="lane"><span class="lbl">{label}</span><div class="track">{bar}</div></div>'
 
 
 _ORDER = ("evicted", "system_changed", "tools_changed", "params_changed", "model_changed", "history_rewritten", "new")
@@ -252,35 +325,47 @@ def _bar(segments: list[tuple[str, int]], total: int, width: float, title: str, 
 
 
 def _break(r: dict[str, Any]) -> str:
-    parent = f" against line {r['parent'] + 1}" if r.get("parent") is not None else ""
+    parent = f" against #{r['parent']}" if r.get("parent") is not None else ""
     lineage = f" ({escape(str(r['lineage']))}, {escape(str(r['role']))})"
     parts = []
-    if r["cause"] and (r["cause_before"], r["evidence_before"]) == (r["cause"], r["evidence"]):
-        parts.append(_evidence("as sent and after canonicalization", r["cause"], r["evidence"]))
+    same = (r["cause_before"], r.get("places_before")) == (r["cause"], r.get("places"))
+    if r["cause"] and same:
+        parts.append(_evidence("as sent and after canonicalization", r["cause"], r["evidence"], r.get("places")))
     else:
         if r["cause_before"]:
-            parts.append(_evidence("as sent", r["cause_before"], r["evidence_before"]))
+            parts.append(_evidence("as sent", r["cause_before"], r["evidence_before"], r.get("places_before")))
         if r["cause"]:
-            parts.append(_evidence("after canonicalization", r["cause"], r["evidence"]))
+            parts.append(_evidence("after canonicalization", r["cause"], r["evidence"], r.get("places")))
         elif r["cause_before"]:
             parts.append('<p class="evidence fixed">after canonicalization: no break (prefixpin fixes it)</p>')
     color = COLORS.get(r["cause"] or "cacheable", "#999")
     return (
         f'<article class="break" id="break-{r["index"]}" style="border-left-color:{color}">'
-        f'<h3><a href="#req-{r["index"]}">line {r["index"] + 1}</a>{lineage}{parent}</h3>{"".join(parts)}</article>'
+        f'<h3><a href="#req-{r["index"]}">#{r["index"]}</a>{lineage}{parent}</h3>{"".join(parts)}</article>'
     )
 
 
-def _evidence(when: str, cause: str, ev: dict[str, Any] | None) -> str:
+def _evidence(when: str, cause: str, ev: dict[str, Any] | None, places: list[dict[str, Any]] | None) -> str:
+    """The break's cause and every place the request differs from its parent (the
+    break's own evidence when the report lists no places)."""
+    found = places or ([ev] if ev else [])
     head = f'<p class="evidence">{escape(when)}: {_chip(cause)}'
-    if not ev:
+    if not found:
         return head + "</p>"
-    head += f" in <code>{escape(ev['field'])}</code> at byte {int(ev['offset']):,}</p>"
+    n = len(found)
+    if n >= MAX_PLACES:
+        head += f" · {n} places or more differ from the parent (the first {n} shown)</p>"
+    else:
+        head += f" · {n} place{'s' if n != 1 else ''} differ{'s' if n == 1 else ''} from the parent</p>"
+    return head + '<ol class="places">' + "".join(f"<li>{_place(p)}</li>" for p in found) + "</ol>"
+
+
+def _place(ev: dict[str, Any]) -> str:
     before, after = _marked(ev["before"], ev["after"], int(ev["offset"]))
     return (
-        head
-        + f'<div class="diff before"><span class="lbl">parent</span>{before}</div>'
-        + f'<div class="diff after"><span class="lbl">this</span>{after}</div>'
+        f'<p class="evidence"><code>{escape(ev["field"])}</code> at byte {int(ev["offset"]):,}</p>'
+        f'<div class="diff before"><span class="lbl">parent</span>{before}</div>'
+        f'<div class="diff after"><span class="lbl">this</span>{after}</div>'
     )
 
 
@@ -291,7 +376,9 @@ def _marked(before: str, after: str, offset: int) -> tuple[str, str]:
     s = common_prefix(before[k:][::-1], after[k:][::-1])
     mid_b, mid_a = before[k : len(before) - s], after[k : len(after) - s]
 
-    cut = len(before[:k].encode("utf-8", "surrogatepass")) < offset  # the window starts after the text does
+    # The window starts after the text does (offset: the first differing byte in this
+    # request's text; the windows share what comes before it).
+    cut = len(after[:k].encode("utf-8", "surrogatepass")) < offset
     lead = '<span class="cut">…</span>' if cut else ""
 
     def mark(text: str, mid: str, tag: str) -> str:

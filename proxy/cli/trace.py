@@ -9,11 +9,23 @@ wire APIs' paths are understood).  Other keys are annotations: ``kind`` and
 ``session`` are shown by replay, ``response`` (the upstream's reply) is recorded
 by audit, the rest is ignored.  A malformed line is reported with its number and
 skipped; a file that cannot be read at all raises :class:`TraceError`.
+
+A line's number (``TraceLine.line``, from 1 as editors count) is one more than its
+*index* (from 0), the number ``prefixpin audit`` gives every request everywhere.
+Lines are split at ``\n`` only (JSON text may hold U+2028 and the like raw).
+
+Lines ``prefixpin serve --trace`` wrote (:mod:`proxy.recording`) carry ``tenant``
+and ``role``: :attr:`TraceLine.recorded`.  Their ``body`` is the client's bytes,
+kept in :attr:`TraceLine.raw` as the file has them; a body that was not JSON text is
+in ``body_base64`` (``body`` null): it is decoded, and read when it is a JSON object.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,6 +51,17 @@ class TraceLine:
     kind: str | None = None
     session: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # every other key of the line
+    raw: bytes | None = None  # the body's bytes as the file has them (recorded lines)
+
+    @property
+    def index(self) -> int:
+        """The request's number everywhere in audit's output: its line, from 0."""
+        return self.line - 1
+
+    @property
+    def recorded(self) -> bool:
+        """Written by ``prefixpin serve --trace``: the usage is of what prefixpin forwarded."""
+        return "tenant" in self.extra and "role" in self.extra
 
     @property
     def exchange(self) -> Exchange:
@@ -56,17 +79,74 @@ def _path(obj: dict[str, Any], body: dict[str, Any]) -> str:
     return path
 
 
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _skip(text: str, i: int) -> int:
+    """Past the whitespace at ``i``."""
+    m = _WS.match(text, i)
+    return m.end() if m else i
+
+
+def _members(text: str) -> tuple[Any, tuple[int, int] | None]:
+    """The line's JSON value and, when it is an object, where its ``body`` member's
+    value is in ``text``, between the colon and the next delimiter (json.loads's
+    reading: the last of a repeated key wins)."""
+    i = _skip(text, 0)
+    if text[i : i + 1] != "{":
+        return json.loads(text), None
+    obj: dict[str, Any] = {}
+    span = None
+    i = _skip(text, i + 1)
+    if text[i : i + 1] == "}":
+        return (obj, None) if not text[i + 1 :].strip(" \t\n\r") else (json.loads(text), None)
+    while True:
+        key, i = _DECODER.raw_decode(text, i)
+        i = _skip(text, i)
+        if not isinstance(key, str) or text[i : i + 1] != ":":
+            return json.loads(text), None  # its error
+        colon = i + 1
+        value, end = _DECODER.raw_decode(text, _skip(text, colon))
+        obj[key] = value
+        i = _skip(text, end)
+        span = (colon, i) if key == "body" else span  # with the whitespace around it, as written
+        if text[i : i + 1] == ",":
+            i = _skip(text, i + 1)
+            continue
+        if text[i : i + 1] == "}" and not text[i + 1 :].strip(" \t\n\r"):
+            return obj, span
+        return json.loads(text), None
+
+
+def _body(obj: dict[str, Any], text: str, span: tuple[int, int] | None) -> tuple[dict[str, Any], bytes | None]:
+    """The request body, and its bytes when the line keeps them."""
+    body = obj.get("body")
+    if body is None and isinstance(obj.get("body_base64"), str):
+        try:
+            raw = base64.b64decode(obj["body_base64"], validate=True)
+            body = json.loads(raw.decode("utf-8"))
+        except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"the request body was not JSON text (kept as body_base64: {exc})") from None
+        if not isinstance(body, dict):
+            raise ValueError("the request body was not a JSON object (kept as body_base64)")
+        return body, raw
+    if not isinstance(body, dict):
+        raise ValueError('"body" is missing or not an object')
+    return body, text[span[0] : span[1]].encode("utf-8", "surrogatepass") if span else None
+
+
 def parse_line(number: int, text: str) -> TraceLine:
     """One trace line; ``ValueError`` says what is wrong with it."""
     try:
-        obj = json.loads(text)
+        obj, span = _members(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("not JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        raise ValueError('"body" is missing or not an object')
+    body, raw = _body(obj, text, span)
     headers = obj.get("headers") or {}
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise ValueError('"headers" is not an object of strings')
@@ -74,7 +154,8 @@ def parse_line(number: int, text: str) -> TraceLine:
     if isinstance(t, bool) or not isinstance(t, int | float):
         raise ValueError('"t" is not a number')
     kind, session = obj.get("kind"), obj.get("session")
-    extra = {k: v for k, v in obj.items() if k not in ("t", "headers", "body", "path", "kind", "session")}
+    skip = ("t", "headers", "body", "body_base64", "path", "kind", "session")
+    extra = {k: v for k, v in obj.items() if k not in skip}
     return TraceLine(
         number,
         float(t),
@@ -84,22 +165,25 @@ def parse_line(number: int, text: str) -> TraceLine:
         kind=None if kind is None else str(kind),
         session=None if session is None else str(session),
         extra=extra,
+        raw=raw,
     )
 
 
 def read_trace(path: str | Path, errors: TextIO, tool: str) -> tuple[list[TraceLine], list[dict[str, Any]]]:
     """All well-formed lines; each malformed one is reported on ``errors`` and skipped."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from None
     lines, skipped = [], []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
+    for number, chunk in enumerate(data.split(b"\n"), start=1):
         try:
+            raw = chunk.decode("utf-8").rstrip("\r")
+            if not raw.strip():
+                continue
             lines.append(parse_line(number, raw))
-        except ValueError as exc:
-            print(f"prefixpin {tool}: {path}:{number}: skipped: {exc}", file=errors)
-            skipped.append({"line": number, "error": str(exc)})
+        except (UnicodeDecodeError, ValueError) as exc:
+            why = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            print(f"prefixpin {tool}: {path}:{number}: skipped: {why} (index {number - 1})", file=errors)
+            skipped.append({"line": number, "index": number - 1, "error": why})
     return lines, skipped

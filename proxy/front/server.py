@@ -33,6 +33,9 @@ from proxy.redact import redact_query
 
 log = logging.getLogger("prefixpin")
 access_log = logging.getLogger("prefixpin.access")
+# scope["extensions"][ACCESS_NOTE]: what the app adds to the request's access-log line
+# (proxy.access: role, lineage, tokens, cause)
+ACCESS_NOTE = "prefixpin.access"
 BACKLOG = 2048
 RESERVED_FDS = 64  # files, the store, logs: what the process needs besides connections
 
@@ -115,7 +118,13 @@ class Server:
             target = redact_query(target + "?" + scope["query_string"].decode("latin-1"), self.secret_params)
         client = scope["client"]
         peer = f"{client[0]}:{client[1]}" if client else "-"
-        access_log.info('%s - "%s %s HTTP/%s" %d', peer, scope["method"], target, scope["http_version"], cycle.status)
+        note = (scope.get("extensions") or {}).get(ACCESS_NOTE)
+        line = '%s - "%s %s HTTP/%s" %d'
+        args = [peer, scope["method"], target, scope["http_version"], cycle.status]
+        if note:
+            line += " %s"
+            args.append(note)
+        access_log.info(line, *args)
 
     # -- stopping ---------------------------------------------------------------------
     async def shutdown(self, grace_s: float) -> None:

@@ -224,8 +224,8 @@ def test_audit_text_names_the_breaks_left(tmp_path: Path) -> None:
     out = _run(str(_causes_trace(tmp_path)), "--no-progress")
     assert out.returncode == 0, out.stderr
     assert "breaks after canonicalization" in out.stdout
-    assert "      3: L1 continuation, tools_changed, tools[2] at byte 0" in out.stdout
-    assert "      5: L2 root, system_changed, system at byte 13" in out.stdout
+    assert "  #2     L1 continuation, tools_changed, tools[2] at byte 0" in out.stdout  # #index: its line from 0
+    assert "  #4     L2 root, system_changed, system at byte 13" in out.stdout
     assert "uncached by cause:" in out.stdout
 
 
@@ -233,10 +233,8 @@ def test_fail_on_and_min_ratio_gate_ci(tmp_path: Path) -> None:
     trace = str(_causes_trace(tmp_path))
     out = _run(trace, "--fail-on", "system_changed,tools_changed", "--no-progress")
     assert out.returncode == 3, out.stderr
-    assert "gate failed: request 2 (L1, continuation): tools_changed in tools[2] at byte 0 against request 1" in (
-        out.stderr
-    )
-    assert "request 4 (L2, root): system_changed in system at byte 13" in out.stderr
+    assert "gate failed: request #2 (L1, continuation): tools_changed in tools[2] at byte 0 against #1" in (out.stderr)
+    assert "request #4 (L2, root): system_changed in system at byte 13" in out.stderr
     assert "prefixpin audit:" in out.stdout  # the report is printed all the same
     assert _run(trace, "--fail-on", "model_changed,params_changed", "--json").returncode == 0
     assert _run(trace, "--fail-on", "any", "--json").returncode == 3
@@ -286,3 +284,80 @@ def test_a_line_with_a_lone_surrogate_is_skipped_not_fatal(tmp_path: Path) -> No
         (0, "root", None),
         (2, "continuation", 0),
     ]
+
+
+# -- traces prefixpin serve --trace recorded -----------------------------------------------
+
+
+def _recorded(body: dict[str, Any], tenant: str, i: int, **extra: Any) -> dict[str, Any]:
+    """A line as proxy.recording writes it (the body last, compact)."""
+    head = {"t": 1.7e9 + i, "path": "/v1/chat/completions", "headers": {}, "tenant": tenant, "lineage": f"x{i}"}
+    head |= {"role": "root", "status": 200, "usage": None, "response": None, **extra}
+    return head | {"body": body}
+
+
+def _write_lines(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+    return path
+
+
+def test_a_recorded_trace_keeps_its_tenants_apart(tmp_path: Path) -> None:
+    """Two tenants send the same conversation (credentials are not in a recorded trace:
+    the hashed tenant is); a request without credentials (tenant "") shares nothing."""
+    h2 = [U1, R1, {"role": "user", "content": "more"}]
+    first, second = _chat([U1]), _chat(h2)
+    lines = [
+        _recorded(first, "kA", 0, response=R1),
+        _recorded(first, "kB", 1, response=R1),
+        _recorded(second, "kA", 2),
+        _recorded(second, "kB", 3),
+        _recorded(first, "", 4, response=R1),
+        _recorded(second, "", 5),
+    ]
+    out = _run(str(_write_lines(tmp_path / "rec.jsonl", lines)), "--json")
+    assert out.returncode == 0, out.stderr
+    requests = json.loads(out.stdout)["requests"]
+    assert [r["role"] for r in requests] == ["root", "root", "continuation", "continuation", "root", "root"]
+    assert [r["lineage"] for r in requests] == ["L1", "L2", "L1", "L2", "L3", "L4"]
+    assert [r["parent"] for r in requests] == [None, None, 0, 1, None, None]
+
+
+def test_recorded_usage_is_split_against_what_was_forwarded(tmp_path: Path) -> None:
+    """A timestamp prefixpin pins: as sent it breaks the prefix (system_changed), as
+    forwarded it does not.  The upstream of a recorded trace was sent what prefixpin
+    forwarded, so its usage splits as the live counter did; a line prefixpin bypassed
+    is all new; the same lines without ``tenant`` and ``role`` split against as sent."""
+    h2 = [U1, R1, {"role": "user", "content": "more"}]
+    later = SYSTEM.replace("14:30", "14:31")
+    usage = {"prompt_tokens": 1000, "cached_tokens": 900}
+    lines = [
+        _recorded(_chat([U1]), "kA", 0, response=R1, usage=usage),
+        _recorded(_chat(h2, system=later), "kA", 1, role="continuation", usage=usage),
+        _recorded(_chat(h2, system=later), "kA", 2, role="bypass", usage=usage),
+    ]
+    recorded = json.loads(_run(str(_write_lines(tmp_path / "rec.jsonl", lines)), "--json").stdout)["requests"]
+    assert recorded[1]["cause_before"] == "system_changed" and recorded[1]["cause"] is None
+    assert "system_changed" not in recorded[1]["uncached"] and sum(recorded[1]["uncached"].values()) == 100
+    assert recorded[2]["uncached"] == {"new": 100}
+    legacy = [{k: v for k, v in line.items() if k not in ("tenant", "role")} for line in lines]
+    as_sent = json.loads(_run(str(_write_lines(tmp_path / "sent.jsonl", legacy)), "--json").stdout)["requests"]
+    assert set(as_sent[1]["uncached"]) == {"new", "system_changed"}
+
+
+def test_every_differing_place_of_a_request_is_listed(tmp_path: Path) -> None:
+    """The memory counter and, further down, the minute: two places as sent (both
+    pinned: none after), the first of them the break's evidence."""
+    base = hermes.system_prompt(minute="02:30 PM", pct=49)
+    moved = hermes.system_prompt(minute="02:31 PM", pct=52)
+    h2 = [U1, R1, {"role": "user", "content": "more"}]
+    lines = [
+        {"t": 0, "headers": KEY, "body": hermes.request(base, [U1], hermes.tools_full()), "response": R1},
+        {"t": 60, "headers": KEY, "body": hermes.request(moved, h2, hermes.tools_full())},
+    ]
+    requests = json.loads(_run(str(_write_lines(tmp_path / "t.jsonl", lines)), "--json").stdout)["requests"]
+    places = requests[1]["places_before"]
+    assert requests[1]["cause_before"] == "system_changed" and requests[1]["cause"] is None
+    assert len(places) == 2 and places[0] == requests[1]["evidence_before"]
+    assert "49%" in places[0]["before"] and "52%" in places[0]["after"]
+    assert "02:30 PM" in places[1]["before"] and "02:31 PM" in places[1]["after"]
+    assert places[1]["offset"] > places[0]["offset"] and requests[1]["places"] == []

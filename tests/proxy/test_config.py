@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from proxy.cli import build_parser
 from proxy.config import Config, ConfigError, from_mapping, load
 from tests.infra.procs import REPO, prefixpin_argv
 
@@ -103,6 +104,14 @@ def test_example_configs_commented_rule_is_valid() -> None:
         ),
         ({"provider_cache": {"min_tokens": {"m": 1.5}}}, "provider_cache.min_tokens.m: must be a whole number"),
         ({"provider_cache": {"min_tokens": {"m": True}}}, "provider_cache.min_tokens.m: must be a whole number"),
+        (
+            {"trace": {"path": "/nonexistent-dir/t.jsonl"}},
+            "trace.path: the directory '/nonexistent-dir' does not exist",
+        ),
+        ({"trace": {"path": "/tmp"}}, "trace.path: '/tmp' is a directory, not a file"),
+        ({"trace": {"path": ""}}, "trace.path: must be a non-empty string or null"),
+        ({"trace": {"max_bytes": 0}}, "trace.max_bytes: must be greater than 0"),
+        ({"trace": {"keep": -1}}, "trace.keep: must be 0 or more rotated files (got -1)"),
     ],
 )
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
@@ -295,3 +304,12 @@ def test_no_traceback_when_the_reader_is_gone(tmp_path: Path, command: str) -> N
         f"{shlex.join(argv)} | head -1", shell=True, capture_output=True, text=True, stdin=subprocess.DEVNULL
     )
     assert piped.returncode == 0 and piped.stdout.strip() and piped.stderr == ""
+
+
+def test_trace_defaults_and_the_serve_flag(tmp_path: Path) -> None:
+    c = load(None, env={})
+    assert (c.trace.path, c.trace.max_bytes, c.trace.keep) == (None, 256 * 2**20, 3)
+    flagged = load(None, env={}, overrides={"trace.path": str(tmp_path / "t.jsonl")})  # serve --trace PATH
+    assert flagged.trace.path == str(tmp_path / "t.jsonl")
+    parser_args = build_parser().parse_args(["serve", "--trace", "x.jsonl"])
+    assert parser_args.trace == "x.jsonl"
