@@ -23,6 +23,7 @@ import yaml
 
 from canonicalize import PACKS, ForkPolicy, RuleError, Settings, compile_rule
 from canonicalize.ruleset import LearnMode
+from proxy.hostnames import ascii_host
 from proxy.redact import redact
 
 
@@ -43,6 +44,7 @@ class Listen:
     host: str = "127.0.0.1"
     port: int = 8787
     workers: int = 1  # processes sharing the port and the store; 0 is "auto" (one per CPU, at most 8)
+    shutdown_grace_s: float = 30.0  # on SIGTERM: requests in flight get this long, then streams are ended
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,10 @@ class Environment:
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024  # the request line and headers (431 past it)
+    max_header_bytes: int = 64 * 1024  # a request's line and headers (431 past it); an upstream response's (502)
+    # Past either, the upstream's answer is relayed as it came, unread (fail open):
+    max_decoded_bytes: int = 64 * 1024 * 1024  # an answer prefixpin reads whole, decoded
+    max_event_bytes: int = 8 * 1024 * 1024  # one SSE event prefixpin parses
     # Open client connections; 0: from the file-descriptor limit (proxy.front.server).
     max_connections: int = 0
     keepalive_timeout_s: float = 5.0  # an idle client connection is closed after this
@@ -334,6 +339,8 @@ _POSITIVE = {
     "limits.header_timeout_s",
     "limits.body_timeout_s",
     "limits.max_header_bytes",
+    "limits.max_decoded_bytes",
+    "limits.max_event_bytes",
     "limits.keepalive_timeout_s",
     "metrics.max_models",
     "affinity.max_load",
@@ -535,9 +542,11 @@ def validate(config: Config) -> None:
     if config.fork.min_depth < 1:
         raise ConfigError(f"fork.min_depth: must be at least 1 (got {config.fork.min_depth})")
     _validate_tenancy(config)
-    url = urlsplit(config.upstream.url)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
+    if not 1 <= config.listen.port <= 65535:
+        raise ConfigError(f"listen.port: must be a port number, 1-65535 (got {config.listen.port})")
+    if config.listen.shutdown_grace_s < 0:
+        raise ConfigError(f"listen.shutdown_grace_s: must be 0 or more seconds (got {config.listen.shutdown_grace_s})")
+    _validate_url("upstream.url", config.upstream.url)
     _validate_affinity(config)
     _validate_egress(config)
     if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in ("redis", "rediss", "unix"):
@@ -564,11 +573,26 @@ def _validate_tenancy(config: Config) -> None:
         )
 
 
+def _validate_url(key: str, url: str) -> None:
+    """An upstream URL prefixpin can connect to: http(s), a host with an ASCII form, a port."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: must be an http(s) URL (got {redact(url)!r})")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ConfigError(f"{key}: the port must be a number, 1-65535 (got {redact(url)!r})")
+    try:
+        ascii_host(parts.hostname)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
 def _validate_affinity(config: Config) -> None:
     for i, u in enumerate(config.upstream.pool):
-        parts = urlsplit(u)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"upstream.pool[{i}]: must be an http(s) URL (got {redact(u)!r})")
+        _validate_url(f"upstream.pool[{i}]", u)
     a = config.affinity
     if a.max_load < 1:
         raise ConfigError(f"affinity.max_load: must be at least 1 (got {a.max_load})")

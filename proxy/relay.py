@@ -15,9 +15,38 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from proxy.upstream.message import Body
+
+
+class AsSent(Exception):
+    """Raised by a :class:`Pieces` before anything went out: the body is to be relayed
+    as the upstream sent it (its head and bytes), not as ``pieces`` would make it."""
+
+
+class HeldHead:
+    """``send`` with the response head held until the first body bytes (or the end):
+    an answer that must still be able to go out as the upstream sent it, until its
+    first bytes are decided.  ``on_sent`` is called once the head went out."""
+
+    __slots__ = ("_on_sent", "_start", "send", "sent")
+
+    def __init__(self, send: Send, start: Message, on_sent: Callable[[], None] | None = None) -> None:
+        self.send = send  # the client's, unheld
+        self._start = start
+        self._on_sent = on_sent
+        self.sent = False
+
+    async def __call__(self, message: Message) -> None:
+        if not self.sent:
+            if message.get("more_body", False) and not message.get("body"):
+                return  # nothing decided yet
+            self.sent = True
+            if self._on_sent is not None:
+                self._on_sent()
+            await self.send(self._start)
+        await self.send(message)
 
 
 class Pieces(Protocol):
@@ -60,4 +89,4 @@ async def relay(
         await send({"type": "http.response.body", "body": tail})
 
 
-__all__ = ["Pieces", "relay"]
+__all__ = ["AsSent", "HeldHead", "Pieces", "relay"]
