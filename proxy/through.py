@@ -7,11 +7,13 @@ and lets the rest of the stream pass as it comes (fail open):
 
 - the reply machine fails (``prefixpin_fail_open_total{stage="response"}``);
 - a bound is passed (``stage="decode"``): an event still open past
-  ``limits.max_event_bytes`` (an unterminated line holds no more than that), or,
-  on a compressed stream, more than ``limits.max_decoded_bytes`` decoded.  If
-  nothing of the answer went out yet (a compressed stream's head is held until its
-  first event), it raises :class:`proxy.relay.AsSent`: the answer is relayed as
-  the upstream sent it, coding and all.
+  ``limits.max_event_bytes`` (an unterminated line holds no more than that), or
+  more than ``limits.max_decoded_bytes`` of the stream read (decoded, when it is
+  compressed): what the reply machine keeps of a stream (the reply's text, the
+  events a guard holds) grows with it.  If nothing of the answer went out yet (a
+  compressed stream's head is held until its first event), it raises
+  :class:`proxy.relay.AsSent`: the answer is relayed as the upstream sent it,
+  coding and all.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ log = logging.getLogger("prefixpin")
 
 class Through:
     """See the module docstring.  ``held``: the held head of a compressed stream (None:
-    the head went out already, the body is relayed as it comes)."""
+    the head went out already)."""
 
     def __init__(
         self,
@@ -47,18 +49,17 @@ class Through:
         self.splitter = SSESplitter()
         self.first = True
         self.max_event_bytes = max_event_bytes
-        self.max_decoded_bytes = max_decoded_bytes if held is not None else -1
-        self.decoded = 0
+        self.max_decoded_bytes = max_decoded_bytes
+        self.read = 0  # bytes of the stream fed to the reply machine
         self.held = held
 
     def feed(self, chunk: bytes) -> bytes:
         reply = self.flow.reply
         if reply is None:
             return chunk
-        if self.max_decoded_bytes >= 0:
-            self.decoded += len(chunk)
-            if self.decoded > self.max_decoded_bytes:
-                return self._unbounded(b"", chunk, f"over {self.max_decoded_bytes} bytes decoded")
+        self.read += len(chunk)
+        if self.read > self.max_decoded_bytes:
+            return self._unbounded(b"", chunk, f"over {self.max_decoded_bytes} bytes read")
         splitter = self.splitter
         try:
             out = [b for b in (reply.feed(ev) for ev in splitter.feed(chunk)) if b is not None]
