@@ -66,7 +66,8 @@ class _Zlib(Decoder):
         self.coding = coding
         self._gzip = coding == "gzip"
         self._d = self._new()
-        self._raw_fallback = coding == "deflate"  # until the first output: a wrapped stream may be raw
+        self._raw_fallback = coding == "deflate"  # until zlib's 2-byte header is seen valid: it may be raw
+        self._seen = b""  # the bytes fed while it may still be raw, to feed a raw decoder instead
 
     def _new(self) -> Any:  # zlib's decompressor type has no public name
         return zlib.decompressobj(zlib.MAX_WBITS | 16 if self._gzip else zlib.MAX_WBITS)
@@ -74,6 +75,8 @@ class _Zlib(Decoder):
     def feed(self, data: bytes) -> Iterator[bytes]:
         limit = self.slice_bytes
         self.fed = self.fed or bool(data)
+        if self._raw_fallback:
+            self._seen += data
         while True:
             d = self._d
             if d.eof:
@@ -87,11 +90,14 @@ class _Zlib(Decoder):
             except zlib.error as exc:
                 if not self._raw_fallback:
                     raise DecodeError(f"the body is not valid {self.coding} data ({exc})") from None
-                self._raw_fallback = False  # "deflate" is often raw deflate, without the zlib wrapper it names
-                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-                continue
-            if out:
+                # "deflate" is often raw deflate, without the zlib wrapper it names
                 self._raw_fallback = False
+                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
+                data, self._seen = self._seen, b""
+                continue
+            if self._raw_fallback and len(self._seen) >= 2:
+                self._raw_fallback, self._seen = False, b""  # a valid zlib header
+            if out:
                 self.decoded += len(out)
                 yield out
             rest = d.unused_data if d.eof else d.unconsumed_tail
