@@ -127,6 +127,7 @@ class Cycle:
         try:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
+            self.keep_alive = False  # whatever it had sent: no next request on this connection
             if not self.started:
                 log.error("the app failed before answering %s", self.scope.get("path"), exc_info=exc)
                 self._fail()
