@@ -179,8 +179,10 @@ class Connection(asyncio.Protocol):
                 lk = k.lower()
                 if lk == b"content-length":
                     cl = True
-                elif lk == b"transfer-encoding" and b"chunked" in v.lower():
-                    te = True
+                elif lk == b"transfer-encoding":
+                    # chunked only when it is the last coding (RFC 9112 6.3), as llhttp frames it:
+                    # "gzip, chunked" is chunked, "notchunked" reads to the close
+                    te = v.rpartition(b",")[2].strip().lower() == b"chunked"
                 elif lk == b"keep-alive":
                     self._keep_alive(v)
             self.until_eof = not (te or cl)

@@ -13,6 +13,7 @@ from proxy.upstream.connections import Connections
 from proxy.upstream.message import Request, Timeouts
 from proxy.upstream.target import Base
 from tests.infra import rawupstream as raw
+from tests.infra.wait import wait_until_async
 
 
 class Conn:
@@ -164,7 +165,8 @@ def test_with_one_connection_allowed_the_next_request_gets_it_once_released() ->
                 return r.status
 
             tasks = [asyncio.ensure_future(one()) for _ in range(3)]
-            await asyncio.sleep(0.05)
+            await wait_until_async(lambda: len(up.requests) == 1, message="one request holds the connection")
+            await asyncio.sleep(0)  # and the two others wait for it
             held.set()
             return list(await asyncio.gather(*tasks))  # before: the two waiters timed out
         finally:
