@@ -26,8 +26,13 @@ checks, a strict response parser (:mod:`proxy.upstream.http11`).
   connection found closed within a second of its chunked response, or a
   reused one failing so) no longer gets its connections back after a chunked
   response; after other responses they are reused as before.
-- **A cap** of ``max_connections`` open at once over every origin; past it a
-  request waits up to its pool timeout.
+- **A cap** of ``max_connections`` open at once over every origin
+  (:mod:`proxy.upstream.cap`); past it a request waits up to its pool timeout,
+  and is handed the first slot or released connection.
+- **TLS** is a handshake after the TCP connection, with its own deadline
+  (``TLS_HANDSHAKE_S``): an ``https://`` URL to a plain-HTTP server is named as
+  such within seconds, not left to the connect timeout.
+- **A response head** is bounded by ``max_header_bytes`` (``limits.max_header_bytes``).
 """
 
 from __future__ import annotations
