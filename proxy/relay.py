@@ -8,6 +8,12 @@ upstream connection to the pool.  When the upstream's last bytes are in, they
 end the client's response in the same write as its terminating chunk.  A
 failure reading the body comes out as the upstream's :class:`UpstreamError`:
 the caller decides what the client sees (an in-band error event, or a cut).
+
+The relay goes at the client's pace: each ``send`` returns once the client's
+connection can take more (proxy.front.cycle), so a slow reader pauses the
+upstream read.  :class:`HeldHead` holds a response head until its first body
+bytes, and :class:`AsSent` is how ``pieces`` say, before anything went out, that
+the answer must go as the upstream sent it instead.
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ async def serve(
     server: Server,
     sockets: list[socket.socket],
     *,
-    grace_s: float = 10.0,
+    grace_s: float = 30.0,
     on_ready: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
