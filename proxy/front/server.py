@@ -188,6 +188,8 @@ class Server:
             event = self.error_event(path, message, "server_error", "server_shutdown")
             refusal = self.refusal(path, 503, "server_shutdown", message)
             what = cycle.cut(event, refusal)
+            if what == "complete":
+                continue  # answered; the app is only finishing up
             log.warning(
                 'shutdown: "%s %s" still running after %g s: %s',
                 cycle.scope["method"],
