@@ -114,6 +114,11 @@ class SSESplitter:
         self._at = at - start if at > start else 0
         self._first = first
 
+    @property
+    def held(self) -> int:
+        """How many bytes are held back: the start of an event not yet whole."""
+        return len(self._buf)
+
     def take(self) -> bytes:
         """The bytes held back so far (an unterminated event), as received."""
         tail, self._buf, self._at = self._buf, b"", 0

@@ -25,6 +25,7 @@ import yaml
 
 from canonicalize import PACKS, ForkPolicy, RuleError, Settings, compile_rule
 from canonicalize.ruleset import LearnMode
+from proxy.hostnames import ascii_host
 from proxy.redact import redact
 
 
@@ -69,6 +70,7 @@ class Listen:
     host: str = "127.0.0.1"
     port: int = 8787
     workers: int = 1  # processes sharing the port and the store; 0 is "auto" (one per CPU, at most 8)
+    shutdown_grace_s: float = 30.0  # on SIGTERM: requests in flight get this long, then streams are ended
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,10 @@ class Environment:
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024  # the request line and headers (431 past it)
+    max_header_bytes: int = 64 * 1024  # a request's line and headers (431 past it); an upstream response's (502)
+    # Past either, the upstream's answer is relayed as it came, unread (fail open):
+    max_decoded_bytes: int = 64 * 1024 * 1024  # an answer prefixpin reads whole, decoded
+    max_event_bytes: int = 8 * 1024 * 1024  # one SSE event prefixpin parses
     # Open client connections; 0: from the file-descriptor limit (proxy.front.server).
     max_connections: int = 0
     keepalive_timeout_s: float = 5.0  # an idle client connection is closed after this
@@ -378,6 +383,8 @@ _POSITIVE = {
     "limits.header_timeout_s",
     "limits.body_timeout_s",
     "limits.max_header_bytes",
+    "limits.max_decoded_bytes",
+    "limits.max_event_bytes",
     "limits.keepalive_timeout_s",
     "metrics.max_models",
     "affinity.max_load",
@@ -658,10 +665,19 @@ def _validate_limits(config: Config) -> None:
         raise ConfigError(f"limits.max_concurrency: must be 0 (no limit) or more (got {config.limits.max_concurrency})")
 
 
+def _validate_listen(config: Config) -> None:
+    problems = _Problems()
+    if not 1 <= config.listen.port <= 65535:
+        problems.found.append(f"listen.port: must be a port number, 1-65535 (got {config.listen.port})")
+    if config.listen.shutdown_grace_s < 0:
+        problems.found.append(
+            f"listen.shutdown_grace_s: must be 0 or more seconds (got {config.listen.shutdown_grace_s})"
+        )
+    problems.raise_any()
+
+
 def _validate_upstream(config: Config) -> None:
-    url = urlsplit(config.upstream.url)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"upstream.url: must be an http(s) URL (got {config.upstream.url!r})")
+    _validate_url("upstream.url", config.upstream.url)
 
 
 def _validate_store(config: Config) -> None:
@@ -703,12 +719,28 @@ def _validate_tenant_bounds(config: Config) -> None:
         )
 
 
+def _validate_url(key: str, url: str) -> None:
+    """An upstream URL prefixpin can connect to: http(s), a host with an ASCII form, a port."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: must be an http(s) URL (got {redact(url)!r})")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ConfigError(f"{key}: the port must be a number, 1-65535 (got {redact(url)!r})")
+    try:
+        ascii_host(parts.hostname)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
 def _validate_affinity(config: Config) -> None:
     problems = _Problems()
     for i, u in enumerate(config.upstream.pool):
-        parts = urlsplit(u)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            problems.found.append(f"upstream.pool[{i}]: must be an http(s) URL (got {redact(u)!r})")
+        with problems.check():
+            _validate_url(f"upstream.pool[{i}]", u)
     a = config.affinity
     if a.max_load < 1:
         problems.found.append(f"affinity.max_load: must be at least 1 (got {a.max_load})")
@@ -795,6 +827,7 @@ def _check_proxy(key: str, url: str) -> None:
 _CHECKS: tuple[Callable[[Config], None], ...] = (
     _validate_packs,
     _validate_fork,
+    _validate_listen,
     _validate_limits,
     _validate_tenancy,
     _validate_tenant_bounds,

@@ -14,7 +14,8 @@
      │    │    └── UpstreamReset  the connection broke after the request was sent (-> 502, never resent)
      │    ├── UpstreamTimeout     connect or response timeout (-> 504)
      │    │    └── UpstreamConnectTimeout  the connection was never made: the request never left
-     │    ├── UpstreamProtocol    the upstream spoke broken HTTP (-> 502)
+     │    ├── UpstreamProtocol    the upstream spoke broken HTTP, or a head over limits.max_header_bytes (-> 502)
+     │    │    └── UpstreamEncoding  a body not valid in its content-encoding, or cut short in it (-> 502)
      │    └── UpstreamStreamCut   a response body ended early (the client's response is cut too)
      └── StoreError               the store is down or slow (never a response: fail open)
 
@@ -119,6 +120,11 @@ class UpstreamConnectTimeout(UpstreamTimeout):
 class UpstreamProtocol(UpstreamError):
     code = "upstream_protocol_error"
     metric_kind = "protocol"
+
+
+class UpstreamEncoding(UpstreamProtocol):
+    code = "upstream_bad_encoding"
+    metric_kind = "encoding"
 
 
 class UpstreamStreamCut(UpstreamError):

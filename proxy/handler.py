@@ -26,18 +26,20 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from canonicalize import Exchange, Reply, SSESplitter
+from canonicalize import Exchange, Reply
 from canonicalize.sse import dumps, read
 from proxy import access, responses
 from proxy.addons import Runner
-from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamError
+from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamEncoding, UpstreamError
 from proxy.flow import Flow
-from proxy.relay import relay
+from proxy.relay import AsSent, HeldHead, relay
 from proxy.services import Services
+from proxy.through import Through
 from proxy.upstream import client_path, decode
-from proxy.upstream.headers import raw_request_headers, raw_response_headers
-from proxy.upstream.message import Response
+from proxy.upstream.headers import has_header, raw_request_headers, raw_response_headers
+from proxy.upstream.message import Body, Response
 from proxy.upstream.pool import Pool
+from proxy.upstream.reading import Decoded, Over, read_whole
 from proxy.watch import ClientGone, ClientWatch
 
 log = logging.getLogger("prefixpin")
@@ -186,7 +188,7 @@ class Handler:
         prefixpin cannot undo goes to the client as it came, unread."""
         try:
             return decode.decoder(resp.header(b"content-encoding"))
-        except ValueError as exc:
+        except decode.Undecodable as exc:
             log.warning("passing an upstream response through unread: %s", exc)
             flow.reply = None
             return None
@@ -203,9 +205,13 @@ class Handler:
     ) -> bytes:
         """The whole answer, read, then sent; returns what was sent."""
         with watch:
-            content = await resp.read()
-        if decoder is not None:
-            content = decoder.feed(content) + decoder.flush()
+            content = await read_whole(resp.body, decoder, self.s.config.limits.max_decoded_bytes)
+        if isinstance(content, Over):
+            self.s.metrics.fail_open.labels("decode").inc()
+            log.warning("an answer on %s is over limits.max_decoded_bytes: relayed unread", flow.exchange.name)
+            with watch:
+                await self._as_sent(send, resp, flow, content.raw)
+            return b""  # not read: nothing to judge a 404 by
         m = self.s.metrics
         m.upstream_ttft.observe(time.perf_counter() - sent)
         status, reply = resp.status, flow.reply
@@ -227,6 +233,24 @@ class Handler:
         if reply is not None and not read_first:
             self._complete(flow, reply, content)
         return content
+
+    async def _as_sent(self, send: Send, resp: Response, flow: Flow, raw: list[bytes]) -> None:
+        """Past a bound, before the client's response started: the answer as the upstream
+        sent it (its content-encoding, its bytes: ``raw`` read so far, then the rest),
+        unread (fail open)."""
+        flow.reply = None
+        headers = raw_response_headers(resp.headers)
+        length = resp.header(b"content-length")
+        if length is not None and not has_header(resp.headers, b"transfer-encoding"):
+            headers.append((b"content-length", length))
+        await send({"type": "http.response.start", "status": resp.status, "headers": _tag(headers, flow)})
+        if resp.status >= 400:
+            self.s.metrics.upstream_errors.labels(f"http_{resp.status // 100}xx").inc()
+        for part in raw:
+            if part:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+        before_end = (lambda: self._record_first(flow)) if self.record_first else None
+        await relay(send, resp.body, before_end=before_end)
 
     def _complete(self, flow: Flow, reply: Reply, content: bytes) -> bytes:
         try:
@@ -255,73 +279,47 @@ class Handler:
     ) -> None:
         """Relay a streamed body as it arrives, through the exchange's reply machine.
         A client that leaves ends it (the upstream connection is closed); an upstream
-        that cuts it gets an in-band error event and a clean end."""
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        await send({"type": "http.response.body", "body": b"", "more_body": True})  # the head goes out now
-        through = _Through(self, flow, sent, decoder)
+        that cuts it gets an in-band error event and a clean end.  A compressed stream's
+        head waits for its first event, so that a stream past a bound before then can
+        still go out as the upstream sent it."""
+        start = {"type": "http.response.start", "status": resp.status, "headers": headers}
+        body: Body = resp.body
+        held = None
+        if decoder is None:
+            await send(start)
+            await send({"type": "http.response.body", "body": b"", "more_body": True})  # the head goes out now
+        else:
+            body = decoded = Decoded(resp.body, decoder, keep_raw=True)
+            send = held = HeldHead(send, start, on_sent=decoded.forget_raw)
+        limits = self.s.config.limits
+        through = Through(
+            self.s.metrics,
+            flow,
+            sent,
+            max_event_bytes=limits.max_event_bytes,
+            max_decoded_bytes=limits.max_decoded_bytes,
+            held=held,
+        )
         before_end = (lambda: self._record_first(flow)) if self.record_first else None
         try:
             with watch:
-                await relay(send, resp.body, through, before_end=before_end)
+                await relay(send, body, through, before_end=before_end)
         except ClientGone:
             pass  # counted with the upstream's status, as the relay saw it
+        except AsSent:
+            assert held is not None and isinstance(body, Decoded)
+            with watch:
+                await self._as_sent(held.send, resp, flow, body.raw)
         except UpstreamError as exc:
-            self.s.metrics.upstream_errors.labels("stream_cut").inc()
+            if held is not None and not held.sent:
+                raise  # nothing went out yet: a 502 in the API's shape
+            kind = exc.metric_kind if isinstance(exc, UpstreamEncoding) else "stream_cut"
+            self.s.metrics.upstream_errors.labels(kind).inc()
             log.warning("the upstream cut a stream on %s: %s", flow.exchange.name, exc.logged)
             flow.status = 502
-            cut = responses.stream_cut(flow.exchange, type(exc).__name__)
-            await send({"type": "http.response.body", "body": cut})
+            await send({"type": "http.response.body", "body": responses.stream_cut(flow.exchange, exc)})
         if flow.reply is not None and flow.status < 400:
             flow.message = flow.reply.message()
-
-
-class _Through:
-    """A stream's pieces through the reply machine (proxy.relay.Pieces): split into SSE
-    events, each fed to the machine, which may drop or change it.  If the machine
-    fails, the rest passes through untouched (fail open), starting with what the
-    splitter held back."""
-
-    def __init__(self, handler: Handler, flow: Flow, sent: float, decoder: decode.Decoder | None) -> None:
-        self.metrics = handler.s.metrics
-        self.flow = flow
-        self.sent = sent
-        self.decoder = decoder
-        self.splitter = SSESplitter()
-        self.first = True
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self.decoder is not None:
-            chunk = self.decoder.feed(chunk)
-        reply = self.flow.reply
-        if reply is None:
-            return chunk
-        try:
-            out = [b for b in (reply.feed(ev) for ev in self.splitter.feed(chunk)) if b is not None]
-        except Exception:
-            log.exception("stream processing failed; passing the rest through")
-            self.metrics.fail_open.labels("response").inc()
-            self.flow.reply = None
-            return self.splitter.take() + chunk
-        if self.first and reply.first_token:
-            self.metrics.upstream_ttft.observe(time.perf_counter() - self.sent)
-            self.first = False
-        return b"".join(out)
-
-    def end(self) -> bytes:
-        """The stream's last bytes: what the decoder and the splitter held (an
-        unterminated event), through the reply machine, which also gives up the events
-        it held for a verdict (a call whose name could still grow)."""
-        out = self.feed(self.decoder.flush()) if self.decoder is not None else b""
-        tail = self.splitter.take()
-        reply = self.flow.reply
-        if reply is None:
-            return out + tail
-        try:
-            return out + reply.close(tail)
-        except Exception:
-            log.exception("stream processing failed at its end; passing the tail through")
-            self.metrics.fail_open.labels("response").inc()
-            return out + tail
 
 
 def _tag(headers: list[tuple[bytes, bytes]], flow: Flow) -> list[tuple[bytes, bytes]]:

@@ -8,6 +8,12 @@ upstream connection to the pool.  When the upstream's last bytes are in, they
 end the client's response in the same write as its terminating chunk.  A
 failure reading the body comes out as the upstream's :class:`UpstreamError`:
 the caller decides what the client sees (an in-band error event, or a cut).
+
+The relay goes at the client's pace: each ``send`` returns once the client's
+connection can take more (proxy.front.cycle), so a slow reader pauses the
+upstream read.  :class:`HeldHead` holds a response head until its first body
+bytes, and :class:`AsSent` is how ``pieces`` say, before anything went out, that
+the answer must go as the upstream sent it instead.
 """
 
 from __future__ import annotations
@@ -15,9 +21,38 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from proxy.upstream.message import Body
+
+
+class AsSent(Exception):
+    """Raised by a :class:`Pieces` before anything went out: the body is to be relayed
+    as the upstream sent it (its head and bytes), not as ``pieces`` would make it."""
+
+
+class HeldHead:
+    """``send`` with the response head held until the first body bytes (or the end):
+    an answer that must still be able to go out as the upstream sent it, until its
+    first bytes are decided.  ``on_sent`` is called once the head went out."""
+
+    __slots__ = ("_on_sent", "_start", "send", "sent")
+
+    def __init__(self, send: Send, start: Message, on_sent: Callable[[], None] | None = None) -> None:
+        self.send = send  # the client's, unheld
+        self._start = start
+        self._on_sent = on_sent
+        self.sent = False
+
+    async def __call__(self, message: Message) -> None:
+        if not self.sent:
+            if message.get("more_body", False) and not message.get("body"):
+                return  # nothing decided yet
+            self.sent = True
+            if self._on_sent is not None:
+                self._on_sent()
+            await self.send(self._start)
+        await self.send(message)
 
 
 class Pieces(Protocol):
@@ -60,4 +95,4 @@ async def relay(
         await send({"type": "http.response.body", "body": tail})
 
 
-__all__ = ["Pieces", "relay"]
+__all__ = ["AsSent", "HeldHead", "Pieces", "relay"]

@@ -13,7 +13,7 @@ import orjson
 from starlette.responses import Response
 
 from canonicalize import CHAT, Exchange, encode
-from proxy.errors import PrefixpinError
+from proxy.errors import PrefixpinError, UpstreamEncoding, UpstreamError
 
 JSON = "application/json"
 
@@ -43,12 +43,21 @@ def client_gone() -> Response:
     return Response(status_code=499)
 
 
-def stream_cut(exchange: Exchange, what: str) -> bytes:
-    """The in-band event that ends a stream the upstream cut, so the client can tell."""
-    body = error_bytes(exchange, f"the upstream stream ended early: {what}", "upstream_error", "upstream_stream_cut")
-    if exchange.name == "messages":
+def stream_error(exchange: Exchange | None, message: str, type_: str, code: str) -> bytes:
+    """An in-band error event, in the API's shape, that ends a stream already started."""
+    body = error_bytes(exchange, message, type_, code)
+    if exchange is not None and exchange.name == "messages":
         return b"event: error\n" + encode(body)
     return encode(body)
 
 
-__all__ = ["client_gone", "error", "error_bytes", "from_error", "stream_cut"]
+def stream_cut(exchange: Exchange, exc: UpstreamError) -> bytes:
+    """The in-band event that ends a stream the upstream cut (or sent corrupt), so the
+    client can tell."""
+    if isinstance(exc, UpstreamEncoding):
+        return stream_error(exchange, str(exc), exc.type, exc.code)
+    message = f"the upstream stream ended early: {type(exc).__name__}"
+    return stream_error(exchange, message, "upstream_error", "upstream_stream_cut")
+
+
+__all__ = ["client_gone", "error", "error_bytes", "from_error", "stream_cut", "stream_error"]

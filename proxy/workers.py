@@ -45,7 +45,7 @@ log = logging.getLogger("prefixpin")
 PR_SET_PDEATHSIG = 1
 MAX_AUTO = 8
 RESTART_DELAY_S = 1.0  # a worker that keeps dying is restarted at most this often
-STOP_S = 15.0  # a worker's own graceful stop takes up to 10 s
+STOP_S = 5.0  # past listen.shutdown_grace_s: a worker's own stop ends its streams and flushes them
 
 
 def worker_count(config: Config) -> int:
@@ -126,7 +126,7 @@ def serve(config: Config, workers: int) -> int:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_S
+        deadline = time.monotonic() + config.listen.shutdown_grace_s + STOP_S
         for proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))

@@ -56,6 +56,7 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
         max_connections=connection_cap(config.limits.max_connections, config.upstream.max_connections),
         secret_params=frozenset(p.lower() for p in config.tenancy.credential_params),
         error_body=error_body,
+        error_event=error_event,
     )
     if sock is None:
         try:
@@ -81,7 +82,7 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
             )
 
     try:
-        _run(serve(server, [sock], grace_s=10.0, on_ready=ready))
+        _run(serve(server, [sock], grace_s=config.listen.shutdown_grace_s, on_ready=ready))
     except RuntimeError as exc:  # the app's lifespan failed: logged with its reason
         log.error("prefixpin did not start: %s", exc)
         return 3
@@ -92,6 +93,12 @@ def error_body(path: bytes | None, message: str, kind: str, code: str) -> bytes:
     """The server's own refusals in the shape of the API the path belongs to."""
     exchange = match(path.decode("latin-1")) if path else None
     return responses.error_bytes(exchange, message, kind, code)
+
+
+def error_event(path: bytes | None, message: str, kind: str, code: str) -> bytes:
+    """The event that ends a stream the server stops, in the shape of the path's API."""
+    exchange = match(path.decode("latin-1")) if path else None
+    return responses.stream_error(exchange, message, kind, code)
 
 
 def _run(main: object) -> None:

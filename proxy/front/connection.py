@@ -12,7 +12,13 @@ What the connection refuses, each with a response that says why and a close:
   or whose next piece takes longer than ``body_timeout_s`` (408);
 - bytes that are not HTTP/1.1 (400): every request-smuggling framing llhttp
   refuses (``content-length`` with ``transfer-encoding``, two lengths, obs-fold,
-  bare LF, ...).
+  bare LF, ...);
+- a request target that is not a path (400, and one log line): ``CONNECT
+  host:port``, ``*``, an absolute-form URL that does not parse (``http://a:b:c/``,
+  ``http://[::1/x``, a port past 65535).  An absolute-form URL that parses is
+  served by its path and query.
+
+A refusal pipelined behind requests is written once they are answered.
 
 What it never does: take a chunked body's trailer fields for headers (RFC 9110
 6.5.1: they are dropped), or switch protocols (``Upgrade`` is ignored, as RFC
@@ -28,7 +34,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -39,13 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefixpin")
 access_log = logging.getLogger("prefixpin.access")
-_REASONS = {
-    400: b"Bad Request",
-    408: b"Request Timeout",
-    413: b"Content Too Large",
-    431: b"Request Header Fields Too Large",
-    503: b"Service Unavailable",
-}
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,8 @@ class _Request:
         "keep_alive",
         "method",
         "parts",
+        "path",
+        "query",
         "size",
         "url",
         "version",
@@ -79,6 +80,8 @@ class _Request:
 
     def __init__(self) -> None:
         self.url = b""
+        self.path = b"/"  # the target's path and query, once the head is in
+        self.query = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
         self.head_size = 0  # the head's bytes, as parsed
@@ -108,6 +111,8 @@ class Connection(asyncio.Protocol):
         self.cycle: Cycle | None = None  # being served
         self.lost = False
         self.paused = False
+        self.write_paused = False  # the client does not drain what was written (flow control)
+        self._drained: asyncio.Future[None] | None = None
         self.refusal: bytes | None = None  # the last response, once the requests before it are answered
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
@@ -126,8 +131,26 @@ class Connection(asyncio.Protocol):
         self.lost = True
         self._cancel_timer()
         self.server.forget(self)
+        self.resume_writing()
         if self.cycle is not None:
             self.cycle.connection_lost()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    async def drained(self) -> None:
+        """Until the client has read enough of what was written (or is gone)."""
+        if not self.write_paused or self.lost:
+            return
+        if self._drained is None:
+            self._drained = self.loop.create_future()
+        await self._drained
 
     def data_received(self, data: bytes) -> None:
         if self.refusal is not None:
@@ -141,6 +164,7 @@ class Connection(asyncio.Protocol):
                 return
         except httptools.HttpParserError as exc:
             self._parse_error(exc)
+            self._next()  # the requests parsed before the refused one are answered first
             return
         if in_head and self.incoming is before and before is not None and not before.headers_done:
             before.head_raw += len(data)
@@ -207,6 +231,8 @@ class Connection(asyncio.Protocol):
             raise _Refused(self._head_too_large)
         parser = self.parser
         req.method = parser.get_method().decode("ascii")
+        if not self._target(req):
+            raise _Refused(lambda: self._bad_target(req))
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive() and req.version != "1.0"
         length = None
@@ -260,8 +286,7 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
         parts = req.parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
-        url = httptools.parse_url(req.url)
-        raw_path: bytes = url.path or b"/"
+        raw_path = req.path
         scope: dict[str, Any] = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.4"},
@@ -273,7 +298,7 @@ class Connection(asyncio.Protocol):
             "root_path": "",
             "path": unquote(raw_path.decode("latin-1")),
             "raw_path": raw_path,
-            "query_string": url.query or b"",
+            "query_string": req.query,
             "headers": req.headers,
         }
         keep_alive = req.keep_alive and not self.server.stopping
@@ -302,6 +327,37 @@ class Connection(asyncio.Protocol):
         """Nothing being served or waiting: the connection may be closed without loss."""
         return self.cycle is None and not self.queue
 
+    # -- the request target ---------------------------------------------------------
+    @staticmethod
+    def _target(req: _Request) -> bool:
+        """Set ``req``'s path and query from its target; False when it is not a path:
+        CONNECT's authority-form, ``*``, an absolute-form URL that does not parse."""
+        url = req.url
+        if req.method == "CONNECT":
+            return False
+        if url[:1] == b"/":  # origin-form: the usual case
+            try:
+                parsed = httptools.parse_url(url)
+            except httptools.HttpParserInvalidURLError:
+                return False
+            req.path, req.query = parsed.path or b"/", parsed.query or b""
+            return True
+        try:
+            parts = urlsplit(url.decode("latin-1"))
+            port = parts.port  # raises ValueError on a port that is not one
+        except ValueError:
+            return False
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname or port == 0:
+            return False
+        req.path = (parts.path or "/").encode("latin-1")
+        req.query = parts.query.encode("latin-1")
+        return True
+
+    def _bad_target(self, req: _Request) -> None:
+        target = req.url[:200].decode("latin-1")
+        log.info("refused a request whose target is not a path: %s %r (400)", req.method, target)
+        self.refuse(400, "invalid_request", "the request target must be a path (CONNECT is not served)")
+
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
@@ -322,14 +378,8 @@ class Connection(asyncio.Protocol):
         if self.refusal is not None:
             return
         req = self.incoming or self.reframing
-        path = httptools.parse_url(req.url).path if req is not None and req.url else None
-        kind = "invalid_request_error" if status < 500 else "overloaded_error"
-        body = self.server.error_body(path, message, kind, code)
-        reason = _REASONS.get(status, b"")
-        self.refusal = (
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-            % (status, reason, len(body), body)
-        )
+        path = req.url.partition(b"?")[0] if req is not None and req.url[:1] == b"/" else None
+        self.refusal = self.server.refusal(path, status, code, message)
         self._cancel_timer()
         self.incoming = self.reframing = None
         if self.transport is None:

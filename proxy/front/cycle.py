@@ -10,9 +10,16 @@ writes what the app sends:
   whole response goes out in one write (one wake-up of the client, not two).
   A body without ``content-length`` is chunked (close-delimited for an HTTP/1.0
   client); a response to ``HEAD``, a 1xx, 204 or 304 has none.
+- Every response carries ``date`` (the app's own, or the server's), once.
+- ``send()`` waits while the client's connection is not draining what was
+  written (the transport's ``pause_writing``): a client that reads slowly holds
+  at most the transport's buffer and one body message here, and the app (the
+  relay) reads no more from the upstream meanwhile.
 - An app that fails before its response started gets a 500; after, the
   connection is aborted (no terminating chunk), which is how a client learns
   that a body was cut.
+- :meth:`Cycle.cut` ends what the app has not finished when the server stops
+  (a stream with an error event, an unanswered request with a 503).
 - ``scope["extensions"]["prefixpin.watch"](callback)`` registers a callback
   called once if the client's connection is lost (at once if it already is):
   :mod:`proxy.watch` turns it into the cancellation of the request's waits.
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +47,17 @@ _NO_BODY = frozenset({204, 304})
 _UNSAFE = (b"\r", b"\n", b"\0")
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _500 = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
+_EVENT_END = (b"\n\n", b"\r\n\r\n", b"\r\r")
+_date: tuple[int, bytes] = (0, b"")  # (second, its IMF-fixdate), replaced whole once a second
+
+
+def http_date() -> bytes:
+    """Now as HTTP's ``date`` header value (RFC 9110 5.6.7), made once a second."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, formatdate(now, usegmt=True).encode())
+    return _date[1]
 
 
 class Cycle:
@@ -56,8 +76,10 @@ class Cycle:
         "lost",
         "remaining",
         "scope",
+        "sse",
         "started",
         "status",
+        "tail",
     )
 
     def __init__(self, conn: Connection, scope: Scope, body: bytes, *, keep_alive: bool) -> None:
@@ -72,6 +94,8 @@ class Cycle:
         self.chunked = False
         self.discard = False  # HEAD, 1xx, 204, 304: no body goes out
         self.remaining = -1  # content-length still to send (-1: not framed by a length)
+        self.sse = False  # the response is an event stream
+        self.tail = b""  # the last body bytes sent (does the stream stand between two events?)
         self._head: bytes | None = None  # held until the first body message
         self._gone: asyncio.Future[None] | None = None
         # The hook in the scope is its own object: a bound method of the cycle there
@@ -103,6 +127,7 @@ class Cycle:
         try:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
+            self.keep_alive = False  # whatever it had sent: no next request on this connection
             if not self.started:
                 log.error("the app failed before answering %s", self.scope.get("path"), exc_info=exc)
                 self._fail()
@@ -123,8 +148,29 @@ class Cycle:
     def _fail(self) -> None:
         self.keep_alive = False
         self.status = 500
-        self.conn.write(_500 + b"connection: close\r\n\r\nInternal Server Error")
+        self.conn.write(_500 + b"date: " + http_date() + b"\r\nconnection: close\r\n\r\nInternal Server Error")
         self.complete = True
+
+    def cut(self, event: bytes, refusal: bytes) -> str:
+        """End what the app has not finished (the server stops): an event stream with
+        ``event`` and its last chunk, a request not yet answered with ``refusal`` (a
+        whole response); anything else is aborted.  Says what was done, for the log."""
+        if self.complete:
+            return "complete"
+        self.complete = True
+        self.keep_alive = False
+        if not self.started:
+            self.status = 503
+            self.conn.write(refusal)
+            return "answered 503"
+        head, self._head = self._head, None
+        if self.sse and self.chunked:
+            if not self.tail.endswith(_EVENT_END) and self.tail:
+                event = b"\n\n" + event  # end the event the stream is in the middle of
+            self.conn.write((head or b"") + b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
+            return "stream ended with an error event"
+        self.conn.abort()
+        return "response cut"
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -148,15 +194,21 @@ class Cycle:
         head, self._head = self._head, None
         if head is not None:
             out = head + out
-        if out:
-            self.conn.write(out)
+        if body:
+            self.tail = body
         if not more:
             self.complete = True
+        if out:
+            conn = self.conn
+            conn.write(out)
+            if conn.write_paused:  # the client is not reading: wait until it drains
+                await conn.drained()
 
     def _start(self, status: int, headers: Any) -> None:
         self.status = status
         parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
         length: int | None = None
+        dated = False
         for name, value in headers:
             if any(c in name or c in value for c in _UNSAFE):
                 raise RuntimeError("a response header holds a line break")
@@ -168,7 +220,15 @@ class Cycle:
                 if name == b"connection" and b"close" in value.lower():
                     self.keep_alive = False
                 continue  # the framing and the connection are ours to write, below
+            if name == b"date":
+                if dated:
+                    continue  # once
+                dated = True
+            elif name == b"content-type" and value.startswith(b"text/event-stream"):
+                self.sse = True
             parts += (name, b": ", value, b"\r\n")
+        if not dated:
+            parts += (b"date: ", http_date(), b"\r\n")
         self.discard = self.scope["method"] == "HEAD" or status < 200 or status in _NO_BODY
         if length is not None:
             parts.append(b"content-length: %d\r\n" % length)
@@ -223,4 +283,4 @@ class _Watch:
             on_lost()
 
 
-__all__ = ["Cycle"]
+__all__ = ["Cycle", "http_date"]

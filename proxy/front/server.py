@@ -1,8 +1,12 @@
 """Serving an ASGI app on a socket: listeners, the lifespan, the connection cap, stopping.
 
-:func:`run` is what ``prefixpin serve`` calls: it opens the app's lifespan,
-listens, and on SIGTERM or SIGINT stops accepting, lets the requests in flight
-finish (up to ``grace_s``), closes the rest and ends the lifespan.
+:func:`serve` is what ``prefixpin serve`` calls: it opens the app's lifespan,
+listens, and on SIGTERM or SIGINT stops accepting (the listening sockets are
+closed at once, idle connections too), lets the requests in flight finish (up to
+``grace_s``, ``listen.shutdown_grace_s``), then ends what is still running: an
+event stream with an error event in its API's shape and its last chunk, a request
+not yet answered with a 503, anything else cut; each one logged.  Then the
+lifespan ends.
 
 The cap on open client connections (``limits.max_connections``; 0: from the
 process's file-descriptor limit) keeps the process able to answer: when a new
@@ -28,7 +32,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from proxy.front.connection import Connection, Limits
-from proxy.front.cycle import Cycle
+from proxy.front.cycle import Cycle, http_date
 from proxy.redact import redact_query
 
 log = logging.getLogger("prefixpin")
@@ -52,10 +56,22 @@ def connection_cap(configured: int, upstream_connections: int) -> int:
 
 
 ErrorBody = Callable[[bytes | None, str, str, str], bytes]
+FLUSH_S = 2.0  # once the grace is over: how long the last bytes get to reach the clients
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 def _plain_error(path: bytes | None, message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+def _plain_event(path: bytes | None, message: str, kind: str, code: str) -> bytes:
+    return b"data: " + _plain_error(path, message, kind, code) + b"\n\n"
 
 
 class Server:
@@ -69,18 +85,22 @@ class Server:
         max_connections: int,
         secret_params: frozenset[str] = frozenset(),
         error_body: ErrorBody = _plain_error,
+        error_event: ErrorBody = _plain_event,
     ) -> None:
         """``error_body(path, message, type, code)``: the body of a response the server
         itself refuses a request with (431, 413, 408, ...), in the shape of the API
-        ``path`` (None: unknown) belongs to."""
+        ``path`` (None: unknown) belongs to; ``error_event``: the same as the SSE event
+        that ends a stream the server stops."""
         self.app = app
         self.error_body = error_body
+        self.error_event = error_event
         self.limits = limits
         self.max_connections = max_connections
         self.secret_params = secret_params
         self.connections: dict[Connection, None] = {}  # oldest first
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self._closed: asyncio.Event | None = None  # set once the last connection is gone (stopping)
 
     def protocol(self) -> Connection:
         return Connection(self)
@@ -104,6 +124,20 @@ class Server:
 
     def forget(self, conn: Connection) -> None:
         self.connections.pop(conn, None)
+        if self._closed is not None and not self.connections:
+            self._closed.set()
+
+    def refusal(self, path: bytes | None, status: int, code: str, message: str) -> bytes:
+        """A whole response (and a close) the server answers with itself, in the shape
+        of the API ``path`` belongs to."""
+        kind = "invalid_request_error" if status < 500 else "overloaded_error"
+        body = self.error_body(path, message, kind, code)
+        return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\ndate: %s\r\n" % (
+            status,
+            _REASONS.get(status, b""),
+            len(body),
+            http_date(),
+        ) + (b"connection: close\r\n\r\n" + body)
 
     # -- requests ---------------------------------------------------------------------
     def start(self, cycle: Cycle) -> None:
@@ -129,19 +163,57 @@ class Server:
     # -- stopping ---------------------------------------------------------------------
     async def shutdown(self, grace_s: float) -> None:
         """Close idle connections now, the others once their request is answered
-        (keep-alive off), and cut what is still running after ``grace_s``."""
+        (keep-alive off); after ``grace_s``, end what is still running (see the module
+        docstring), then close every connection."""
         self.stopping = True
         for conn in list(self.connections):
             if conn.idle:
                 conn.close()
             elif conn.cycle is not None:
                 conn.cycle.keep_alive = False
-        if self.tasks:
-            _, pending = await asyncio.wait(list(self.tasks), timeout=grace_s)
-            for task in pending:
-                task.cancel()
+        tasks = list(self.tasks)
+        if tasks:
+            log.info("stopping: %d request(s) in flight get up to %g s to finish", len(tasks), grace_s)
+            _, pending = await asyncio.wait(tasks, timeout=grace_s)
+            if pending:
+                self._cut(grace_s)
+                for task in pending:
+                    task.cancel()
+                await asyncio.wait(pending, timeout=FLUSH_S)  # their cleanup: upstream connections closed
+        for conn in list(self.connections):
+            conn.close()  # what was written still goes out
+        await self._flushed(FLUSH_S)
         for conn in list(self.connections):
             conn.abort()
+
+    def _cut(self, grace_s: float) -> None:
+        """End every request still running; one log line each."""
+        message = "prefixpin is shutting down: the response was ended before it was complete"
+        for conn in list(self.connections):
+            cycle = conn.cycle
+            if cycle is None:
+                continue
+            path = cycle.scope["raw_path"]
+            event = self.error_event(path, message, "server_error", "server_shutdown")
+            refusal = self.refusal(path, 503, "server_shutdown", message)
+            what = cycle.cut(event, refusal)
+            if what == "complete":
+                continue  # answered; the app is only finishing up
+            log.warning(
+                'shutdown: "%s %s" still running after %g s: %s',
+                cycle.scope["method"],
+                path.decode("latin-1"),
+                grace_s,
+                what,
+            )
+
+    async def _flushed(self, timeout: float) -> None:
+        """Until every connection is closed (its last bytes written), or ``timeout``."""
+        if self.connections:
+            self._closed = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._closed.wait()
 
 
 class Lifespan:
@@ -216,7 +288,7 @@ async def serve(
     server: Server,
     sockets: list[socket.socket],
     *,
-    grace_s: float = 10.0,
+    grace_s: float = 30.0,
     on_ready: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:

@@ -7,7 +7,9 @@ connections.py  prefixpin's transport: pooled HTTP/1.1 connections, direct or vi
 http11.py       one connection: the request out, the response parsed strictly (httptools)
 tls.py          the TLS context: system CAs, SSL_CERT_FILE/DIR, a private CA, mTLS
 egress.py       egress proxies: HTTPS_PROXY / HTTP_PROXY / NO_PROXY, CONNECT tunnels
-decode.py       gzip / deflate / br bodies undone for the reply machine
+cap.py          the cap on open connections: slots and released connections handed to waiters
+decode.py       gzip / deflate / br bodies undone in bounded slices; corrupt or cut codings refused
+reading.py      a body read within limits.max_decoded_bytes, decoded with the loop's turns between slices
 adapter.py      an httpx transport (LiteLLM's, tests') as ours: no httpx type goes further
 litellm.py      upstream.kind: litellm (provider translation), imported lazily
 target.py       the client's raw path on the upstream's base; climbing paths refused

@@ -26,8 +26,13 @@ checks, a strict response parser (:mod:`proxy.upstream.http11`).
   connection found closed within a second of its chunked response, or a
   reused one failing so) no longer gets its connections back after a chunked
   response; after other responses they are reused as before.
-- **A cap** of ``max_connections`` open at once over every origin; past it a
-  request waits up to its pool timeout.
+- **A cap** of ``max_connections`` open at once over every origin
+  (:mod:`proxy.upstream.cap`); past it a request waits up to its pool timeout,
+  and is handed the first slot or released connection.
+- **TLS** is a handshake after the TCP connection, with its own deadline
+  (``TLS_HANDSHAKE_S``): an ``https://`` URL to a plain-HTTP server is named as
+  such within seconds, not left to the connect timeout.
+- **A response head** is bounded by ``max_header_bytes`` (``limits.max_header_bytes``).
 """
 
 from __future__ import annotations
@@ -37,25 +42,25 @@ import logging
 import select
 import ssl
 import time
-from collections import deque
 
 from proxy.errors import (
     RequestRejected,
     UpstreamConnectTimeout,
     UpstreamError,
     UpstreamProxy,
-    UpstreamTimeout,
     UpstreamTLS,
     UpstreamUnavailable,
 )
 from proxy.redact import scrub
 from proxy.upstream import tls as tls_
+from proxy.upstream.cap import Cap
 from proxy.upstream.egress import Egress, Proxy, new_answer, tunnel
 from proxy.upstream.http11 import Body, Connection
 from proxy.upstream.message import Origin, Request, Response, Timeouts
 
 log = logging.getLogger("prefixpin")
 CLOSED_SOON_S = 1.0  # a pooled connection closed this soon after its chunked response: on purpose
+TLS_HANDSHAKE_S = 5.0  # a TLS server answers a handshake at once; silence is a plain-HTTP one
 
 _COMPUTED = frozenset({"content-length", "transfer-encoding", "host", "proxy-authorization"})
 _UNSAFE = frozenset("\r\n\0")
@@ -66,13 +71,26 @@ def _peer_closed(transport: asyncio.BaseTransport) -> bool:
     """Is this idle pooled connection readable?  An idle HTTP/1.1 connection has
     nothing to read unless the server closed it (EOF, RST) or is about to (a 408
     some servers send first): either way it must not carry a request.  The event
-    loop may not have noticed yet; the kernel has."""
+    loop may not have noticed yet; the kernel has.  A FIN or a reset makes a socket
+    readable on every system, so readability is the whole (portable) check."""
     sock = transport.get_extra_info("socket")
     if sock is None:
         return False
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP | select.POLLERR | select.POLLHUP)
-    return bool(poller.poll(0))
+    return _readable(sock.fileno())
+
+
+if hasattr(select, "poll"):
+
+    def _readable(fd: int) -> bool:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)  # POLLERR and POLLHUP are always reported
+        return bool(poller.poll(0))
+
+else:  # pragma: no cover - Windows: no poll(), and no fd limit on select()
+
+    def _readable(fd: int) -> bool:
+        readable, _, failed = select.select([fd], [], [fd], 0)
+        return bool(readable or failed)
 
 
 class _Pool:
@@ -93,8 +111,13 @@ class _Pool:
             if self._fit(conn, now):
                 return conn
             self.owner.forget(conn)
-        await self.owner.reserve(timeouts.pool)
-        conn = Connection(asyncio.get_running_loop(), self.where, self.origin.host)
+        owner = self.owner
+        handed = await owner.cap.take(self, timeouts.pool, owner.evict_idle)
+        if handed is not None:
+            if self._fit(handed, time.monotonic()):
+                return handed  # released by another request just now, with its slot
+            handed.abort()  # its slot is ours: open another
+        conn = Connection(asyncio.get_running_loop(), self.where, self.origin.host, max_head=owner.max_header_bytes)
         try:
             if timeouts.connect is None:
                 await self._open(conn)
@@ -102,7 +125,7 @@ class _Pool:
                 async with asyncio.timeout(timeouts.connect):
                     await self._open(conn)
         except BaseException as exc:
-            self.owner.unreserve()
+            owner.cap.give()
             conn.abort()
             if isinstance(exc, TimeoutError):
                 raise UpstreamConnectTimeout(
@@ -138,22 +161,15 @@ class _Pool:
         origin, proxy, owner = self.origin, self.proxy, self.owner
         if proxy is None:
             try:
-                await loop.create_connection(
-                    lambda: conn,
-                    origin.host,
-                    origin.port,
-                    ssl=owner.tls if origin.tls else None,
-                    server_hostname=origin.host if origin.tls else None,
+                transport, _ = await loop.create_connection(
+                    (lambda: conn) if not origin.tls else asyncio.Protocol, origin.host, origin.port
                 )
-            except ssl.SSLError as exc:
-                raise UpstreamTLS(
-                    "prefixpin could not connect to the upstream: " + tls_.describe(exc, origin.host),
-                    detail=self.where,
-                ) from None
             except OSError as exc:
                 raise UpstreamUnavailable(
                     "prefixpin could not connect to the upstream", detail=f"{self.where}: {scrub(str(exc))}"
                 ) from None
+            if origin.tls:
+                await self._handshake(conn, transport)
             return
         to_proxy = owner.proxy_tls if proxy.scheme == "https" else None
         answer = new_answer()
@@ -179,8 +195,29 @@ class _Pool:
             return  # plain http: absolute-form requests on this connection
         try:
             await tunnel(proxy, origin, transport, answer)
-            secure = await loop.start_tls(transport, conn, owner.tls, server_hostname=origin.host)
-        except ssl.SSLError as exc:
+        except BaseException:
+            transport.abort()
+            raise
+        await self._handshake(conn, transport)
+
+    async def _handshake(self, conn: Connection, transport: asyncio.Transport) -> None:
+        """TLS over ``transport``, for ``conn``.  A TLS server answers a handshake at
+        once; one that does not within ``TLS_HANDSHAKE_S`` is named for what it most
+        likely is (a plain-HTTP server behind an https:// URL), not left to the connect
+        timeout."""
+        origin, owner = self.origin, self.owner
+        wait = TLS_HANDSHAKE_S
+        try:
+            async with asyncio.timeout(wait):
+                secure = await conn.loop.start_tls(transport, conn, owner.tls, server_hostname=origin.host)
+        except TimeoutError:
+            transport.abort()
+            raise UpstreamTLS(
+                f"prefixpin could not connect to the upstream: host {origin.host} accepted the connection but "
+                f"did not answer the TLS handshake within {wait:g} s; is it a plain-HTTP server (an http:// URL)?",
+                detail=self.where,
+            ) from None
+        except (ssl.SSLError, ConnectionError) as exc:
             transport.abort()
             raise UpstreamTLS(
                 "prefixpin could not connect to the upstream: " + tls_.describe(exc, origin.host), detail=self.where
@@ -192,12 +229,16 @@ class _Pool:
         conn.connection_made(secure)
 
     def release(self, conn: Connection, keep: bool) -> None:
-        if keep and not self.owner.closing and not (conn.chunked and self.closes_after_chunked):
+        owner = self.owner
+        if keep and not owner.closing and not (conn.chunked and self.closes_after_chunked):
             conn.head = None
             conn.idle_since = time.monotonic()
-            self.idle.append(conn)
+            if not owner.cap.waiting:
+                self.idle.append(conn)
+            elif not owner.cap.hand(self, conn):  # a request to this origin waits: it takes conn
+                owner.forget(conn)  # one to another origin waits: conn's slot is its
         else:
-            self.owner.forget(conn)
+            owner.forget(conn)
 
 
 class Connections:
@@ -210,14 +251,15 @@ class Connections:
         tls: ssl.SSLContext | None = None,
         egress: Egress | None = None,
         keepalive_s: float = 15.0,
+        max_header_bytes: int = 64 * 1024,
     ) -> None:
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
+        self.max_header_bytes = max_header_bytes  # a response head's bound (limits.max_header_bytes)
         self.closing = False
         self._tls = tls
         self.egress = egress
-        self._open = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.cap: Cap[Connection] = Cap(max_connections, close=lambda conn: conn.abort())
         self._pools: dict[tuple[str, str, int], _Pool] = {}
 
     @property
@@ -234,35 +276,22 @@ class Connections:
         ctx.set_alpn_protocols(["http/1.1"])
         return ctx
 
-    # -- the connection cap ------------------------------------------------------------
-    async def reserve(self, timeout: float | None) -> None:
-        if self.max_connections <= 0 or self._open < self.max_connections:
-            self._open += 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            async with asyncio.timeout(timeout):
-                await fut
-        except TimeoutError:
-            raise UpstreamTimeout("prefixpin timed out waiting for a free connection to the upstream") from None
-        finally:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
-        self._open += 1
-
-    def unreserve(self) -> None:
-        self._open -= 1
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                break
-
+    # -- the connection cap (proxy.upstream.cap) ---------------------------------------
     def forget(self, conn: Connection) -> None:
-        """``conn`` leaves the pool for good: closed, and its place freed."""
+        """``conn`` leaves the pool for good: closed, and its slot given back."""
         conn.abort()
-        self.unreserve()
+        self.cap.give()
+
+    def evict_idle(self) -> bool:
+        """Close the longest-idle pooled connection, to any origin (its slot is needed)."""
+        oldest: _Pool | None = None
+        for pool in self._pools.values():
+            if pool.idle and (oldest is None or pool.idle[0].idle_since < oldest.idle[0].idle_since):
+                oldest = pool
+        if oldest is None:
+            return False
+        self.forget(oldest.idle.pop(0))
+        return True
 
     def _pool(self, origin: Origin) -> _Pool:
         key = (origin.scheme, origin.host, origin.port)

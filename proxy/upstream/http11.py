@@ -40,10 +40,13 @@ class Connection(asyncio.Protocol):
     """See the module docstring.  ``where`` names the upstream in log details, ``host``
     in a TLS failure's message."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, where: str, host: str = "") -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, where: str, host: str = "", *, max_head: int = 64 * 1024
+    ) -> None:
         self.loop = loop
         self.where = where
         self.host = host
+        self.max_head = max_head  # a response head's bytes (limits.max_header_bytes)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -69,6 +72,7 @@ class Connection(asyncio.Protocol):
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.began = False  # a (final) response began
+        self.head_bytes = 0  # bytes received while the head was incomplete (a bound on its buffering)
         self.done = False
         self.until_eof = False
         self.error: UpstreamError | None = None
@@ -88,6 +92,12 @@ class Connection(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
+            if not self.began and self.error is None:
+                # httptools buffers a header's pieces until it is whole: a head that
+                # never ends must not grow without bound.
+                self.head_bytes += len(data)
+                if self.head_bytes > self.max_head:
+                    self._head_too_large()
         except httptools.HttpParserUpgrade:
             self._fail(UpstreamProtocol("the upstream switched protocols", detail=self.where))
         except httptools.HttpParserError as exc:
@@ -134,7 +144,18 @@ class Connection(asyncio.Protocol):
             self.headers.append((name, value))
         # else: a trailer field of a chunked body; responses carry none we use
 
+    def _head_too_large(self) -> None:
+        self._fail(
+            UpstreamProtocol(
+                f"the upstream's response head is over {self.max_head} bytes (limits.max_header_bytes)",
+                detail=self.where,
+            )
+        )
+
     def on_headers_complete(self) -> None:
+        if sum(len(k) + len(v) + 4 for k, v in self.headers) + len(self.reason) > self.max_head:
+            self._head_too_large()
+            return
         status = self.parser.get_status_code()
         if status == 101:
             self._fail(UpstreamProtocol("the upstream switched protocols", detail=self.where))
@@ -158,8 +179,10 @@ class Connection(asyncio.Protocol):
                 lk = k.lower()
                 if lk == b"content-length":
                     cl = True
-                elif lk == b"transfer-encoding" and b"chunked" in v.lower():
-                    te = True
+                elif lk == b"transfer-encoding":
+                    # chunked only when it is the last coding (RFC 9112 6.3), as llhttp frames it:
+                    # "gzip, chunked" is chunked, "notchunked" reads to the close
+                    te = v.rpartition(b",")[2].strip().lower() == b"chunked"
                 elif lk == b"keep-alive":
                     self._keep_alive(v)
             self.until_eof = not (te or cl)

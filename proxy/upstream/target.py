@@ -6,7 +6,8 @@ path whose dot segments (literal or percent-encoded, in any case, also behind
 ``%2F`` or ``\\``) would climb above the upstream's base path is refused: with
 ``upstream.url: http://host/tenantA/v1``, ``/v1/../../admin`` must never become
 ``/admin``.  Scheme, host and port come from the configured URL only; an
-absolute-URI request target or a ``Host`` header changes nothing.
+absolute-URI request target or a ``Host`` header changes nothing; a host named
+in another script goes out in its IDNA form (:mod:`proxy.hostnames`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 from starlette.types import Scope
 
 from proxy.errors import PathRefused
+from proxy.hostnames import ascii_host
 from proxy.upstream.message import Origin
 
 _SEPARATORS = re.compile(r"[/\\]")
@@ -67,7 +69,7 @@ class Base:
     @classmethod
     def parse(cls, url: str) -> Base:
         parts = urlsplit(url)
-        host = parts.hostname or ""
+        host = ascii_host(parts.hostname or "")  # DNS, Host and TLS take a non-ASCII name's IDNA form
         netloc = f"[{host}]" if ":" in host else host
         if parts.port:
             netloc += f":{parts.port}"

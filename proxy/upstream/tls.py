@@ -62,7 +62,13 @@ def describe(exc: BaseException, host: str) -> str:
     reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
     if isinstance(reason, str):
         reason = reason.replace("_", " ").lower()  # "TLSV13_ALERT_CERTIFICATE_REQUIRED" -> readable
+        if reason in _NOT_TLS:
+            reason += " (the upstream answered in plain HTTP, not TLS: is its URL http://?)"
     return f"the TLS handshake with host {host} failed: {reason}"
+
+
+# What OpenSSL says when the answer to its hello is not TLS at all ("HTTP/1.1 400 ..."):
+_NOT_TLS = frozenset({"wrong version number", "http request", "packet length too long", "record layer failure"})
 
 
 __all__ = ["context", "describe"]

@@ -32,7 +32,12 @@ def open_transport(config: Config, replacement: Any = None) -> Transport:
         if not up.tls.verify:
             log.warning("upstream.tls.verify is false: prefixpin does not check the upstream's TLS certificate")
         context = tls.context(up.tls, env_ca_file=env.ssl_cert_file, env_ca_dir=env.ssl_cert_dir)
-        base = Connections(max_connections=up.max_connections, tls=context, egress=Egress(up.proxy, env))
+        base = Connections(
+            max_connections=up.max_connections,
+            tls=context,
+            egress=Egress(up.proxy, env),
+            max_header_bytes=config.limits.max_header_bytes,
+        )
     if up.kind == "litellm":
         from proxy.upstream.litellm import LiteLLMTransport
 

@@ -24,6 +24,8 @@ def test_defaults_match_spec() -> None:
     assert c.fork.inherit_params == ("chat_template_kwargs", "reasoning_effort")
     assert c.fork.min_depth == 2 and c.fork.enabled and c.fork.guard_tools
     assert c.tenancy.trust_header is False and c.metrics.enabled is True
+    assert c.listen.shutdown_grace_s == 30
+    assert (c.limits.max_header_bytes, c.limits.max_decoded_bytes, c.limits.max_event_bytes) == (65536, 2**26, 2**23)
 
 
 def test_example_config_is_the_defaults_and_complete() -> None:
@@ -59,6 +61,15 @@ def test_example_configs_commented_rule_is_valid() -> None:
         ({"listen": {"port": "80"}}, "listen.port: must be an integer"),
         ({"listen": {"port": -1}}, "listen.port: must be greater than 0"),
         ({"upstream": {"url": "ftp://x"}}, "upstream.url: must be an http(s) URL"),
+        ({"listen": {"port": 70000}}, "listen.port: must be a port number, 1-65535 (got 70000)"),
+        ({"listen": {"shutdown_grace_s": -1}}, "listen.shutdown_grace_s: must be 0 or more seconds"),
+        ({"upstream": {"url": "http://127.0.0.1:99999"}}, "upstream.url: the port must be a number, 1-65535"),
+        ({"upstream": {"url": "http://h:x/"}}, "upstream.url: the port must be a number, 1-65535"),
+        ({"upstream": {"url": "http://h:0/"}}, "upstream.url: the port must be a number, 1-65535"),
+        ({"upstream": {"pool": ["http://a:1", "http://b:123456"]}}, "upstream.pool[1]: the port must be a number"),
+        ({"upstream": {"url": "http://💩.example"}}, "upstream.url: the host '💩.example' has no IDNA (ASCII) form"),
+        ({"limits": {"max_decoded_bytes": 0}}, "limits.max_decoded_bytes: must be greater than 0"),
+        ({"limits": {"max_event_bytes": -5}}, "limits.max_event_bytes: must be greater than 0"),
         ({"canonicalize": {"packs": ["nope"]}}, "canonicalize.packs: unknown pack(s) nope"),
         (
             {"canonicalize": {"rules": [{"name": "r", "pattern": "(", "action": "pin"}]}},
