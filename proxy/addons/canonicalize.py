@@ -30,7 +30,7 @@ from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.learned import Suggestions
 from proxy.services import Services
-from proxy.store import ISOLATED
+from proxy.store import ISOLATED, homed, origin_of
 
 log = logging.getLogger("prefixpin")
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
@@ -42,6 +42,7 @@ class Canonicalize:
     def __init__(self, s: Services, *, new_id: Callable[[], str] | None = None) -> None:
         self.s = s
         self.new_id = new_id or _Ids()
+        self.homed = new_id is None  # prefixpin's own ids start with their conversation's home (proxy.store)
         self.suggestions = Suggestions(s.metrics, s.canon.settings.learn)
 
     async def request(self, flow: Flow) -> None:
@@ -75,11 +76,14 @@ class Canonicalize:
         refs = canon.blobs_needed(prep, decision)
         if refs and flow.store_ok:
             try:
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
+                owner = decision.parent.id if decision.parent is not None else None
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs, owner))
                 blobs = {ref: raw for ref, raw in zip(refs, found, strict=True) if raw is not None}
             except StoreError:
                 flow.store_ok = False
         new_id = self.new_id()
+        if self.homed:
+            new_id = homed(new_id, flow.tenant, origin_of(prep.links, prep.continues if prep.offset else None))
         if flow.big:
             outcome = await asyncio.to_thread(
                 canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned
@@ -103,8 +107,9 @@ class Canonicalize:
         s, canon = self.s, self.s.canon
         blobs: dict[str, bytes] = {}
         if plan.refs:
+            owner = plan.candidates[0][0].id if plan.candidates else None  # all found in this conversation's home
             try:
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, plan.refs))
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, plan.refs, owner))
             except StoreError:
                 return None
             blobs = {ref: raw for ref, raw in zip(plan.refs, found, strict=True) if raw is not None}
@@ -171,7 +176,8 @@ class Canonicalize:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
         links = prep.links
         offset = max(len(links) - LOOKUP_LINKS, 0)
-        found = await self.s.store.lookup(tenant, links[offset:], prep.signals.declared_parent)
+        origin = origin_of(links, prep.continues if prep.offset else None)
+        found = await self.s.store.lookup(tenant, links[offset:], prep.signals.declared_parent, origin)
         if not offset or not found.depth:
             return found
         return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))

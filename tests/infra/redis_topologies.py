@@ -1,0 +1,230 @@
+"""The Redis that teams run, started for a test on free loopback ports: a Redis
+Cluster (masters and their replicas, made by ``redis-cli --cluster create``), a
+Sentinel group (a master, its replicas, three Sentinels), and servers with an ACL
+user and TLS.  Every process is a :class:`tests.infra.procs.Proc`; ``stop()``
+stops them all."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from tests.infra.procs import Proc, free_port, redis_server_path
+from tests.infra.wait import wait_until
+
+CLI = "redis-cli"
+
+
+def _server(log_dir: Path, name: str, port: int, *extra: str) -> Proc:
+    argv = [redis_server_path(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = Proc(name, [*argv, *extra], log_dir)
+    wait_until(lambda: _answers(proc, port), timeout=20, interval=0.05, message=f"{name} answers on {port}")
+    return proc
+
+
+def _answers(proc: Proc, port: int, **kw: object) -> bool:
+    if not proc.alive():
+        raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+    try:
+        return bool(redis.Redis(port=port, socket_timeout=1, **kw).ping())  # type: ignore[arg-type]
+    except redis.RedisError:
+        return False
+    except redis.exceptions.ResponseError:
+        return True
+
+
+@dataclass
+class Cluster:
+    """A Redis Cluster: ``ports[:masters]`` started as masters, the rest their replicas."""
+
+    log_dir: Path
+    masters: int
+    ports: list[int]
+    procs: dict[int, Proc] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}"
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.ports[1:]]
+
+    def client(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=2)
+
+    def role(self, port: int) -> str:
+        info = self.client(port).info("replication")
+        return str(info["role"])
+
+    def master_ports(self) -> list[int]:
+        return [p for p, proc in self.procs.items() if proc.alive() and self.role(p) == "master"]
+
+    def ok(self) -> bool:
+        """Every live node says the cluster is ok and its slots are all served."""
+        for port, proc in self.procs.items():
+            if not proc.alive():
+                continue
+            try:
+                info = self.client(port).execute_command("CLUSTER INFO")
+            except redis.RedisError:
+                return False
+            if not isinstance(info, dict):  # redis-py parses it, in its own way
+                info = dict(line.split(":", 1) for line in info.decode().split() if ":" in line)
+            if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != 16384:
+                return False
+        return True
+
+    def kill(self, port: int) -> None:
+        """A node dies (SIGKILL: no goodbye to the others)."""
+        self.procs[port].popen.kill()
+        self.procs[port].popen.wait()
+
+    def flush(self) -> None:
+        for port in self.master_ports():
+            self.client(port).flushall()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+
+def start_cluster(log_dir: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> Cluster:
+    """``masters`` masters with ``replicas`` replicas each; waits until the cluster is ok."""
+    ports = [free_port() for _ in range(masters * (1 + replicas))]
+    cluster = Cluster(log_dir, masters, ports)
+    try:
+        _create(cluster, replicas, node_timeout_ms)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _create(cluster: Cluster, replicas: int, node_timeout_ms: int) -> None:
+    log_dir, ports = cluster.log_dir, cluster.ports
+    folder = log_dir / f"cluster-{ports[0]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for port in ports:
+        cluster.procs[port] = _server(
+            log_dir,
+            f"redis-cluster-{port}",
+            port,
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(folder / f"nodes-{port}.conf"),
+            "--cluster-node-timeout", str(node_timeout_ms),
+            "--cluster-port", str(free_port()),  # not port + 10000: free ports go past 55535
+            "--dir", str(folder),
+        )  # fmt: skip
+    nodes = [f"127.0.0.1:{p}" for p in ports]
+    subprocess.run(
+        [CLI, "--cluster", "create", *nodes, "--cluster-replicas", str(replicas), "--cluster-yes"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    wait_until(cluster.ok, timeout=30, interval=0.1, message="the cluster is ok")
+    wait_until(lambda: _replicas_synced(cluster), timeout=30, interval=0.1, message="the replicas are in sync")
+
+
+def _replicas_synced(cluster: Cluster) -> bool:
+    for port in cluster.procs:
+        info = cluster.client(port).info("replication")
+        if info["role"] == "slave" and info.get("master_link_status") != "up":
+            return False
+    return True
+
+
+@dataclass
+class SentinelGroup:
+    """A master, its replicas and three Sentinels watching it as ``name``."""
+
+    log_dir: Path
+    name: str
+    master: int
+    replicas: list[int]
+    sentinels: list[int]
+    procs: dict[int, Proc] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.sentinels[0]}"
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.sentinels[1:]]
+
+    def current_master(self) -> int:
+        addr = redis.Redis(port=self.sentinels[0], socket_timeout=2).execute_command(
+            "SENTINEL", "get-master-addr-by-name", self.name
+        )
+        return int(addr[1])
+
+    def failover(self) -> int:
+        """SENTINEL FAILOVER, then wait until a replica is the master everyone names."""
+        old = self.current_master()
+        redis.Redis(port=self.sentinels[0], socket_timeout=5).execute_command("SENTINEL", "FAILOVER", self.name)
+
+        def moved() -> bool:
+            try:
+                new = self.current_master()
+                return new != old and redis.Redis(port=new, socket_timeout=1).info("replication")["role"] == "master"
+            except redis.RedisError:
+                return False
+
+        wait_until(moved, timeout=30, interval=0.1, message="the Sentinels promoted a replica")
+        return self.current_master()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+
+def start_sentinel_group(log_dir: Path, replicas: int = 2, name: str = "pp-master") -> SentinelGroup:
+    master = free_port()
+    group = SentinelGroup(log_dir, name, master, [free_port() for _ in range(replicas)], [])
+    try:
+        _watch(group, replicas)
+    except BaseException:
+        group.stop()
+        raise
+    return group
+
+
+def _watch(group: SentinelGroup, replicas: int) -> None:
+    log_dir, name, master = group.log_dir, group.name, group.master
+    group.procs[master] = _server(log_dir, f"redis-master-{master}", master)
+    for port in group.replicas:
+        group.procs[port] = _server(log_dir, f"redis-replica-{port}", port, "--replicaof", "127.0.0.1", str(master))
+    folder = log_dir / f"sentinel-{master}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):
+        port = free_port()
+        conf = folder / f"sentinel-{port}.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
+            f"sentinel monitor {name} 127.0.0.1 {master} 2\n"
+            f"sentinel down-after-milliseconds {name} 1000\n"
+            f"sentinel failover-timeout {name} 5000\n"
+            f"sentinel parallel-syncs {name} 1\n"
+        )
+        proc = Proc(f"redis-sentinel-{port}", [redis_server_path(), str(conf), "--sentinel"], log_dir)
+        group.procs[port] = proc
+        group.sentinels.append(port)
+        wait_until(lambda p=proc, q=port: _answers(p, q), timeout=20, interval=0.05, message="a Sentinel answers")
+
+    def watched() -> bool:
+        for port in group.sentinels:
+            try:
+                state = redis.Redis(port=port, socket_timeout=1).execute_command("SENTINEL", "MASTER", name)
+            except redis.RedisError:
+                return False
+            fields = dict(zip(state[::2], state[1::2], strict=False))
+            if int(fields.get(b"num-other-sentinels", 0)) < 2 or int(fields.get(b"num-slaves", 0)) < replicas:
+                return False
+        return True
+
+    wait_until(watched, timeout=30, interval=0.1, message="every Sentinel sees the others and the replicas")
