@@ -323,6 +323,8 @@ def test_tenant_bound_counts_entries(bounded: Store) -> None:
             assert held <= SMALL.tenant_max_entries
         await _done(bounded)
 
+    run(go())
+
 
 async def _entries(s: RedisStore, tenant: str) -> int:
     """The entries a tenant's homes hold, summed over every node."""
@@ -337,8 +339,6 @@ async def _entries(s: RedisStore, tenant: str) -> int:
     for k in keys:
         total += int(await client.hget(k, "#") or 0)
     return total
-
-    run(go())
 
 
 def test_a_request_records_only_its_newest_links(bounded: Store) -> None:
