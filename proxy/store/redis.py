@@ -179,7 +179,7 @@ class RedisStore:
         missing = [m.decode() for m in out[4 : 4 + n_missing]]
         dropped = [r.decode() for r in out[4 + n_missing :]]
         if report >= 0 or dropped:
-            self._spawn(self._report(tenant, home(tenant, record.id), report, int(out[2]), now, dropped))
+            self._spawn(self._report(tenant, home(tenant, record.id), report, int(out[2]), dropped))
         return missing
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -192,7 +192,7 @@ class RedisStore:
         while self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
 
-    async def _report(self, tenant: str, at: str, entries: int, size: int, now: int, dropped: list[str]) -> None:
+    async def _report(self, tenant: str, at: str, entries: int, size: int, dropped: list[str]) -> None:
         """Tell the tenant's index what home ``at`` holds; drop the homes it evicts."""
         try:
             if dropped:
@@ -201,7 +201,8 @@ class RedisStore:
                 return
             t = f"pp:{{{_tag(tenant)}}}:{tenant}:"
             b = self.bounds
-            args = [at, entries, size, now, b.tenant_max_entries, b.tenant_max_bytes, self.ttl_s]
+            # Scored by the wall clock to the microsecond: reports within a second keep their order.
+            args = [at, entries, size, f"{self.clock():.6f}", b.tenant_max_entries, b.tenant_max_bytes, self.ttl_s]
             gone = await _REPORT(self._redis, [t + "t", t + "c"], args)
             for h in gone:
                 rids = await _DROP(self._redis, [f"pp:{{{h.decode()}}}:{tenant}:h"], [])

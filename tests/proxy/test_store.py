@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 import xxhash
 
 from canonicalize import LineageRecord
@@ -34,9 +35,8 @@ def _both(request: pytest.FixtureRequest, bounds: Bounds, **memory: int) -> Iter
         yield MemoryStore(ttl_s=60, bounds=bounds, **memory)
     elif request.param == "redis":
         url = request.getfixturevalue("redis_url")
-        s = RedisStore(url, ttl_s=60, timeout_s=2, bounds=bounds)
-        yield s
-        asyncio.run(_flush(s))
+        yield RedisStore(url, ttl_s=60, timeout_s=2, bounds=bounds)
+        redis.Redis.from_url(url).flushdb()
     else:
         cluster: Cluster = request.getfixturevalue("redis_cluster")
         yield RedisStore(cluster.url, ttl_s=60, timeout_s=2, bounds=bounds, mode="cluster", nodes=tuple(cluster.nodes))
@@ -71,11 +71,6 @@ async def _settled(store: Store) -> None:
     after record() returns, off the request's path)."""
     if isinstance(store, RedisStore):
         await store.settle()
-
-
-async def _flush(s: RedisStore) -> None:
-    await s._redis.flushdb()
-    await s.close()
 
 
 def lid(name: str, tenant: str = "t", first: bytes | None = None) -> str:
