@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -25,15 +26,24 @@ def _server(log_dir: Path, name: str, port: int, *extra: str) -> Proc:
     return proc
 
 
-def _answers(proc: Proc, port: int, **kw: object) -> bool:
+def ask(port: int, *command: object, timeout: float = 2) -> Any:
+    """One command to the server on ``port``, on a connection closed after it."""
+    with redis.Redis(port=port, socket_timeout=timeout) as client:
+        return client.execute_command(*command)
+
+
+def info(port: int, section: str) -> dict[str, Any]:
+    with redis.Redis(port=port, socket_timeout=2) as client:
+        return dict(client.info(section))
+
+
+def _answers(proc: Proc, port: int) -> bool:
     if not proc.alive():
         raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
     try:
-        return bool(redis.Redis(port=port, socket_timeout=1, **kw).ping())  # type: ignore[arg-type]
+        return bool(ask(port, "PING", timeout=1))
     except redis.RedisError:
         return False
-    except redis.exceptions.ResponseError:
-        return True
 
 
 @dataclass
@@ -53,12 +63,8 @@ class Cluster:
     def nodes(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports[1:]]
 
-    def client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=2)
-
     def role(self, port: int) -> str:
-        info = self.client(port).info("replication")
-        return str(info["role"])
+        return str(info(port, "replication")["role"])
 
     def master_ports(self) -> list[int]:
         return [p for p, proc in self.procs.items() if proc.alive() and self.role(p) == "master"]
@@ -69,12 +75,12 @@ class Cluster:
             if not proc.alive():
                 continue
             try:
-                info = self.client(port).execute_command("CLUSTER INFO")
+                state = ask(port, "CLUSTER INFO")
             except redis.RedisError:
                 return False
-            if not isinstance(info, dict):  # redis-py parses it, in its own way
-                info = dict(line.split(":", 1) for line in info.decode().split() if ":" in line)
-            if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != 16384:
+            if not isinstance(state, dict):  # redis-py parses it, in its own way
+                state = dict(line.split(":", 1) for line in state.decode().split() if ":" in line)
+            if state.get("cluster_state") != "ok" or int(state.get("cluster_slots_ok", 0)) != 16384:
                 return False
         return True
 
@@ -85,7 +91,7 @@ class Cluster:
 
     def flush(self) -> None:
         for port in self.master_ports():
-            self.client(port).flushall()
+            ask(port, "FLUSHALL")
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -132,8 +138,8 @@ def _create(cluster: Cluster, replicas: int, node_timeout_ms: int) -> None:
 
 def _replicas_synced(cluster: Cluster) -> bool:
     for port in cluster.procs:
-        info = cluster.client(port).info("replication")
-        if info["role"] == "slave" and info.get("master_link_status") != "up":
+        state = info(port, "replication")
+        if state["role"] == "slave" and state.get("master_link_status") != "up":
             return False
     return True
 
@@ -158,20 +164,18 @@ class SentinelGroup:
         return [f"127.0.0.1:{p}" for p in self.sentinels[1:]]
 
     def current_master(self) -> int:
-        addr = redis.Redis(port=self.sentinels[0], socket_timeout=2).execute_command(
-            "SENTINEL", "get-master-addr-by-name", self.name
-        )
+        addr = ask(self.sentinels[0], "SENTINEL", "get-master-addr-by-name", self.name)
         return int(addr[1])
 
     def failover(self) -> int:
         """SENTINEL FAILOVER, then wait until a replica is the master everyone names."""
         old = self.current_master()
-        redis.Redis(port=self.sentinels[0], socket_timeout=5).execute_command("SENTINEL", "FAILOVER", self.name)
+        ask(self.sentinels[0], "SENTINEL", "FAILOVER", self.name, timeout=5)
 
         def moved() -> bool:
             try:
                 new = self.current_master()
-                return new != old and redis.Redis(port=new, socket_timeout=1).info("replication")["role"] == "master"
+                return new != old and info(new, "replication")["role"] == "master"
             except redis.RedisError:
                 return False
 
@@ -219,7 +223,7 @@ def _watch(group: SentinelGroup, replicas: int) -> None:
     def watched() -> bool:
         for port in group.sentinels:
             try:
-                state = redis.Redis(port=port, socket_timeout=1).execute_command("SENTINEL", "MASTER", name)
+                state = ask(port, "SENTINEL", "MASTER", name)
             except redis.RedisError:
                 return False
             fields = dict(zip(state[::2], state[1::2], strict=False))

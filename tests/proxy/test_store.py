@@ -36,7 +36,8 @@ def _both(request: pytest.FixtureRequest, bounds: Bounds, **memory: int) -> Iter
     elif request.param == "redis":
         url = request.getfixturevalue("redis_url")
         yield RedisStore(url, ttl_s=60, timeout_s=2, bounds=bounds)
-        redis.Redis.from_url(url).flushdb()
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
     else:
         cluster: Cluster = request.getfixturevalue("redis_cluster")
         yield RedisStore(cluster.url, ttl_s=60, timeout_s=2, bounds=bounds, mode="cluster", nodes=tuple(cluster.nodes))

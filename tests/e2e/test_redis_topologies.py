@@ -1,0 +1,213 @@
+"""prefixpin on the Redis that teams run (SPEC section 2g), every server real and
+started by the test: a Redis Cluster of 3 masters and 3 replicas (a master killed
+mid-conversation), a Sentinel group (a failover), an ACL user over TLS, data lost
+under a running prefixpin, and what the store costs Redis per request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import Recorder
+from tests.infra.agent_trace import Conversation, Talk, trace
+from tests.infra.procs import Proc, free_port, redis_server_path
+from tests.infra.redis_topologies import Cluster, SentinelGroup, info, start_cluster, start_sentinel_group
+from tests.infra.wait import wait_until
+
+pytestmark = pytest.mark.e2e
+
+Serve = Callable[..., str]
+Config = Callable[[dict[str, Any]], Path]
+
+
+def _store(url: str, **more: Any) -> dict[str, Any]:
+    return {"store": {"backend": "redis", "redis_url": url, **more}}
+
+
+def _cluster_config(cluster: Cluster) -> dict[str, Any]:
+    return _store(cluster.url, redis_mode="cluster", redis_nodes=cluster.nodes)
+
+
+def _ready(base: str) -> httpx.Response:
+    return httpx.get(base + "/readyz", trust_env=False, timeout=10)
+
+
+def _fail_open(base: str) -> float:
+    text = httpx.get(base + "/metrics", trust_env=False).text
+    line = next((ln for ln in text.splitlines() if ln.startswith('prefixpin_fail_open_total{stage="store"}')), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+@pytest.fixture
+def own_cluster(log_dir: Path) -> Iterator[Cluster]:
+    """A cluster this test may break."""
+    cluster = start_cluster(log_dir)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def sentinels(log_dir: Path) -> Iterator[SentinelGroup]:
+    group = start_sentinel_group(log_dir)
+    yield group
+    group.stop()
+
+
+def test_several_processes_on_a_cluster_forward_what_one_on_standalone_does(
+    serve: Serve, write_config: Config, recorder: Recorder, redis_url: str, redis_cluster: Cluster
+) -> None:
+    """The same trace, once through one prefixpin on one redis-server and once through
+    three on the cluster (each request to the next process): the same roles, and the
+    upstream receives the same bytes."""
+    one = serve(recorder.base, config=write_config(_store(redis_url)))
+    alone = trace(Talk([one]))
+    single = recorder.bodies()
+    recorder.reset()
+    redis_cluster.flush()
+    config = write_config(_cluster_config(redis_cluster))
+    bases = [serve(recorder.base, config=config) for _ in range(3)]
+    spread = trace(Talk(bases))
+    assert spread == alone
+    assert {"root", "continuation", "fork"} <= set(alone) and "fail-open" not in alone
+    assert recorder.bodies() == single
+    assert all(_ready(b).status_code == 200 for b in bases)
+
+
+def test_a_cluster_master_killed_mid_conversation(
+    serve: Serve, write_config: Config, recorder: Recorder, own_cluster: Cluster
+) -> None:
+    base = serve(recorder.base, config=write_config(_cluster_config(own_cluster)))
+    talk = Talk([base])
+    convs = [Conversation(n) for n in range(6)]
+    for c in convs:
+        talk.turn(c)
+        talk.turn(c)
+    assert set(talk.roles) == {"root", "continuation"}
+    victim = own_cluster.master_ports()[0]
+    own_cluster.kill(victim)
+    # Until a replica is promoted, /readyz names the shard that takes no writes.
+    reason = _ready(base)
+    if reason.status_code == 503:
+        assert "cluster" in reason.text and str(victim) in reason.text
+    wait_until(lambda: _ready(base).status_code == 200, timeout=30, interval=0.3, message="the replica promoted")
+    wait_until(own_cluster.ok, timeout=30, interval=0.2, message="the cluster ok again")
+    before = len(talk.roles)
+    for c in convs:
+        talk.turn(c)
+    after = talk.roles[before:]
+    assert after == ["continuation"] * len(convs), after  # every conversation continues, none fails open
+    fork = talk.fork(convs[0])
+    assert fork == "fork"
+
+
+def test_a_sentinel_failover_is_followed(
+    serve: Serve, write_config: Config, recorder: Recorder, sentinels: SentinelGroup
+) -> None:
+    config = _store(sentinels.url, redis_mode="sentinel", redis_nodes=sentinels.nodes, sentinel_master=sentinels.name)
+    base = serve(recorder.base, config=write_config(config))
+    talk = Talk([base])
+    c = Conversation(0)
+    assert [talk.turn(c), talk.turn(c)] == ["root", "continuation"]
+    old = sentinels.current_master()
+    new = sentinels.failover()
+    assert new != old
+    # The demoted master answers READONLY; prefixpin asks the Sentinels again.
+    wait_until(lambda: talk.turn(c) == "continuation", timeout=30, interval=0.3, message="a turn on the new master")
+    assert talk.turn(c) == "continuation"
+    assert talk.fork(c) == "fork"
+    assert _ready(base).status_code == 200
+    assert info(new, "replication")["role"] == "master"
+
+
+# The least privilege prefixpin needs (docs/deploy.md): its keys, and the commands it
+# and its scripts send.  Cluster mode adds +cluster|slots, Sentinel's data nodes +role.
+ACL = (
+    "user prefixpin on >{password} ~pp:* resetchannels -@all +evalsha +eval +get +set +del +hget +hmget"
+    " +hset +hsetnx +hdel +hincrby +hkeys +expire +zadd +zrange +zrem +ping +client|setinfo"
+)
+
+
+def test_an_acl_user_over_tls(
+    serve: Serve, write_config: Config, recorder: Recorder, log_dir: Path, tmp_path: Path
+) -> None:
+    """The least-privilege ACL line of docs/deploy.md, over rediss:// with a private CA."""
+    from tests.infra import tls
+
+    ca = tls.make_ca(tmp_path / "ca")
+    server = tls.issue(ca, tmp_path / "ca", "redis")
+    port = free_port()
+    password = "s3cret-for-the-test"
+    acl = tmp_path / "users.acl"
+    acl.write_text(ACL.format(password=password) + "\nuser default off\n")
+    argv = [
+        redis_server_path(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--tls-cert-file", str(server.cert), "--tls-key-file", str(server.key),
+        "--tls-ca-cert-file", str(ca.cert), "--tls-auth-clients", "no", "--aclfile", str(acl),
+    ]  # fmt: skip
+    proc = Proc(f"redis-tls-{port}", argv, log_dir)
+    try:
+        with redis.Redis(
+            port=port, ssl=True, ssl_ca_certs=str(ca.cert), username="prefixpin", password=password, socket_timeout=1
+        ) as check:
+            wait_until(lambda: _pings(check), timeout=20, interval=0.1, message="redis over TLS")
+        url = f"rediss://prefixpin:{password}@127.0.0.1:{port}/0?ssl_ca_certs={ca.cert}"
+        base = serve(recorder.base, config=write_config(_store(url)))
+        talk = Talk([base])
+        c = Conversation(0)
+        assert [talk.turn(c), talk.turn(c), talk.fork(c), talk.turn(c)] == [
+            "root",
+            "continuation",
+            "fork",
+            "continuation",
+        ]
+        assert _ready(base).status_code == 200
+        assert _fail_open(base) == 0
+        assert password not in httpx.get(base + "/metrics", trust_env=False).text
+    finally:
+        proc.stop()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_forks_recover_after_data_loss(
+    serve: Serve, write_config: Config, recorder: Recorder, redis_proc: Callable[..., tuple[Proc, str]]
+) -> None:
+    """FLUSHALL, then an empty restart, under a running prefixpin: the next turn
+    starts again, and a fork after it is repaired with its parent's system and tools."""
+    proc, url = redis_proc()
+    base = serve(recorder.base, config=write_config(_store(url)))
+    talk = Talk([base])
+    c = Conversation(0)
+    assert [talk.turn(c), talk.fork(c)] == ["root", "fork"]
+    with redis.Redis.from_url(url) as client:
+        client.flushall()
+    assert talk.turn(c) == "root"  # the conversation starts again
+    assert talk.fork(c) == "fork"  # its blobs were written again: no process remembers them as held
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    proc.stop()
+    redis_proc(port)  # back on the same port, empty
+    wait_until(lambda: talk.turn(c) != "fail-open", timeout=20, interval=0.3, message="Redis back")
+    assert talk.roles[-1] == "root"
+    assert [talk.turn(c), talk.fork(c)] == ["continuation", "fork"]
+
+
+def test_redis_down_at_start(serve: Serve, write_config: Config, recorder: Recorder, log_dir: Path) -> None:
+    """serve starts, says so in a WARNING, /readyz names it, and requests go through."""
+    port = free_port()
+    base = serve(recorder.base, config=write_config(_store(f"redis://127.0.0.1:{port}/0")))
+    r = _ready(base)
+    assert r.status_code == 503 and f"127.0.0.1:{port}" in r.text
+    talk = Talk([base])
+    assert talk.turn(Conversation(0)) == "fail-open"
+    logs = "".join(p.read_text(errors="replace") for p in log_dir.glob("prefixpin-*.log"))
+    assert "WARNING" in logs and "store failed" in logs
