@@ -226,8 +226,10 @@ def _watch(group: SentinelGroup, replicas: int) -> None:
                 state = ask(port, "SENTINEL", "MASTER", name)
             except redis.RedisError:
                 return False
-            fields = dict(zip(state[::2], state[1::2], strict=False))
-            if int(fields.get(b"num-other-sentinels", 0)) < 2 or int(fields.get(b"num-slaves", 0)) < replicas:
+            if not isinstance(state, dict):
+                state = dict(zip(state[::2], state[1::2], strict=False))
+            state = {(k.decode() if isinstance(k, bytes) else k): v for k, v in state.items()}
+            if int(state.get("num-other-sentinels", 0)) < 2 or int(state.get("num-slaves", 0)) < replicas:
                 return False
         return True
 
