@@ -177,7 +177,7 @@ class Canonicalize:
         links = prep.links
         offset = max(len(links) - LOOKUP_LINKS, 0)
         origin = origin_of(links, prep.continues if prep.offset else None)
-        found = await self.s.store.lookup(tenant, links[offset:], prep.signals.declared_parent, origin)
+        found = await self.s.store.lookup(tenant, links[offset:], prep.signals.declared_parent, origin=origin)
         if not offset or not found.depth:
             return found
         return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))
