@@ -42,7 +42,6 @@ class Canonicalize:
     def __init__(self, s: Services, *, new_id: Callable[[], str] | None = None) -> None:
         self.s = s
         self.new_id = new_id or _Ids()
-        self.homed = new_id is None  # prefixpin's own ids start with their conversation's home (proxy.store)
         self.suggestions = Suggestions(s.metrics, s.canon.settings.learn)
 
     async def request(self, flow: Flow) -> None:
@@ -81,9 +80,9 @@ class Canonicalize:
                 blobs = {ref: raw for ref, raw in zip(refs, found, strict=True) if raw is not None}
             except StoreError:
                 flow.store_ok = False
-        new_id = self.new_id()
-        if self.homed:
-            new_id = homed(new_id, flow.tenant, origin_of(prep.links, prep.continues if prep.offset else None))
+        # An id of prefixpin's shape (16 hex digits) starts with its conversation's home
+        # (proxy.store); another (a test's "L0001") is kept as it is.
+        new_id = homed(self.new_id(), flow.tenant, origin_of(prep.links, prep.continues if prep.offset else None))
         if flow.big:
             outcome = await asyncio.to_thread(
                 canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned

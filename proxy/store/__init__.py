@@ -127,7 +127,10 @@ def home(tenant: str, origin: Origin) -> str:
 
 
 def homed(fresh: str, tenant: str, origin: Origin) -> str:
-    """A new lineage id (16 hex digits) that starts with its conversation's home."""
+    """``fresh`` (16 hex digits) made to start with its conversation's home; an id of
+    another shape is returned as it is."""
+    if not _LINEAGE_ID.fullmatch(fresh):
+        return fresh
     return home(tenant, origin) + fresh[4:]
 
 

@@ -125,7 +125,7 @@ class RedisStore:
             return Lookup()
         key = self._home(tenant, origin_of(links) if origin is None else origin)
         start = newest(links, self.bounds)
-        args = [declared or "", CANDIDATES, SCAN_UP, *links[start:]]
+        args = [declared or "", CANDIDATES, SCAN_UP, *(b"l" + link for link in links[start:])]
         work = _LOOKUP(self._redis, [key], args)
         elsewhere = declared is not None and self._home(tenant, declared) != key
         if elsewhere:  # a declared parent of another conversation: its home, at the same time
@@ -168,7 +168,7 @@ class RedisStore:
             len(links),
             len(blobs),
             len(touch),
-            *links,
+            *(b"l" + link for link in links),
             *blobs,
             *blobs.values(),
             *touch,

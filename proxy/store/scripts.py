@@ -28,7 +28,7 @@ homes first.
 from __future__ import annotations
 
 # KEYS: the home.  ARGV: declared id or '', max candidates, links to scan past the
-# deepest, then the request's newest links, oldest first.
+# deepest, then the fields of the request's newest links ('l' .. link), oldest first.
 # Returns {depth, declared record or '', depth1, record1, depth2, record2, ...}; the
 # records still carry their "<seq>|" prefix.
 LOOKUP = """#!lua flags=no-writes
@@ -37,15 +37,14 @@ local declared, max_c, scan_up = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local n = #ARGV - 3
 local owners = {}
 local function fetch(lo, hi, extra)
-  local fields = {}
-  for _, f in ipairs(extra) do fields[#fields + 1] = f end
+  local fields = extra
   local base = #fields
-  for i = lo, hi do fields[#fields + 1] = 'l' .. ARGV[3 + i] end
+  for i = lo, hi do fields[base + 1 + i - lo] = ARGV[3 + i] end
   local got = redis.call('HMGET', home, unpack(fields))
   for i = lo, hi do owners[i] = got[base + 1 + i - lo] end
   return got
 end
-local first = math.max(1, n - scan_up - 7)
+local first = math.max(1, n - scan_up - 2)
 local extra = {'#'}
 if declared ~= '' then extra[2] = 'g' .. declared end
 local got = fetch(first, n, extra)
@@ -73,10 +72,11 @@ for i = depth, math.max(1, depth - scan_up), -1 do
     local skip = true
     for id in string.gmatch(v, '[^,]+') do
       if skip then skip = false
-      elseif not seen[id] and #ids < max_c then
+      elseif not seen[id] then
         seen[id] = true
         ids[#ids + 1] = 'g' .. id
         depths[#ids] = i
+        if #ids >= max_c then break end
       end
     end
   end
@@ -94,8 +94,8 @@ return out
 """
 
 # KEYS: the home.  ARGV: id, record JSON, ttl, owners per link, max entries, max
-# bytes, report every (s), now (s), n links, n blobs, n touched, then the links, the
-# new blobs' refs, their bytes, the touched refs.
+# bytes, report every (s), now (s), n links, n blobs, n touched, then the links'
+# fields ('l' .. link), the new blobs' refs, their bytes, the touched refs.
 # Returns {report entries (-1: no report due), entries, bytes, n missing, missing
 # refs..., dropped response ids...}.
 RECORD = """
@@ -107,17 +107,16 @@ local nl, nb, nt = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local at_links, at_refs = 11, 11 + nl
 local at_raw, at_touch = at_refs + nb, at_refs + 2 * nb
 local fields = {'#', '+', '!', '=', 'g' .. id}
-for i = 1, nl do fields[#fields + 1] = 'l' .. ARGV[at_links + i] end
+for i = 1, nl do fields[5 + i] = ARGV[at_links + i] end
 for i = 1, nb do fields[#fields + 1] = 's' .. ARGV[at_refs + i] end
 for i = 1, nt do fields[#fields + 1] = 's' .. ARGV[at_touch + i] end
 local got = redis.call('HMGET', home, unpack(fields))
 local count, bytes = tonumber(got[1] or '0'), tonumber(got[2] or '0')
 local seq = tonumber(got[3] or '0') + 1
-local set, writing = {}, {}
+local set = {}
 local function put(f, v)
   set[#set + 1] = f
   set[#set + 1] = v
-  writing[f] = true
 end
 if not got[5] then count = count + 1 end
 put('g' .. id, seq .. '|' .. rec)
@@ -134,7 +133,7 @@ for i = 1, nl do
   else
     count = count + 1
   end
-  put('l' .. ARGV[at_links + i], table.concat(owners, ','))
+  put(ARGV[at_links + i], table.concat(owners, ','))
 end
 k = k + nl
 for i = 1, nb do
@@ -163,6 +162,8 @@ end
 -- down to 3/4 of the bounds, never those this record writes.
 local dropped = {}
 if count > max_e or bytes > max_b then
+  local writing = {}
+  for i = 1, #set, 2 do writing[set[i]] = true end
   local names = {}
   for _, f in ipairs(redis.call('HKEYS', home)) do
     local c = string.sub(f, 1, 1)
