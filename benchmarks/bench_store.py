@@ -166,15 +166,15 @@ class _Capture:
 def _capture(conversations: int, turns: int) -> list[list[tuple[str, tuple[Any, ...], dict[str, Any]]]]:
     """Each request's store calls, conversation by conversation, as the proxy makes them."""
     import asyncio
+    import secrets
 
     from proxy.config import load
     from proxy.offline import Offline
-    from proxy.addons.canonicalize import _Ids
     from tests import hermes
     from tests.infra.agent_trace import SESSIONS
 
     store = _Capture()
-    off = Offline(load(None, env={}), store=store, new_id=_Ids())  # type: ignore[arg-type]
+    off = Offline(load(None, env={}), store=store, new_id=lambda: secrets.token_hex(8))
     reply = {"role": "assistant", "content": "Done."}
     per_request: list[list[tuple[str, tuple[Any, ...], dict[str, Any]]]] = []
     key = {"authorization": "Bearer sk-bench"}
@@ -266,14 +266,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"loadavg": os.getloadavg(), "rows": rows}, indent=2))
         return
     print(f"loadavg {os.getloadavg()[0]:.1f}")
-    print(
-        f"{'setup':<12}{'procs':>6}{'requests':>9}{'req/s':>8}{'commands':>10}{'round trips':>12}{'script us':>10}{'cpu us':>8}"
-    )
+    head = ("setup", "procs", "requests", "req/s", "commands", "round trips", "script us", "cpu us")
+    keys = ("processes", "requests", "req_per_s", "commands", "round_trips", "script_us", "cpu_us")
+    print(f"{head[0]:<12}" + "".join(f"{h:>{len(h) + 3}}" for h in head[1:]))
     for r in rows:
-        print(
-            f"{r['setup']:<12}{r['processes']:>6}{r['requests']:>9}{r['req_per_s']:>8}{r['commands']:>10}"
-            f"{r['round_trips']:>12}{r['script_us']:>10}{r['cpu_us']:>8}"
-        )
+        print(f"{r['setup']:<12}" + "".join(f"{r[k]!s:>{len(h) + 3}}" for k, h in zip(keys, head[1:], strict=True)))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +219,7 @@ def _watch(group: SentinelGroup, replicas: int) -> None:
         proc = Proc(f"redis-sentinel-{port}", [redis_server_path(), str(conf), "--sentinel"], log_dir)
         group.procs[port] = proc
         group.sentinels.append(port)
-        wait_until(lambda p=proc, q=port: _answers(p, q), timeout=20, interval=0.05, message="a Sentinel answers")
+        wait_until(partial(_answers, proc, port), timeout=20, interval=0.05, message="a Sentinel answers")
 
     def watched() -> bool:
         for port in group.sentinels:
