@@ -211,3 +211,44 @@ def test_redis_down_at_start(serve: Serve, write_config: Config, recorder: Recor
     assert talk.turn(Conversation(0)) == "fail-open"
     logs = "".join(p.read_text(errors="replace") for p in log_dir.glob("prefixpin-*.log"))
     assert "WARNING" in logs and "store failed" in logs
+
+
+def test_what_a_request_costs_redis(
+    serve: Serve, write_config: Config, recorder: Recorder, redis_proc: Callable[..., tuple[Proc, str]]
+) -> None:
+    """Counted by Redis itself (INFO commandstats, every command a script runs
+    included; INFO stats total_reads_processed, the requests it read): at most 12
+    commands per proxied request, and 2 round trips on its path (its lookup and its
+    record; a fork's blob read adds one), the reports to the tenant's index and a
+    script's first load (EVALSHA refused, then EVAL) going after."""
+    _, url = redis_proc()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    base = serve(recorder.base, config=write_config(_store(url)))
+    with redis.Redis(port=port) as r:
+        wait_until(lambda: _ready(base).status_code == 200, timeout=10, message="ready")
+        r.config_resetstat()
+        reads0 = r.info("stats")["total_reads_processed"]  # this INFO's own read counted
+        roles = trace(Talk([base]), conversations=6, turns=5)
+        polls = 0
+
+        def settled() -> bool:  # the last reports went out after their responses
+            nonlocal polls
+            polls += 1
+            calls = {k: v["calls"] for k, v in r.info("commandstats").items()}
+            return calls.get("cmdstat_evalsha", 0) >= 2 * len(roles)
+
+        wait_until(settled, timeout=10, message="every request's scripts ran")
+        stats = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+        reads = r.info("stats")["total_reads_processed"] - reads0 - polls - 2  # less this test's own INFOs
+    stats.pop("config|resetstat", None)
+    stats.pop("info", None)
+    n, forks = len(roles), roles.count("fork")
+    assert roles.count("fail-open") == 0 and forks == 6
+    commands = sum(stats.values())
+    assert commands / n <= 12, stats
+    reports = stats.get("zadd", 0)  # one ZADD per report to the tenant's index
+    loads = stats.get("eval", 0)  # a script a server has not seen yet: EVALSHA refused (not counted), then EVAL
+    assert stats["evalsha"] == 2 * n + reports, stats  # a lookup and a record per request
+    on_path = reads - reports - 2 * loads  # a read may carry two commands: at most this many
+    assert 2 * n - loads <= on_path <= 2 * n + forks, (reads, reports, loads, stats)
+    assert reports <= n / 2, stats
