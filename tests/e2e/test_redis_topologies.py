@@ -112,7 +112,8 @@ def test_a_sentinel_failover_is_followed(
     base = serve(recorder.base, config=write_config(config))
     talk = Talk([base])
     c = Conversation(0)
-    assert [talk.turn(c), talk.turn(c)] == ["root", "continuation"]
+    wait_until(lambda: talk.turn(c) == "root", timeout=10, interval=0.2, message="recorded again")
+    assert talk.turn(c) == "continuation"
     old = sentinels.current_master()
     new = sentinels.failover()
     assert new != old
@@ -252,3 +253,48 @@ def test_what_a_request_costs_redis(
     on_path = reads - reports - 2 * loads  # a read may carry two commands: at most this many
     assert 2 * n - loads <= on_path <= 2 * n + forks, (reads, reports, loads, stats)
     assert reports <= n / 2, stats
+
+
+def test_readyz_names_a_read_only_replica(
+    serve: Serve, write_config: Config, recorder: Recorder, redis_proc: Callable[..., tuple[Proc, str]]
+) -> None:
+    """Pointed at a replica (or a demoted master), prefixpin is not ready, and says why."""
+    _, master = redis_proc()
+    _, replica = redis_proc()
+    master_port = master.rsplit(":", 1)[1].split("/")[0]
+    with redis.Redis.from_url(replica) as r:
+        r.replicaof("127.0.0.1", master_port)
+    base = serve(recorder.base, config=write_config(_store(replica)))
+    r503 = _ready(base)
+    assert r503.status_code == 503 and "read-only replica" in r503.text, r503.text
+    talk, c = Talk([base]), Conversation(0)
+    # Forwarded all the same; nothing could be recorded (and the store is skipped a moment after).
+    assert {talk.turn(c), talk.turn(c)} <= {"root", "fail-open"}
+    with redis.Redis.from_url(replica) as r:
+        r.replicaof("NO", "ONE")  # promoted by hand: prefixpin uses it without a restart
+    wait_until(lambda: _ready(base).status_code == 200, timeout=10, interval=0.2, message="ready on the new master")
+    wait_until(lambda: talk.turn(c) == "root", timeout=10, interval=0.2, message="recorded again")
+    assert talk.turn(c) == "continuation"
+
+
+def test_forks_recover_after_eviction_under_maxmemory(
+    serve: Serve, write_config: Config, recorder: Recorder, redis_proc: Callable[..., tuple[Proc, str]]
+) -> None:
+    """Under ``maxmemory`` with ``allkeys-lru`` (docs/deploy.md) Redis evicts a
+    conversation whole; its next turn starts again, and its next fork is repaired."""
+    _, url = redis_proc()
+    base = serve(recorder.base, config=write_config(_store(url)))
+    talk = Talk([base])
+    c = Conversation(0)
+    assert [talk.turn(c), talk.fork(c)] == ["root", "fork"]
+    with redis.Redis.from_url(url) as r:
+        used = int(r.info("memory")["used_memory"])
+        r.config_set("maxmemory-policy", "allkeys-lru")
+        r.config_set("maxmemory", used + 2_000_000)
+        for i in range(400):  # newer keys than the conversation's: it is the least recently used
+            r.set(f"other:{i}", b"x" * 10_000)
+        assert int(r.info("stats")["evicted_keys"]) > 0
+        assert not [k for k in r.keys("pp:*") if k.endswith(b":h")]
+        r.config_set("maxmemory", 0)
+    assert talk.turn(c) == "root"
+    assert [talk.fork(c), talk.turn(c)] == ["fork", "continuation"]

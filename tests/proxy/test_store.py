@@ -502,3 +502,36 @@ def test_memory_lookup_uses_the_deepest_link_and_one_per_lineage() -> None:
         ("t", "g", "B"),
     ]
     assert [k for k in s._data if k[0] == "t"] == list(s._shares["t"].keys)
+
+
+def test_store_failures_are_warned_once_per_kind_per_10_s(caplog: pytest.LogCaptureFixture) -> None:
+    """A store down costs a WARNING per kind of failure every 10 s, not one per request."""
+    import logging
+
+    from proxy.errors import StoreError
+    from proxy.store.guard import StoreGuard
+
+    clock = Clock()
+    guard = StoreGuard(cooldown_s=0, clock=clock)
+
+    async def refused() -> None:
+        raise StoreError("redis lookup failed: ConnectionError: refused") from ConnectionRefusedError()
+
+    async def readonly() -> None:
+        raise StoreError("redis write failed: ReadOnlyError: READONLY") from redis.exceptions.ReadOnlyError()
+
+    async def go() -> None:
+        for _ in range(5):
+            for fn in (refused, readonly):
+                with pytest.raises(StoreError):
+                    await guard.call(fn)
+            clock.now += 1
+        clock.now += 6
+        with pytest.raises(StoreError):
+            await guard.call(refused)
+
+    with caplog.at_level(logging.WARNING, logger="prefixpin"):
+        run(go())
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 3, lines  # each kind once, then the first again 10 s later
+    assert "ConnectionRefusedError" in lines[0] and "ReadOnlyError" in lines[1] and "READONLY" in lines[1]
