@@ -129,7 +129,9 @@ def create_app(
     async def _first_ping(s: Services) -> None:
         try:
             await asyncio.wait_for(s.store.ping(), 5)
-        except (StoreError, OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            s.guard.warn(exc, "no answer within 5 s; serving anyway: requests fail open until the store answers")
+        except (StoreError, OSError) as exc:
             s.guard.warn(exc, "serving anyway: requests fail open (forwarded as sent) until the store answers")
 
     async def healthz(request: Request) -> Response:

@@ -88,8 +88,10 @@ class _Sentinels(Sentinel):
         try:
             return await super().discover_master(service_name)
         except MasterNotFoundError as exc:  # each Sentinel's error is in its text
-            if self.open_kwargs is None or "without any password configured" not in str(exc):
+            if self.open_kwargs is None or "AuthenticationError" not in str(exc):
                 raise
+            for old in self.sentinels:
+                await old.aclose()
             self.sentinels = [Redis(host=h, port=p, **self.open_kwargs) for h, p in self.hosts]
             self.open_kwargs = None  # once: from now on the Sentinels are asked without
             return await super().discover_master(service_name)

@@ -45,7 +45,7 @@ def _where(client: Redis) -> str:
 def _why(exc: RedisError) -> str:
     if isinstance(exc, ReadOnlyError):
         return "is a read-only replica (READONLY): it takes no writes"
-    return f"takes no write: {type(exc).__name__}: {exc}"
+    return f"takes no write: {type(exc).__name__}: {str(exc).split(' : <', 1)[0][:300]}"
 
 
 async def _cluster(client: RedisCluster) -> None:

@@ -116,7 +116,7 @@ class RedisStore:
         try:
             return await fn
         except RedisError as exc:
-            raise StoreError(f"redis {what} failed: {type(exc).__name__}: {exc}") from exc
+            raise StoreError(f"redis {what} failed: {type(exc).__name__}: {brief(exc)}") from exc
 
     async def lookup(
         self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Origin | None = None
@@ -240,6 +240,11 @@ class RedisStore:
     async def close(self) -> None:
         await self.settle()
         await self._redis.aclose()
+
+
+def brief(exc: BaseException) -> str:
+    """An error's message without the clients' reprs some carry (a Sentinel's), bounded."""
+    return str(exc).split(" : <", 1)[0][:300]
 
 
 def _record(raw: bytes) -> LineageRecord:

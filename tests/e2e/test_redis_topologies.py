@@ -69,7 +69,8 @@ def test_several_processes_on_a_cluster_forward_what_one_on_standalone_does(
     single = recorder.bodies()
     recorder.reset()
     redis_cluster.flush()
-    config = write_config(_cluster_config(redis_cluster))
+    _acl_user(redis_cluster.ports)  # the cluster as an ACL user
+    config = write_config(_store(_as_user(redis_cluster.url), redis_mode="cluster", redis_nodes=redis_cluster.nodes))
     bases = [serve(recorder.base, config=config) for _ in range(3)]
     spread = trace(Talk(bases))
     assert spread == alone
@@ -108,11 +109,13 @@ def test_a_cluster_master_killed_mid_conversation(
 def test_a_sentinel_failover_is_followed(
     serve: Serve, write_config: Config, recorder: Recorder, sentinels: SentinelGroup
 ) -> None:
-    config = _store(sentinels.url, redis_mode="sentinel", redis_nodes=sentinels.nodes, sentinel_master=sentinels.name)
+    _acl_user([sentinels.master, *sentinels.replicas])  # the data nodes' user; the Sentinels have none
+    url = _as_user(sentinels.url)
+    config = _store(url, redis_mode="sentinel", redis_nodes=sentinels.nodes, sentinel_master=sentinels.name)
     base = serve(recorder.base, config=write_config(config))
     talk = Talk([base])
     c = Conversation(0)
-    wait_until(lambda: talk.turn(c) == "root", timeout=10, interval=0.2, message="recorded again")
+    wait_until(lambda: talk.turn(c) != "fail-open", timeout=15, interval=0.2, message="looked up again")
     assert talk.turn(c) == "continuation"
     old = sentinels.current_master()
     new = sentinels.failover()
@@ -125,12 +128,27 @@ def test_a_sentinel_failover_is_followed(
     assert info(new, "replication")["role"] == "master"
 
 
-# The least privilege prefixpin needs (docs/deploy.md): its keys, and the commands it
-# and its scripts send.  Cluster mode adds +cluster|slots, Sentinel's data nodes +role.
+# The least privilege prefixpin needs (docs/deploy.md): its keys, the commands it and
+# its scripts send, and what a cluster client reads of the cluster (its slots, the
+# commands' key positions, ASKING during a resharding).  One line for every mode.
 ACL = (
     "user prefixpin on >{password} ~pp:* resetchannels -@all +evalsha +eval +get +set +del +hget +hmget"
-    " +hset +hsetnx +hdel +hincrby +hkeys +expire +zadd +zrange +zrem +ping"
+    " +hset +hsetnx +hdel +hincrby +hkeys +expire +zadd +zrange +zrem +ping +cluster|slots +command +asking"
 )
+PASSWORD = "s3cret-for-the-test"
+
+
+def _acl_user(ports: list[int]) -> None:
+    """The ACL line on each server (ACL rules are not replicated)."""
+    from tests.infra.redis_topologies import ask
+
+    rules = ACL.format(password=PASSWORD).split(" ", 2)[2].split()
+    for port in ports:
+        ask(port, "ACL", "SETUSER", "prefixpin", "reset", *rules)
+
+
+def _as_user(url: str) -> str:
+    return url.replace("redis://", f"redis://prefixpin:{PASSWORD}@", 1)
 
 
 def test_an_acl_user_over_tls(
@@ -142,7 +160,7 @@ def test_an_acl_user_over_tls(
     ca = tls.make_ca(tmp_path / "ca")
     server = tls.issue(ca, tmp_path / "ca", "redis")
     port = free_port()
-    password = "s3cret-for-the-test"
+    password = PASSWORD
     acl = tmp_path / "users.acl"
     acl.write_text(ACL.format(password=password) + "\nuser default off\n")
     argv = [
@@ -273,7 +291,7 @@ def test_readyz_names_a_read_only_replica(
     with redis.Redis.from_url(replica) as r:
         r.replicaof("NO", "ONE")  # promoted by hand: prefixpin uses it without a restart
     wait_until(lambda: _ready(base).status_code == 200, timeout=10, interval=0.2, message="ready on the new master")
-    wait_until(lambda: talk.turn(c) == "root", timeout=10, interval=0.2, message="recorded again")
+    wait_until(lambda: talk.turn(c) != "fail-open", timeout=15, interval=0.2, message="looked up again")
     assert talk.turn(c) == "continuation"
 
 
