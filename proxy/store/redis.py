@@ -131,7 +131,7 @@ class RedisStore:
         if elsewhere:  # a declared parent of another conversation: its home, at the same time
             assert declared is not None
             other = self._redis.hget(self._home(tenant, declared), "g" + declared)
-            out, raw = await self._call("lookup", asyncio.gather(work, other))
+            out, raw = await self._call("lookup", _both(work, other))
             if isinstance(raw, bytes):
                 out[1] = raw
         else:
@@ -228,7 +228,7 @@ class RedisStore:
         key = self._response_key(tenant, response_id)
         await self._call(
             "write",
-            asyncio.gather(
+            _both(
                 self._redis.set(key, lineage_id.encode() + b"," + tip, ex=self.ttl_s),
                 _MARK(self._redis, [self._home(tenant, lineage_id)], [response_id, self.ttl_s]),
             ),
@@ -240,6 +240,15 @@ class RedisStore:
     async def close(self) -> None:
         await self.settle()
         await self._redis.aclose()
+
+
+async def _both(first: Awaitable[Any], second: Awaitable[Any]) -> tuple[Any, Any]:
+    """Two calls at once (on a cluster, to two nodes); the first error raised once both are done."""
+    results: list[Any] = list(await asyncio.gather(first, second, return_exceptions=True))
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results[0], results[1]
 
 
 def brief(exc: BaseException) -> str:
