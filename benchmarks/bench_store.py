@@ -3,7 +3,8 @@ Redis CPU, on one redis-server and on a Redis Cluster, with several prefixpin
 processes.
 
     python -m benchmarks.bench_store [--conversations 48] [--turns 8] [--threads 6]
-                                     [--setups standalone:1,standalone:3,cluster:3] [--json]
+                                     [--setups standalone:1,standalone:3,cluster:3] [--replay]
+                                     [--smoke] [--json]
 
 Each setup starts its Redis (a redis-server; or a cluster of 3 masters and 3
 replicas), N ``prefixpin serve`` processes in front of a recording upstream
@@ -256,8 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=6)
     ap.add_argument("--setups", default="standalone:1,standalone:3,cluster:3")
     ap.add_argument("--replay", action="store_true", help="also replay the store calls at full speed")
+    ap.add_argument("--smoke", action="store_true", help="a small run of every setup, for CI")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.conversations, args.turns, args.threads, args.replay = 4, 3, 2, True
     rows = [replay(args.conversations * 4, args.turns)] if args.replay else []
     for item in filter(None, args.setups.split(",")):
         setup, _, n = item.partition(":")
