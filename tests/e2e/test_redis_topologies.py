@@ -316,3 +316,29 @@ def test_forks_recover_after_eviction_under_maxmemory(
         r.config_set("maxmemory", 0)
     assert talk.turn(c) == "root"
     assert [talk.fork(c), talk.turn(c)] == ["fork", "continuation"]
+
+
+def test_a_cluster_over_tls_as_an_acl_user(
+    serve: Serve, write_config: Config, recorder: Recorder, log_dir: Path, tmp_path: Path
+) -> None:
+    """rediss:// on a cluster whose nodes speak only TLS (to each other too), as the
+    least-privilege user; /readyz checks every master over TLS."""
+    from tests.infra import tls
+    from tests.infra.redis_topologies import Tls
+
+    ca = tls.make_ca(tmp_path / "ca")
+    server = tls.issue(ca, tmp_path / "ca", "redis")
+    node = tls.issue(ca, tmp_path / "ca", "redis node", client=True)
+    cluster = start_cluster(log_dir, tls=Tls(server.cert, server.key, ca.cert, node.cert, node.key))
+    try:
+        _acl_user(cluster.ports)
+        url = f"rediss://prefixpin:{PASSWORD}@127.0.0.1:{cluster.ports[0]}?ssl_ca_certs={ca.cert}"
+        base = serve(recorder.base, config=write_config(_store(url, redis_mode="cluster", redis_nodes=cluster.nodes)))
+        talk = Talk([base])
+        convs = [Conversation(n) for n in range(4)]
+        for c in convs:
+            assert [talk.turn(c), talk.fork(c), talk.turn(c)] == ["root", "fork", "continuation"]
+        assert _ready(base).status_code == 200
+        assert _fail_open(base) == 0
+    finally:
+        cluster.stop()

@@ -20,21 +20,33 @@ from tests.infra.wait import wait_until
 CLI = "redis-cli"
 
 
-def _server(log_dir: Path, name: str, port: int, *extra: str) -> Proc:
-    argv = [redis_server_path(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+def _server(log_dir: Path, name: str, port: int, *extra: str, tls: Tls | None = None) -> Proc:
+    listen = ["--port", str(port)]
+    if tls is not None:  # TLS only, between the nodes too
+        _TLS[port] = {"ssl": True, "ssl_ca_certs": str(tls.ca)}
+        listen = [
+            "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key),
+            "--tls-ca-cert-file", str(tls.ca), "--tls-auth-clients", "no", "--tls-cluster", "yes",
+            "--tls-replication", "yes", "--tls-client-cert-file", str(tls.client_cert),
+            "--tls-client-key-file", str(tls.client_key),
+        ]  # fmt: skip
+    argv = [redis_server_path(), *listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = Proc(name, [*argv, *extra], log_dir)
     wait_until(lambda: _answers(proc, port), timeout=20, interval=0.05, message=f"{name} answers on {port}")
     return proc
 
 
+_TLS: dict[int, dict[str, Any]] = {}  # the servers that speak only TLS: how to connect to them
+
+
 def ask(port: int, *command: object, timeout: float = 2) -> Any:
     """One command to the server on ``port``, on a connection closed after it."""
-    with redis.Redis(port=port, socket_timeout=timeout) as client:
+    with redis.Redis(port=port, socket_timeout=timeout, **_TLS.get(port, {})) as client:
         return client.execute_command(*command)
 
 
 def info(port: int, section: str) -> dict[str, Any]:
-    with redis.Redis(port=port, socket_timeout=2) as client:
+    with redis.Redis(port=port, socket_timeout=2, **_TLS.get(port, {})) as client:
         return dict(client.info(section))
 
 
@@ -47,6 +59,18 @@ def _answers(proc: Proc, port: int) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A server certificate and its key, the CA that signed it, and a client
+    certificate it signed (the cluster bus authenticates both ends)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    client_cert: Path
+    client_key: Path
+
+
 @dataclass
 class Cluster:
     """A Redis Cluster: ``ports[:masters]`` started as masters, the rest their replicas."""
@@ -55,9 +79,12 @@ class Cluster:
     masters: int
     ports: list[int]
     procs: dict[int, Proc] = field(default_factory=dict)
+    tls: Tls | None = None
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.ports[0]}?ssl_ca_certs={self.tls.ca}"
         return f"redis://127.0.0.1:{self.ports[0]}"
 
     @property
@@ -95,14 +122,18 @@ class Cluster:
             ask(port, "FLUSHALL")
 
     def stop(self) -> None:
-        for proc in self.procs.values():
+        for port, proc in self.procs.items():
             proc.stop()
+            _TLS.pop(port, None)
 
 
-def start_cluster(log_dir: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> Cluster:
-    """``masters`` masters with ``replicas`` replicas each; waits until the cluster is ok."""
+def start_cluster(
+    log_dir: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000, tls: Tls | None = None
+) -> Cluster:
+    """``masters`` masters with ``replicas`` replicas each (``tls``: TLS only, between
+    the nodes too); waits until the cluster is ok."""
     ports = [free_port() for _ in range(masters * (1 + replicas))]
-    cluster = Cluster(log_dir, masters, ports)
+    cluster = Cluster(log_dir, masters, ports, tls=tls)
     try:
         _create(cluster, replicas, node_timeout_ms)
     except BaseException:
@@ -125,10 +156,12 @@ def _create(cluster: Cluster, replicas: int, node_timeout_ms: int) -> None:
             "--cluster-node-timeout", str(node_timeout_ms),
             "--cluster-port", str(free_port()),  # not port + 10000: free ports go past 55535
             "--dir", str(folder),
+            tls=cluster.tls,
         )  # fmt: skip
     nodes = [f"127.0.0.1:{p}" for p in ports]
+    secure = ["--tls", "--cacert", str(cluster.tls.ca)] if cluster.tls is not None else []
     subprocess.run(
-        [CLI, "--cluster", "create", *nodes, "--cluster-replicas", str(replicas), "--cluster-yes"],
+        [CLI, *secure, "--cluster", "create", *nodes, "--cluster-replicas", str(replicas), "--cluster-yes"],
         check=True,
         capture_output=True,
         timeout=60,
