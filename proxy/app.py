@@ -115,6 +115,7 @@ def create_app(
         app.state.services = s
         if slots is not None:
             slots.start()  # in the background: the first request does not wait for it
+        s.spawn(_first_ping(s))  # a store down at start is said at once, not at the first request
         try:
             yield
         finally:
@@ -124,6 +125,14 @@ def create_app(
             await s.drain(timeout=5)  # let pending records land
             await upstream.aclose()
             await the_store.close()
+
+    async def _first_ping(s: Services) -> None:
+        try:
+            await asyncio.wait_for(s.store.ping(), 5)
+        except TimeoutError as exc:
+            s.guard.warn(exc, "no answer within 5 s; serving anyway: requests fail open until the store answers")
+        except (StoreError, OSError) as exc:
+            s.guard.warn(exc, "serving anyway: requests fail open (forwarded as sent) until the store answers")
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "pid": os.getpid()})

@@ -31,7 +31,7 @@ from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.learned import Suggestions
 from proxy.services import Services
-from proxy.store import ISOLATED
+from proxy.store import ISOLATED, Origin, homed, origin_of
 
 log = logging.getLogger("prefixpin")
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
@@ -81,11 +81,14 @@ class Canonicalize:
         refs = canon.blobs_needed(prep, decision, learned, lookup)
         if refs and flow.store_ok:
             try:
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
+                owner = decision.parent.id if decision.parent is not None else None
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs, owner))
                 blobs = {ref: raw for ref, raw in zip(refs, found, strict=True) if raw is not None}
             except StoreError:
                 flow.store_ok = False
-        new_id = self.new_id()
+        # An id of prefixpin's shape (16 hex digits) starts with its conversation's home
+        # (proxy.store); another (a test's "L0001") is kept as it is.
+        new_id = homed(self.new_id(), flow.tenant, origin_of(prep.links, prep.continues if prep.offset else None))
         if flow.big:
             outcome = await asyncio.to_thread(
                 canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned, head=head
@@ -109,8 +112,9 @@ class Canonicalize:
         s, canon = self.s, self.s.canon
         blobs: dict[str, bytes] = {}
         if plan.refs:
+            owner = plan.candidates[0][0].id if plan.candidates else None  # all found in this conversation's home
             try:
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, plan.refs))
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, plan.refs, owner))
             except StoreError:
                 return None
             blobs = {ref: raw for ref, raw in zip(plan.refs, found, strict=True) if raw is not None}
@@ -215,12 +219,18 @@ class Canonicalize:
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
-        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent)
+        origin = origin_of(prep.links, prep.continues if prep.offset else None)
+        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent, origin)
 
-    async def _lookup_links(self, tenant: str, links: list[bytes], declared: str | None) -> Lookup:
-        """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute)."""
+    async def _lookup_links(
+        self, tenant: str, links: list[bytes], declared: str | None, origin: Origin | None = None
+    ) -> Lookup:
+        """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute),
+        in the home of ``origin`` (default: the conversation starting with ``links[0]``)."""
         offset = max(len(links) - LOOKUP_LINKS, 0)
-        found = await self.s.store.lookup(tenant, links[offset:], declared)
+        if origin is None:
+            origin = origin_of(links)
+        found = await self.s.store.lookup(tenant, links[offset:], declared, origin=origin)
         if not offset or not found.depth:
             return found
         return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))

@@ -7,6 +7,14 @@ tools[] blobs.  After the response, one write records the new links, the
 response's link, the lineage record and any new blobs.  Everything is namespaced
 by tenant and expires after ``store.ttl_s``.
 
+A conversation (a root lineage, its continuations and its forks) has a *home*,
+named by its *origin*: the first link of its history, which every request of it
+shares (two histories that share any link share their first).  A new lineage's id
+starts with its home (:func:`homed`), so a lineage id names it too: the lineage a
+Responses request continues (``previous_response_id``), or a declared parent.  The
+Redis store keeps each home in one hash slot (proxy.store.redis); the memory store
+ignores homes.
+
 Bounds, so that no client can push another one's lineages out: each tenant holds
 at most ``tenant_max_entries`` entries and ``tenant_max_bytes`` of blobs (past
 them its own least recently used entries go first), on top of the store's global
@@ -18,9 +26,12 @@ nothing: its lookups find nothing and its records are dropped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+import xxhash
 
 from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
 
@@ -28,6 +39,7 @@ if TYPE_CHECKING:  # the config section the factory reads (only its fields: no i
     from proxy.config import Store as StoreConfig
 
 Links = Sequence[bytes]
+Origin = bytes | str  # a conversation's first link, or one of its lineages' ids
 
 MAX_RESPONSE_ID = 256  # a response id is the client's string: longer ones are not stored
 
@@ -43,9 +55,17 @@ class Store(Protocol):
     # go out, so whichever process gets the next turn finds it (proxy.handler).
     shared: bool
 
-    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup: ...
+    async def lookup(
+        self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Origin | None = None
+    ) -> Lookup:
+        """What the store holds of ``links`` (the newest ``max_links_per_request``),
+        and the ``declared`` lineage.  ``origin``: the request's conversation when
+        ``links`` do not start with its first link (default: ``links[0]``)."""
+        ...
 
-    async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]: ...
+    async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
+        """The blobs ``refs`` of lineage ``owner``'s conversation (None: not found)."""
+        ...
 
     async def record(
         self,
@@ -54,10 +74,12 @@ class Store(Protocol):
         links: Links,
         blobs: dict[str, bytes],
         touch: Sequence[str],
-    ) -> None:
+    ) -> Sequence[str]:
         """Save ``record``; add its id in front of each of the newest
         ``max_links_per_request`` links' owners (deduped, at most LINKS_PER_KEY);
-        store new blobs once; keep ``touch`` blobs alive."""
+        store new blobs once; keep ``touch`` blobs alive.  Returns the refs of
+        ``touch`` the store no longer holds (lost to eviction or a data loss): the
+        caller writes them again."""
         ...
 
     async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
@@ -70,7 +92,10 @@ class Store(Protocol):
         bounded and expiring like its others.  Ids over MAX_RESPONSE_ID chars are ignored."""
         ...
 
-    async def ping(self) -> None: ...
+    async def ping(self) -> None:
+        """Raise :class:`proxy.errors.StoreError`, naming the cause, unless the store
+        takes writes now (every shard of a cluster)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -87,6 +112,36 @@ class Bounds:
 DEFAULT_BOUNDS = Bounds()
 
 
+_LINEAGE_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def home(tenant: str, origin: Origin) -> str:
+    """The four hex digits naming a conversation's home: hashed from the tenant and
+    its first link, or read from one of its lineage ids (hashed from an id of
+    another shape)."""
+    if isinstance(origin, str):
+        if _LINEAGE_ID.fullmatch(origin):
+            return origin[:4]
+        return xxhash.xxh3_64_hexdigest(origin.encode("utf-8", "surrogatepass"))[:4]
+    return xxhash.xxh3_64_hexdigest(tenant.encode("utf-8", "surrogatepass") + b"\0" + origin)[:4]
+
+
+def homed(fresh: str, tenant: str, origin: Origin) -> str:
+    """``fresh`` (16 hex digits) made to start with its conversation's home; an id of
+    another shape is returned as it is."""
+    if not _LINEAGE_ID.fullmatch(fresh):
+        return fresh
+    return home(tenant, origin) + fresh[4:]
+
+
+def origin_of(links: Sequence[bytes], continues: str | None = None) -> Origin:
+    """A request's origin: the lineage it continues when its chain starts at a
+    previous response's tip, else its first link (b"": no history)."""
+    if continues is not None:
+        return continues
+    return links[0] if links else b""
+
+
 def newest(links: Sequence[bytes], bounds: Bounds) -> int:
     """Index of the first of the newest links a request records or looks up."""
     return max(0, len(links) - bounds.max_links_per_request)
@@ -96,9 +151,11 @@ def open_store(cfg: StoreConfig) -> Store:
     """The factory the app calls: the ``store`` config section's backend."""
     bounds = Bounds(cfg.tenant_max_entries, cfg.tenant_max_bytes, cfg.max_links_per_request)
     if cfg.backend == "redis":
+        from proxy.store.connect import open_client
         from proxy.store.redis import RedisStore
 
-        return RedisStore(cfg.redis_url, ttl_s=cfg.ttl_s, timeout_s=cfg.timeout_ms / 1000, bounds=bounds)
+        client = open_client(cfg.redis_url, cfg.redis_mode, cfg.redis_nodes, cfg.sentinel_master, cfg.timeout_ms / 1000)
+        return RedisStore(client, ttl_s=cfg.ttl_s, bounds=bounds)
     from proxy.store.memory import MemoryStore
 
     return MemoryStore(ttl_s=cfg.ttl_s, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes, bounds=bounds)
@@ -112,7 +169,11 @@ __all__ = [
     "MAX_RESPONSE_ID",
     "SCAN_UP",
     "Bounds",
+    "Origin",
     "Store",
+    "home",
+    "homed",
     "newest",
     "open_store",
+    "origin_of",
 ]

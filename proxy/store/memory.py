@@ -19,6 +19,7 @@ from proxy.store import (
     SCAN_UP,
     Bounds,
     Links,
+    Origin,
     newest,
 )
 
@@ -114,19 +115,23 @@ class MemoryStore:
         while len(self._data) > self.max_entries or (self._bytes > self.max_bytes and len(self._data) > 1):
             self._drop(next(iter(self._data)))
 
-    def _touch(self, key: Key, now: float) -> None:
-        """``_set(key, _get(key, now), now)`` when it is live: one lookup, nothing grows."""
+    def _touch(self, key: Key, now: float) -> bool:
+        """``_set(key, _get(key, now), now)`` when it is live: one lookup, nothing grows.
+        False: it is not held."""
         item = self._data.get(key)
         if item is None:
-            return
+            return False
         if item[0] <= now:
             self._drop(key)
-            return
+            return False
         self._data[key] = (now + self.ttl_s, item[1])
         self._data.move_to_end(key)
         self._shares[key[0]].keys.move_to_end(key)
+        return True
 
-    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
+    async def lookup(
+        self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Origin | None = None
+    ) -> Lookup:
         """The deepest recorded link and the lineages owning the links up to SCAN_UP past
         it.  A link the walk passes is used (most recently) only when it names a lineage
         not named deeper: the deepest one and one per lineage, not every link of a
@@ -188,15 +193,15 @@ class MemoryStore:
         found = get((tenant, "g", declared), now) if declared else None
         return Lookup(depth, tuple(candidates), found, tuple(depths))
 
-    async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
+    async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         now = self.clock()
         return [self._get((tenant, "b", ref), now) for ref in refs]
 
     async def record(
         self, tenant: str, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str]
-    ) -> None:
+    ) -> Sequence[str]:
         if tenant == ISOLATED:
-            return
+            return ()
         now = self.clock()
         data, expires, rec_id = self._data, now + self.ttl_s, record.id
         for link in links[newest(links, self.bounds) :]:
@@ -218,8 +223,7 @@ class MemoryStore:
         self._set((tenant, "g", record.id), record, now)
         for ref, raw in blobs.items():
             self._set((tenant, "b", ref), raw, now)
-        for ref in touch:
-            self._touch((tenant, "b", ref), now)
+        return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
 
     async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
         if tenant == ISOLATED or len(response_id) > MAX_RESPONSE_ID:
