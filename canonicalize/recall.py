@@ -62,6 +62,10 @@ TEMPLATE_ROOT = b"prefixpin/template/1"
 MAX_RESTORES = 64
 MAX_TEMPLATES = 32  # value lines a root records as template links
 MAX_TEMPLATE_LOOKUPS = 4  # changed lines a request may check (more: not pinned)
+
+# A lineage that marked a link (a root marks its stem and its template lines, kept once per
+# tenant by the stores, newest first, LINKS_PER_KEY per link): its id and its first message's ref.
+Marker = tuple[str, str]
 RULE = "learned.history"
 _TAG = re.compile(r"<([A-Za-z][\w:.-]*)\b[^>]*>.*?</\1>", re.DOTALL)
 _TAG_LINES = re.compile(r"(?m)^[ \t]*<([A-Za-z][\w:.-]*)\b[^>\n]*>[\s\S]*?</\1>[ \t]*(?:\n|$)")
@@ -252,12 +256,12 @@ def _text_values(old: str, new: str) -> list[Span]:
     return list(spans_of(diff.changes, old, new, "messages"))
 
 
-def is_template(prep: Prepared, rec: LineageRecord, link: bytes, found: Lookup) -> bool:
-    """The template link ``link`` is recorded by another conversation's first message: a
-    lineage other than ``rec`` owns it whose first message is neither ``rec``'s nor the
-    request's (a side request replaying this conversation has the same one)."""
+def is_template(prep: Prepared, rec: LineageRecord, markers: Sequence[Marker]) -> bool:
+    """A template link, marked by ``markers``, is another conversation's first message's
+    too: a lineage other than ``rec`` marked it whose first message is neither ``rec``'s
+    nor the request's (a side request replaying this conversation has the same one)."""
     mine = {rec.first, TAIL + prep.links[0].hex() if prep.links else None}
-    return any(r.id != rec.id and r.first is not None and r.first not in mine for r in found.candidates)
+    return any(lineage != rec.id and first not in mine for lineage, first in markers)
 
 
 # -- is a message the recorded one with a block dropped? -------------------------------------------
@@ -433,6 +437,7 @@ __all__ = [
     "RULE",
     "TAIL",
     "Head",
+    "Marker",
     "Restored",
     "dropped_block",
     "is_template",

@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import orjson
 
-from canonicalize import Decision, JsonDoc, Learned, LineageRecord, Lookup, Plan, Prepared
-from canonicalize.recall import Head
+from canonicalize import CANDIDATES, Decision, JsonDoc, Learned, LineageRecord, Lookup, Plan, Prepared
+from canonicalize.recall import Head, Marker
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.learned import Suggestions
@@ -79,11 +80,11 @@ class Canonicalize:
                 decision, lookup = learned.decision, learned.lookup
         blobs: dict[str, bytes] = {}
         refs = canon.blobs_needed(prep, decision, learned, lookup)
-        if refs and flow.store_ok:
+        evidence = canon.evidence_needed(decision, learned)
+        if (refs or evidence) and flow.store_ok:
+            owner = decision.parent.id if decision.parent is not None else None
             try:
-                owner = decision.parent.id if decision.parent is not None else None
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs, owner))
-                blobs = {ref: raw for ref, raw in zip(refs, found, strict=True) if raw is not None}
+                blobs = await s.guard.call(lambda: self._blobs(flow.tenant, refs, owner, evidence))
             except StoreError:
                 flow.store_ok = False
         # An id of prefixpin's shape (16 hex digits) starts with its conversation's home
@@ -102,6 +103,23 @@ class Canonicalize:
         else:
             s.metrics.fail_open.labels("store").inc()
             flow.role = "fail-open"
+
+    async def _blobs(
+        self, tenant: str, refs: tuple[str, ...], owner: str | None, evidence: tuple[str, ...]
+    ) -> dict[str, bytes]:
+        """The blobs ``refs`` of lineage ``owner``'s conversation and the tenant's
+        ``evidence``, read at once (on Redis: the conversation's home, the tenant's slot)."""
+        store = self.s.store
+        if not evidence:
+            found = await store.blobs(tenant, refs, owner)
+        elif not refs:
+            found = (await store.tenant_wide(tenant, (), evidence))[1]
+        else:
+            own, (_, wide) = await asyncio.gather(
+                store.blobs(tenant, refs, owner), store.tenant_wide(tenant, (), evidence)
+            )
+            found = [*own, *wide]
+        return {ref: raw for ref, raw in zip((*refs, *evidence), found, strict=True) if raw is not None}
 
     async def _learn(
         self, flow: Flow, prep: Prepared, lookup: Lookup, decision: Decision, plan: Plan
@@ -129,27 +147,33 @@ class Canonicalize:
     async def _recall(self, flow: Flow, prep: Prepared) -> tuple[Decision, Lookup, Head] | None:
         """The lineage of a request whose first message is the one the lineage forwarded
         but for a dropped block or fresh values on the agent's template lines (``learn:
-        pin``, canonicalize.recall): found by its stem, the recorded message fetched and
-        compared, each changed line checked (another conversation of the tenant has it),
-        then the request's chain with the recorded message in place looked up again,
-        which the lineage must own whole.  Nothing found, or the store down: None."""
-        s, canon = self.s, self.s.canon
+        pin``, canonicalize.recall): the lineages that marked its stem (the tenant's), each
+        one's record and recorded message (its home's) compared, then at once each changed
+        line checked (another conversation of the tenant marked it) and the request's chain
+        with the recorded message in place looked up again, which the lineage must own
+        whole.  Three store round trips; nothing found, or the store down: None."""
+        s, canon, tenant = self.s, self.s.canon, flow.tenant
         stem = canon.stem(prep)
         if stem is None:
             return None
         try:
-            found = await s.guard.call(lambda: s.store.lookup(flow.tenant, [stem], None))
-            recs, refs = canon.stem_heads(prep, found)
-            if not recs:
+            marked = (await s.guard.call(lambda: s.store.tenant_wide(tenant, [stem], ())))[0][0]
+            if not marked:
                 return None
-            raw = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
-            blobs = {ref: b for ref, b in zip(refs, raw, strict=True) if b is not None}
-            for rec in recs:
+            recs, blobs = await s.guard.call(lambda: self._lineages(tenant, marked[:CANDIDATES]))
+            for rec in canon.stem_heads(prep, recs):
                 head = canon.match_head(prep, rec, blobs)
-                if head is None or rec.fingerprint is None or not await self._templates(flow, prep, rec, head):
+                if head is None or rec.fingerprint is None:
                     continue
-                links = head.links
-                check = await s.guard.call(lambda: self._lookup_links(flow.tenant, links, None))  # noqa: B023
+                lines, links = head.lines, head.links
+                markers, check = await s.guard.call(
+                    lambda: asyncio.gather(
+                        s.store.tenant_wide(tenant, lines, ()),  # noqa: B023
+                        self._lookup_links(tenant, links, None),  # noqa: B023
+                    )
+                )
+                if not all(canon.is_template(prep, rec, m) for m in markers[0]):
+                    continue
                 owners = {r.id for i, r in enumerate(check.candidates) if check.depth_of(i) == check.depth}
                 if check.depth >= rec.fingerprint.n_messages and rec.id in owners:
                     return Decision("continuation", rec), Lookup(0, (rec,), None, (0,)), head
@@ -157,14 +181,19 @@ class Canonicalize:
             return None
         return None
 
-    async def _templates(self, flow: Flow, prep: Prepared, rec: LineageRecord, head: Head) -> bool:
-        """Every line whose values ``head`` changed is the agent's template (one lookup each)."""
-        s, canon = self.s, self.s.canon
-        for link in head.lines:
-            found = await s.guard.call(lambda: s.store.lookup(flow.tenant, [link], None))  # noqa: B023
-            if not canon.is_template(prep, rec, link, found):
-                return False
-        return True
+    async def _lineages(self, tenant: str, markers: Sequence[Marker]) -> tuple[list[LineageRecord], dict[str, bytes]]:
+        """The records of the lineages ``markers`` name (in their order) and their first
+        messages, read at once (on Redis: each from its home)."""
+        store = self.s.store
+        found = await asyncio.gather(
+            *(store.lookup(tenant, (), lineage, origin=lineage) for lineage, _ in markers),
+            *(store.blobs(tenant, [first], lineage) for lineage, first in markers),
+        )
+        n = len(markers)
+        recs = [f.declared for f in cast(list[Lookup], found[:n]) if f.declared is not None]
+        raws = cast(list[list[bytes | None]], found[n:])
+        blobs = {first: raw[0] for (_, first), raw in zip(markers, raws, strict=True) if raw[0] is not None}
+        return recs, blobs
 
     def _parse(self, flow: Flow) -> bool:
         """The body parsed by pieces of the tenant's recent bodies where they are equal."""

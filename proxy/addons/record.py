@@ -1,5 +1,7 @@
 """After the response: record the lineage, its links, the reply's link and any
-new blobs (the system part and tools[] as forwarded).
+new blobs (the system part and tools[] as forwarded), in one store write with
+the Responses API response id and what learning leaves to the tenant's other
+conversations (its evidence, a new root's marked links).
 
 When: ``store.shared`` says (proxy.store.Store).  The memory store's writes
 never wait: the turn is recorded right after the response's last byte, before
@@ -31,7 +33,7 @@ from canonicalize import JsonDoc, Outcome, chain
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.services import Services
-from proxy.store import ISOLATED
+from proxy.store import ISOLATED, TenantWide, origin_of
 
 log = logging.getLogger("prefixpin")
 
@@ -54,6 +56,7 @@ class Record:
     async def _record(self, flow: Flow) -> None:
         outcome, prep, s = flow.outcome, flow.prep, self.s
         assert outcome is not None and prep is not None
+        response: tuple[str, bytes] | None = None
         try:
             links = list(outcome.links)
             if flow.message is not None and flow.status < 400:
@@ -64,18 +67,23 @@ class Record:
                     links.append(tip)
                 response_id = flow.message.get("id")
                 if isinstance(response_id, str) and response_id and tip is not None:  # Responses: previous_response_id
-                    rec_id, last = outcome.record.id, tip
-                    await s.guard.call(lambda: s.store.record_response(flow.tenant, response_id, rec_id, last))
+                    response = (response_id, tip)
             touch = list(outcome.touch)
             blobs = await self._extract(flow, outcome, outcome.new_blobs)
-            blobs.update(outcome.extra_blobs)  # what learning leaves (evidence), stored as is
             if outcome.keep_items:  # forwarded messages a lineage keeps (learn: pin)
                 blobs.update(self._items(flow, outcome))
             record = outcome.record if flow.replica is None else outcome.record.evolve(replica=flow.replica)
             message_id = flow.reply.usage.message_id if flow.keep_message_id and flow.reply is not None else None
             if message_id is not None and flow.status < 400:  # the next turn's diagnostics.previous_message_id
                 record = record.evolve(message_id=message_id)
-            missing = await s.guard.call(lambda: s.store.record(flow.tenant, record, links, blobs, touch))
+            # What learning leaves to the tenant's other conversations: kept once per tenant.
+            wide = TenantWide(outcome.marks, record.first, outcome.shared_blobs)
+            origin = origin_of(prep.links, prep.continues if prep.offset else None)
+            missing = await s.guard.call(
+                lambda: s.store.record(
+                    flow.tenant, record, links, blobs, touch, origin=origin, wide=wide, response=response
+                )
+            )
             if missing:  # touched blobs the store lost: written again now, for the next fork
                 rec = outcome.record
                 names = tuple(n for n, ref in (("system", rec.system_ref), ("tools", rec.tools_ref)) if ref in missing)

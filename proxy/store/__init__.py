@@ -4,8 +4,9 @@ One lookup per request (one Redis round trip): the deepest recorded link of the
 request's chain, the lineages owning it, and the lineage named by
 ``x-prefixpin-parent``.  A fork additionally reads its parent's system and
 tools[] blobs.  After the response, one write records the new links, the
-response's link, the lineage record and any new blobs.  Everything is namespaced
-by tenant and expires after ``store.ttl_s``.
+response's link, the lineage record, any new blobs, the Responses API response
+id and what the request leaves to its tenant's other conversations.  Everything
+is namespaced by tenant and expires after ``store.ttl_s``.
 
 A conversation (a root lineage, its continuations and its forks) has a *home*,
 named by its *origin*: the first link of its history, which every request of it
@@ -14,6 +15,13 @@ starts with its home (:func:`homed`), so a lineage id names it too: the lineage 
 Responses request continues (``previous_response_id``), or a declared parent.  The
 Redis store keeps each home in one hash slot (proxy.store.redis); the memory store
 ignores homes.
+
+What learning keeps (``learn``, canonicalize.sightings and canonicalize.recall) is the
+tenant's, not one conversation's: its evidence blobs, and the links its roots *mark*
+(a first message's stem and template lines), each with the lineages that marked it
+(:data:`Marker`: id and first message's ref).  It is read by :meth:`Store.tenant_wide`
+and written with a record (:class:`TenantWide`); the Redis store keeps it in the
+tenant's own slot, bounded by :data:`TENANT_WIDE_MAX` fields.
 
 Bounds, so that no client can push another one's lineages out: each tenant holds
 at most ``tenant_max_entries`` entries and ``tenant_max_bytes`` of blobs (past
@@ -27,13 +35,14 @@ nothing: its lookups find nothing and its records are dropped.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import xxhash
 
 from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
+from canonicalize.recall import Marker  # a lineage that marked a tenant-wide link: its id, its first message's ref
 
 if TYPE_CHECKING:  # the config section the factory reads (only its fields: no import cycle)
     from proxy.config import Store as StoreConfig
@@ -42,8 +51,27 @@ Links = Sequence[bytes]
 Origin = bytes | str  # a conversation's first link, or one of its lineages' ids
 
 MAX_RESPONSE_ID = 256  # a response id is the client's string: longer ones are not stored
+TENANT_WIDE_MAX = 4096  # tenant-wide fields (marked links, evidence) per tenant, at most tenant_max_entries
 
 ISOLATED = ""  # the tenant of a request that shares nothing (see proxy.tenancy)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantWide:
+    """What a request leaves to every conversation of its tenant (written with its
+    record): the links its lineage marks, each kept with the lineage's id and
+    ``first`` (its first message's ref; None: nothing is marked), and evidence blobs,
+    of which a store keeps the first bytes written under a ref."""
+
+    marks: Sequence[bytes] = ()
+    first: str | None = None
+    blobs: Mapping[str, bytes] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.blobs) or (bool(self.marks) and self.first is not None)
+
+
+NOTHING_WIDE = TenantWide()
 
 
 class Store(Protocol):
@@ -74,12 +102,30 @@ class Store(Protocol):
         links: Links,
         blobs: dict[str, bytes],
         touch: Sequence[str],
+        *,
+        origin: Origin | None = None,
+        wide: TenantWide = NOTHING_WIDE,
+        response: tuple[str, bytes] | None = None,
     ) -> Sequence[str]:
         """Save ``record``; add its id in front of each of the newest
         ``max_links_per_request`` links' owners (deduped, at most LINKS_PER_KEY);
         store new blobs once; keep ``touch`` blobs alive.  Returns the refs of
         ``touch`` the store no longer holds (lost to eviction or a data loss): the
-        caller writes them again."""
+        caller writes them again.
+
+        ``origin``: the request's conversation, when it may not be the record's (a
+        conversation resumed with another first message continues a lineage of the
+        one it resumes): its next request, looked up there, finds the lineage.
+        ``wide``: what the request leaves to the tenant's other conversations.
+        ``response``: (response id, the chain's tip) of a Responses API response:
+        as :meth:`record_response`, in the same write."""
+        ...
+
+    async def tenant_wide(
+        self, tenant: str, marks: Sequence[bytes], refs: Sequence[str]
+    ) -> tuple[list[tuple[Marker, ...]], list[bytes | None]]:
+        """The lineages that marked each of ``marks`` (newest first, at most
+        LINKS_PER_KEY), and the tenant's evidence blobs ``refs`` (None: not held)."""
         ...
 
     async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
@@ -167,10 +213,14 @@ __all__ = [
     "ISOLATED",
     "LINKS_PER_KEY",
     "MAX_RESPONSE_ID",
+    "NOTHING_WIDE",
     "SCAN_UP",
+    "TENANT_WIDE_MAX",
     "Bounds",
+    "Marker",
     "Origin",
     "Store",
+    "TenantWide",
     "home",
     "homed",
     "newest",

@@ -1,6 +1,8 @@
 """The embedded store: one LRU dict bounded in entries and in blob bytes, the same
 bounds per tenant (a tenant over its share loses its own least recently used
-entries, never another tenant's), TTL on every entry, clock injected."""
+entries, never another tenant's), TTL on every entry, clock injected.  Homes and
+origins mean nothing here: every conversation of a tenant is in one dict, and its
+tenant-wide entries (marked links, evidence) are entries of the tenant's like any."""
 
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ from proxy.store import (
     ISOLATED,
     LINKS_PER_KEY,
     MAX_RESPONSE_ID,
+    NOTHING_WIDE,
     SCAN_UP,
     Bounds,
     Links,
+    Marker,
     Origin,
+    TenantWide,
     newest,
 )
 
@@ -198,10 +203,23 @@ class MemoryStore:
         return [self._get((tenant, "b", ref), now) for ref in refs]
 
     async def record(
-        self, tenant: str, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str]
+        self,
+        tenant: str,
+        record: LineageRecord,
+        links: Links,
+        blobs: dict[str, bytes],
+        touch: Sequence[str],
+        *,
+        origin: Origin | None = None,
+        wide: TenantWide = NOTHING_WIDE,
+        response: tuple[str, bytes] | None = None,
     ) -> Sequence[str]:
         if tenant == ISOLATED:
             return ()
+        if response is not None and len(response[0]) <= MAX_RESPONSE_ID:
+            self._set((tenant, "r", response[0]), (record.id, response[1]))
+        if wide:
+            self._wide(tenant, record.id, wide)
         now = self.clock()
         data, expires, rec_id = self._data, now + self.ttl_s, record.id
         for link in links[newest(links, self.bounds) :]:
@@ -224,6 +242,26 @@ class MemoryStore:
         for ref, raw in blobs.items():
             self._set((tenant, "b", ref), raw, now)
         return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
+
+    def _wide(self, tenant: str, lineage_id: str, wide: TenantWide) -> None:
+        now = self.clock()
+        if wide.first is not None:
+            marker = (lineage_id, wide.first)
+            for link in wide.marks:
+                key = (tenant, "m", link)
+                markers = self._get(key, now) or ()
+                self._set(key, (marker, *(m for m in markers if m[0] != lineage_id))[:LINKS_PER_KEY], now)
+        for ref, raw in wide.blobs.items():
+            if not self._touch((tenant, "b", ref), now):  # a ref's first bytes are kept
+                self._set((tenant, "b", ref), raw, now)
+
+    async def tenant_wide(
+        self, tenant: str, marks: Sequence[bytes], refs: Sequence[str]
+    ) -> tuple[list[tuple[Marker, ...]], list[bytes | None]]:
+        if tenant == ISOLATED:
+            return [() for _ in marks], [None] * len(refs)
+        now = self.clock()
+        return [self._get((tenant, "m", m), now) or () for m in marks], [self._get((tenant, "b", r), now) for r in refs]
 
     async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
         if tenant == ISOLATED or len(response_id) > MAX_RESPONSE_ID:

@@ -7,6 +7,8 @@ Keys (the part in braces is the cluster hash tag: each key lives in one slot)::
                                   blobs and response ids, in one HASH (proxy.store.scripts)
     pp:{T}:<tenant>:t, :c         the tenant's index: its homes by last report, and
                                   what each holds (T: hashed from the tenant)
+    pp:{T}:<tenant>:w             what learning keeps for all the tenant's conversations:
+                                  marked links and evidence, in one HASH (scripts.WIDE)
     pp:{R}:<tenant>:r:<id>        lineage id, ',', tip link: where a Responses API
                                   response left its lineage (R: hashed from the id)
 
@@ -18,7 +20,14 @@ only when it outgrew what it reserved (or its blobs changed, or a minute passed)
 that write goes out after the response, off the request's path.  When the tenant
 is over ``store.tenant_max_entries`` or ``tenant_max_bytes``, its least recently
 reporting homes are dropped whole; one conversation over them alone drops its own
-oldest fields.  The global bound is the server's ``maxmemory`` policy: it evicts a
+oldest fields.  The tenant-wide HASH holds at most ``TENANT_WIDE_MAX`` fields (and
+no more than ``tenant_max_entries``), its oldest dropped first.
+
+A record's other writes go with its script, at the same time: the record's copy in
+the request's own home when that is not the lineage's (a conversation resumed with
+another first message), the tenant-wide fields a request leaves, a Responses API
+response id's key (in the id's own slot).  On a cluster they go to their nodes side
+by side: the request still waits one round trip.  The global bound is the server's ``maxmemory`` policy: it evicts a
 conversation whole, and a later request of it starts again as a root.
 
 Scripts run by EVALSHA; a server that does not know one (restarted, failed over,
@@ -44,10 +53,14 @@ from proxy.store import (
     ISOLATED,
     LINKS_PER_KEY,
     MAX_RESPONSE_ID,
+    NOTHING_WIDE,
     SCAN_UP,
+    TENANT_WIDE_MAX,
     Bounds,
     Links,
+    Marker,
     Origin,
+    TenantWide,
     home,
     newest,
     origin_of,
@@ -73,8 +86,8 @@ class _Script:
             return await client.eval(self.source, len(keys), *keys, *args)
 
 
-_LOOKUP, _RECORD, _MARK, _REPORT, _DROP = map(
-    _Script, (scripts.LOOKUP, scripts.RECORD, scripts.MARK, scripts.REPORT, scripts.DROP)
+_LOOKUP, _RECORD, _MARK, _REPORT, _DROP, _WIDE = map(
+    _Script, (scripts.LOOKUP, scripts.RECORD, scripts.MARK, scripts.REPORT, scripts.DROP, scripts.WIDE)
 )
 
 
@@ -107,6 +120,10 @@ class RedisStore:
     @staticmethod
     def _home(tenant: str, origin: Origin) -> str:
         return f"pp:{{{home(tenant, origin)}}}:{tenant}:h"
+
+    @staticmethod
+    def _wide(tenant: str) -> str:
+        return f"pp:{{{_tag(tenant)}}}:{tenant}:w"
 
     @staticmethod
     def _response_key(tenant: str, response_id: str) -> str:
@@ -149,14 +166,53 @@ class RedisStore:
         return [v if isinstance(v, bytes) else None for v in values]
 
     async def record(
-        self, tenant: str, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str]
+        self,
+        tenant: str,
+        record: LineageRecord,
+        links: Links,
+        blobs: dict[str, bytes],
+        touch: Sequence[str],
+        *,
+        origin: Origin | None = None,
+        wide: TenantWide = NOTHING_WIDE,
+        response: tuple[str, bytes] | None = None,
     ) -> Sequence[str]:
         if tenant == ISOLATED:
             return ()
+        links = links[newest(links, self.bounds) :]
+        rid = response[0] if response is not None and len(response[0]) <= MAX_RESPONSE_ID else ""
+        at = home(tenant, record.id)
+        away = home(tenant, origin) if origin is not None else at
+        calls: list[Awaitable[Any]] = [
+            _RECORD(self._redis, [self._home(tenant, record.id)], self._args(record, links, blobs, touch, rid))
+        ]
+        if away != at:  # its copy, with the request's links, where the request's next turn looks
+            calls.append(_RECORD(self._redis, [f"pp:{{{away}}}:{tenant}:h"], self._args(record, links, {}, (), "")))
+        if wide:
+            calls.append(self._write_wide(tenant, record.id, wide))
+        if rid:
+            assert response is not None
+            key, value = self._response_key(tenant, rid), record.id.encode() + b"," + response[1]
+            calls.append(self._redis.set(key, value, ex=self.ttl_s))
+        outs = await self._call("write", _all(calls))
+        out = outs[0]
+        report, n_missing = int(out[0]), int(out[3])
+        missing = [m.decode() for m in out[4 : 4 + n_missing]]
+        dropped = [r.decode() for r in out[4 + n_missing :]]
+        if report >= 0 or dropped:
+            self._spawn(self._report(tenant, at, report, int(out[2]), dropped))
+        if away != at:
+            copy = outs[1]
+            if int(copy[0]) >= 0 or len(copy) > 4:
+                self._spawn(self._report(tenant, away, int(copy[0]), int(copy[2]), [r.decode() for r in copy[4:]]))
+        return missing
+
+    def _args(
+        self, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str], rid: str
+    ) -> list[str | int | bytes]:
+        """RECORD's arguments (scripts.RECORD)."""
         b = self.bounds
-        links = links[newest(links, b) :]
-        now = int(self.clock())
-        args: list[str | int | bytes] = [
+        return [
             record.id,
             record.to_bytes(),
             self.ttl_s,
@@ -164,23 +220,31 @@ class RedisStore:
             b.tenant_max_entries,
             b.tenant_max_bytes,
             min(REPORT_EVERY_S, max(1, self.ttl_s // 4)),
-            now,
+            int(self.clock()),
             len(links),
             len(blobs),
             len(touch),
+            rid,
             *(b"l" + link for link in links),
             *blobs,
             *blobs.values(),
             *touch,
         ]
-        key = self._home(tenant, record.id)
-        out = await self._call("write", _RECORD(self._redis, [key], args))
-        report, n_missing = int(out[0]), int(out[3])
-        missing = [m.decode() for m in out[4 : 4 + n_missing]]
-        dropped = [r.decode() for r in out[4 + n_missing :]]
-        if report >= 0 or dropped:
-            self._spawn(self._report(tenant, home(tenant, record.id), report, int(out[2]), dropped))
-        return missing
+
+    def _write_wide(self, tenant: str, lineage_id: str, wide: TenantWide) -> Awaitable[Any]:
+        marks = list(wide.marks) if wide.first is not None else []
+        cap = min(TENANT_WIDE_MAX, self.bounds.tenant_max_entries)
+        args = [self.ttl_s, LINKS_PER_KEY, cap, lineage_id, wide.first or "", len(marks), len(wide.blobs)]
+        return _WIDE(self._redis, [self._wide(tenant)], [*args, *marks, *wide.blobs, *wide.blobs.values()])
+
+    async def tenant_wide(
+        self, tenant: str, marks: Sequence[bytes], refs: Sequence[str]
+    ) -> tuple[list[tuple[Marker, ...]], list[bytes | None]]:
+        if tenant == ISOLATED or not (marks or refs):
+            return [() for _ in marks], [None] * len(refs)
+        fields = [b"m" + m for m in marks] + [b"e" + r.encode() for r in refs]
+        got = await self._call("tenant-wide read", self._redis.hmget(self._wide(tenant), fields))
+        return [_markers(v) for v in got[: len(marks)]], [_evidence(v) for v in got[len(marks) :]]
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -244,11 +308,36 @@ class RedisStore:
 
 async def _both(first: Awaitable[Any], second: Awaitable[Any]) -> tuple[Any, Any]:
     """Two calls at once (on a cluster, to two nodes); the first error raised once both are done."""
-    results: list[Any] = list(await asyncio.gather(first, second, return_exceptions=True))
+    results = await _all([first, second])
+    return results[0], results[1]
+
+
+async def _all(calls: Sequence[Awaitable[Any]]) -> list[Any]:
+    """Calls at once (one alone: awaited as it is); the first error raised once all are done."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    results: list[Any] = list(await asyncio.gather(*calls, return_exceptions=True))
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return results[0], results[1]
+    return results
+
+
+def _markers(raw: Any) -> tuple[Marker, ...]:
+    """A marked link's "<seq>,<id> <first>,..." (scripts.WIDE)."""
+    if not isinstance(raw, bytes):
+        return ()
+    out: list[Marker] = []
+    for item in raw.decode("utf-8", "replace").split(",")[1:]:
+        lineage, _, first = item.partition(" ")
+        if lineage and first:
+            out.append((lineage, first))
+    return tuple(out)
+
+
+def _evidence(raw: Any) -> bytes | None:
+    """An evidence blob's "<seq>|<bytes>" (scripts.WIDE)."""
+    return raw.partition(b"|")[2] if isinstance(raw, bytes) else None
 
 
 def brief(exc: BaseException) -> str:

@@ -17,6 +17,9 @@ One HASH per conversation: a lookup is one HMGET of its newest links (and one of
 their records), a record one HMGET and one HSET, and the whole conversation
 expires, is evicted by ``maxmemory``, or survives, together.
 
+The tenant's tenant-wide HASH (``pp:{T}:<tenant>:w``, in the slot of its index) holds
+what learning keeps for all its conversations (WIDE).
+
 The tenant's index (``pp:{T}:<tenant>:t``, a ZSET of homes by the time they last
 reported, and ``:c``, a HASH of what each holds and the total under ``''``) holds
 the tenant to ``store.tenant_max_entries`` and ``tenant_max_bytes`` across shards:
@@ -94,8 +97,9 @@ return out
 """
 
 # KEYS: the home.  ARGV: id, record JSON, ttl, owners per link, max entries, max
-# bytes, report every (s), now (s), n links, n blobs, n touched, then the links'
-# fields ('l' .. link), the new blobs' refs, their bytes, the touched refs.
+# bytes, report every (s), now (s), n links, n blobs, n touched, a Responses API
+# response id this home now answers ('' if none: MARK, in the same write), then the
+# links' fields ('l' .. link), the new blobs' refs, their bytes, the touched refs.
 # Returns {report entries (-1: no report due), entries, bytes, n missing, missing
 # refs..., dropped response ids...}.
 RECORD = """
@@ -103,13 +107,14 @@ local home = KEYS[1]
 local id, rec = ARGV[1], ARGV[2]
 local ttl, cap, max_e, max_b = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local every, now = tonumber(ARGV[7]), tonumber(ARGV[8])
-local nl, nb, nt = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local at_links, at_refs = 11, 11 + nl
+local nl, nb, nt, rid = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
+local at_links, at_refs = 12, 12 + nl
 local at_raw, at_touch = at_refs + nb, at_refs + 2 * nb
 local fields = {'#', '+', '!', '=', 'g' .. id}
 for i = 1, nl do fields[5 + i] = ARGV[at_links + i] end
 for i = 1, nb do fields[#fields + 1] = 's' .. ARGV[at_refs + i] end
 for i = 1, nt do fields[#fields + 1] = 's' .. ARGV[at_touch + i] end
+if rid ~= '' then fields[#fields + 1] = 'r' .. rid end
 local got = redis.call('HMGET', home, unpack(fields))
 local count, bytes = tonumber(got[1] or '0'), tonumber(got[2] or '0')
 local seq = tonumber(got[3] or '0') + 1
@@ -156,6 +161,10 @@ for i = 1, nt do
   else
     missing[#missing + 1] = ref
   end
+end
+if rid ~= '' and not got[k + nt + 1] then
+  put('r' .. rid, seq)
+  count = count + 1
 end
 
 -- Over the tenant's bounds on its own (one long conversation): its oldest fields go,
@@ -217,7 +226,7 @@ return out
 
 # KEYS: the home.  ARGV: response id, ttl.  A response id this home answers: counted
 # as one of its entries (its key, in the response id's own slot, is written beside);
-# written before the lineage's record, so it may start the home.
+# (RECORD marks it itself when the record carries the response.)
 MARK = """
 local home = KEYS[1]
 if redis.call('HSETNX', home, 'r' .. ARGV[1], redis.call('HGET', home, '!') or '0') == 1 then
@@ -279,4 +288,81 @@ for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
 end
 redis.call('DEL', KEYS[1])
 return rids
+"""
+
+# KEYS: the tenant's tenant-wide HASH.  ARGV: ttl, markers per link, max fields, the
+# lineage's id, its first message's ref, n marks, n blobs, then the marked links, the
+# evidence refs, their bytes.  Fields: '#' fields held, '!' the write sequence,
+# 'm' .. link "<seq>,<id> <first>,..." (newest first), 'e' .. ref "<seq>|<bytes>" (the
+# first bytes written are kept).  Over max fields, its oldest go, down to 3/4.
+WIDE = """
+local key = KEYS[1]
+local ttl, cap, max_f = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local id, first = ARGV[4], ARGV[5]
+local nm, nb = tonumber(ARGV[6]), tonumber(ARGV[7])
+local at_marks, at_refs = 7, 7 + nm
+local at_raw = at_refs + nb
+local fields = {'#', '!'}
+for i = 1, nm do fields[2 + i] = 'm' .. ARGV[at_marks + i] end
+for i = 1, nb do fields[2 + nm + i] = 'e' .. ARGV[at_refs + i] end
+local got = redis.call('HMGET', key, unpack(fields))
+local count, seq = tonumber(got[1] or '0'), tonumber(got[2] or '0') + 1
+local set = {}
+local mine = id .. ' '
+for i = 1, nm do
+  local v = got[2 + i]
+  local markers = {seq, mine .. first}
+  if v then
+    local skip = true
+    for m in string.gmatch(v, '[^,]+') do
+      if skip then skip = false
+      elseif #markers <= cap and string.sub(m, 1, #mine) ~= mine then markers[#markers + 1] = m end
+    end
+  else
+    count = count + 1
+  end
+  set[#set + 1] = fields[2 + i]
+  set[#set + 1] = table.concat(markers, ',')
+end
+for i = 1, nb do
+  if not got[2 + nm + i] then
+    set[#set + 1] = fields[2 + nm + i]
+    set[#set + 1] = seq .. '|' .. ARGV[at_raw + i]
+    count = count + 1
+  end
+end
+if count > max_f then
+  local writing = {}
+  for i = 1, #set, 2 do writing[set[i]] = true end
+  local names = {}
+  for _, f in ipairs(redis.call('HKEYS', key)) do
+    if f ~= '#' and f ~= '!' and not writing[f] then names[#names + 1] = f end
+  end
+  local aged = {}
+  for lo = 1, #names, 4000 do
+    local part = {}
+    for i = lo, math.min(lo + 3999, #names) do part[#part + 1] = names[i] end
+    local vals = redis.call('HMGET', key, unpack(part))
+    for i, f in ipairs(part) do
+      if vals[i] then aged[#aged + 1] = {tonumber(string.match(vals[i], '^%d+')) or 0, f} end
+    end
+  end
+  table.sort(aged, function(a, b) return a[1] < b[1] end)
+  local gone = {}
+  for _, item in ipairs(aged) do
+    if count <= max_f * 3 / 4 then break end
+    gone[#gone + 1] = item[2]
+    count = count - 1
+  end
+  for lo = 1, #gone, 4000 do
+    redis.call('HDEL', key, unpack(gone, lo, math.min(lo + 3999, #gone)))
+  end
+end
+set[#set + 1] = '#'
+set[#set + 1] = count
+set[#set + 1] = '!'
+set[#set + 1] = seq
+redis.call('HSET', key, unpack(set))
+redis.call('EXPIRE', key, ttl)
+return count
 """

@@ -42,7 +42,7 @@ class DownStore:
     async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         raise StoreError("down")
 
-    async def record(self, *args: Any) -> None:
+    async def record(self, *args: Any, **kwargs: Any) -> None:
         raise StoreError("down")
 
     async def ping(self) -> None:
@@ -62,7 +62,7 @@ class CorruptStore(DownStore):
     async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         return [b"{not json", b"[]"]
 
-    async def record(self, *args: Any) -> None:
+    async def record(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 

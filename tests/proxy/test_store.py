@@ -16,7 +16,7 @@ import xxhash
 
 from canonicalize import LineageRecord
 from canonicalize.lineage import LINKS_PER_KEY
-from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store, homed
+from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store, TenantWide, homed
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from tests.infra.redis_topologies import Cluster
@@ -165,6 +165,119 @@ def test_response_ids_count_against_the_tenant_bound(bounded: Store) -> None:
         a = lid(f"a{i}", first=bytes([i]) * 16)
         await s.record_response("t", f"resp_{i}", a, L[0])
         await s.record("t", LineageRecord(id=a), [bytes([i]) * 16], {}, [])
+
+    run(go())
+
+
+def test_a_record_carries_its_response_id(store: Store) -> None:
+    """The response id written with the record (one write), found as record_response's."""
+
+    async def go() -> None:
+        a = lid("a")
+        await store.record("t", LineageRecord(id=a), L[:3], {}, [], response=("resp_1", L[2]))
+        assert await store.response("t", "resp_1") == (a, L[2])
+        await store.record("t", LineageRecord(id=a), L[:3], {}, [], response=("x" * 300, L[2]))
+        assert await store.response("t", "x" * 300) is None  # a client's overlong id: not stored
+        await store.record(ISOLATED, LineageRecord(id=a), L[:3], {}, [], response=("resp_2", L[2]))
+        assert await store.response(ISOLATED, "resp_2") is None
+        await _done(store)
+
+    run(go())
+
+
+def test_response_ids_written_with_their_record_count_against_the_tenant_bound(bounded: Store) -> None:
+    async def go() -> None:
+        for i in range(100):
+            a = lid(f"a{i}", first=bytes([i]) * 16)
+            await bounded.record("t", LineageRecord(id=a), [bytes([i]) * 16], {}, [], response=(f"resp_{i}", L[0]))
+        await _settled(bounded)
+        assert await bounded.response("t", "resp_99") == (lid("a99", first=bytes([99]) * 16), L[0])
+        assert await bounded.response("t", "resp_0") is None  # evicted with the tenant's oldest entries
+        await _done(bounded)
+
+    run(go())
+
+
+def test_a_lineage_recorded_from_another_origin_is_found_there(store: Store) -> None:
+    """A conversation resumed with another first message continues a lineage homed at the
+    first one's: its record names its own origin, and its next lookup (from there) finds
+    the lineage, its blobs still read by the lineage's id."""
+
+    async def go() -> None:
+        a = lid("a")  # homed at L[0]
+        resumed = [b"\xee" * 16, *L[1:4]]  # another first link: another home on Redis
+        await store.record("t", LineageRecord(id=a, skeleton="s"), L[:3], {"h1": b"blob"}, [])
+        await store.record("t", LineageRecord(id=a, skeleton="s2"), resumed, {}, ["h1"], origin=resumed[0])
+        found = await store.lookup("t", [*resumed, L[5]], None)
+        assert (found.depth, [(c.id, c.skeleton) for c in found.candidates]) == (4, [(a, "s2")])
+        assert (await store.lookup("t", L[:3], a)).declared == LineageRecord(id=a, skeleton="s2")
+        assert await store.blobs("t", ["h1"], a) == [b"blob"]
+        await _done(store)
+
+    run(go())
+
+
+def test_tenant_wide_marks_and_evidence(store: Store) -> None:
+    """What learning keeps for all of a tenant's conversations: the lineages that marked
+    a link (newest first, deduped, at most LINKS_PER_KEY) with their first message's ref,
+    and evidence blobs whose first bytes are kept; another tenant sees none of it."""
+
+    async def go() -> None:
+        for i in range(LINKS_PER_KEY + 2):
+            chain = _chain(40 + i, 2)
+            rec = LineageRecord(id=lid(f"m{i}", first=chain[0]))
+            wide = TenantWide((L[5], L[6]) if i < 2 else (L[5],), f"h:{i}", {"ev1:p": f"{i}".encode()})
+            await store.record("t", rec, chain, {}, [], wide=wide)
+        again = LineageRecord(id=lid("m3", first=_chain(43, 2)[0]))
+        await store.record("t", again, _chain(43, 2), {}, [], wide=TenantWide((L[5],), "h:3"))
+        marked, found = await store.tenant_wide("t", [L[5], L[6], L[4]], ["ev1:p", "ev2:p"])
+        assert marked[0][0] == (again.id, "h:3") and len(marked[0]) == LINKS_PER_KEY
+        assert len({m[0] for m in marked[0]}) == LINKS_PER_KEY
+        assert marked[1] == ((lid("m1", first=_chain(41, 2)[0]), "h:1"), (lid("m0", first=_chain(40, 2)[0]), "h:0"))
+        assert marked[2] == ()
+        assert found == [b"0", None]  # the first writer's bytes
+        await store.record("t", again, [], {}, [], wide=TenantWide((L[4],), None, {"ev2:p": b"1"}))
+        marked, found = await store.tenant_wide("t", [L[4]], ["ev1:p", "ev2:p"])
+        assert marked == [()] and found == [b"0", b"1"]  # no first message: nothing marked
+        assert await store.tenant_wide("u", [L[5]], ["ev1:p"]) == ([()], [None])
+        assert await store.tenant_wide(ISOLATED, [L[5]], ["ev1:p"]) == ([()], [None])
+        await _done(store)
+
+    run(go())
+
+
+def test_tenant_wide_fields_are_bounded(bounded: Store) -> None:
+    """The tenant-wide fields count against the tenant (memory: its entries; Redis: at
+    most tenant_max_entries of them, the oldest dropped first)."""
+
+    async def go() -> None:
+        rec = LineageRecord(id=lid("a"))
+        for i in range(200):
+            wide = TenantWide((bytes([i]) * 16,), "h:a", {f"ev1:{i}": b"x"})
+            await bounded.record("t", rec, [], {}, [], wide=wide)
+        marked, found = await bounded.tenant_wide(
+            "t", [bytes([i]) * 16 for i in range(200)], [f"ev1:{i}" for i in range(200)]
+        )
+        held = sum(bool(m) for m in marked) + sum(f is not None for f in found)
+        assert 0 < held <= SMALL.tenant_max_entries
+        assert marked[-1] and found[-1] == b"x" and not marked[0] and found[0] is None
+        await _done(bounded)
+
+    run(go())
+
+
+def test_tenant_wide_entries_are_shared_by_every_process(redis_url: str) -> None:
+    """Two prefixpin processes on one Redis: what one leaves, the other reads."""
+
+    async def go() -> None:
+        one, two = RedisStore(redis_url, ttl_s=30, timeout_s=2), RedisStore(redis_url, ttl_s=30, timeout_s=2)
+        a = LineageRecord(id=lid("a"))
+        await one.record("t", a, L[:2], {}, [], wide=TenantWide((L[5],), "h:a", {"ev1:p": b"c1"}))
+        await two.record("t", a, L[:2], {}, [], wide=TenantWide((), None, {"ev1:p": b"c2"}))
+        assert await two.tenant_wide("t", [L[5]], ["ev1:p"]) == ([((a.id, "h:a"),)], [b"c1"])
+        await one._redis.flushdb()
+        await one.close()
+        await two.close()
 
     run(go())
 
