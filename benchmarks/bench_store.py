@@ -158,7 +158,7 @@ class _Capture:
         method = getattr(self.inner, name)
 
         async def noted(*args: Any, **kw: Any) -> Any:
-            if name in ("lookup", "blobs", "record", "response", "record_response"):
+            if name in ("lookup", "blobs", "record", "response", "record_response", "tenant_wide"):
                 self.calls.append((name, args, kw))
             return await method(*args, **kw)
 

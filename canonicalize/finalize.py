@@ -532,6 +532,12 @@ def _forwarded_tools_ref(rules: RuleSet, prep: Prepared) -> str:
     return identity.tools_ref(prep.exchange, prep.body)
 
 
+def sent_tools_ref(rules: RuleSet, prep: Prepared) -> str:
+    """The ref of the request's tools[] as sent (before finalize replaces any): the ref
+    a lineage records when it forwards them unchanged."""
+    return _forwarded_tools_ref(rules, prep)
+
+
 def _recorded_tools(prep: Prepared, parent: LineageRecord) -> bool:
     """The request's tools[] mean the lineage's but are written otherwise."""
     t = prep.tools

@@ -114,6 +114,12 @@ class Canonicalizer:
                     return Decision("continuation", rec)
         return classify(prep.signals.at_depth(lookup.depth), lookup, self.rules.fork)
 
+    def sent(self, prep: Prepared) -> tuple[str, str]:
+        """The request's system skeleton and tools[] ref as sent: with them the store's
+        lookup returns the recorded blobs the request may read next
+        (:func:`canonicalize.lineage.wants_blobs`)."""
+        return prep.signals.skeleton, finalize.sent_tools_ref(self.rules, prep)
+
     def learning(self, prep: Prepared, lookup: Lookup, decision: Decision) -> Plan | None:
         """What ``prep`` may learn from (:func:`canonicalize.learn.learn_plan`); None with
         ``learn: off``, or when its system text and tools are what its lineage forwarded."""

@@ -67,24 +67,25 @@ class Canonicalize:
             lookup, flow.store_ok = Lookup(), False
         flow.lookup = lookup
         decision = canon.classify(prep, lookup)
-        head = None
+        head, got = None, lookup.blobs  # got: blobs read already
         if flow.store_ok and decision.role == "root" and not lookup.depth:
             recalled = await self._recall(flow, prep)
             if recalled is not None:
-                decision, lookup, head = recalled
+                decision, lookup, head, got = recalled
         learned = None
         plan = canon.learning(prep, lookup, decision) if flow.store_ok else None
         if plan is not None:
             learned = await self._learn(flow, prep, lookup, decision, plan)
             if learned is not None:
                 decision, lookup = learned.decision, learned.lookup
-        blobs: dict[str, bytes] = {}
-        refs = canon.blobs_needed(prep, decision, learned, lookup)
+        needed = canon.blobs_needed(prep, decision, learned, lookup)
+        blobs = {ref: got[ref] for ref in needed if ref in got}
+        refs = tuple(ref for ref in needed if ref not in got)
         evidence = canon.evidence_needed(decision, learned)
         if (refs or evidence) and flow.store_ok:
             owner = decision.parent.id if decision.parent is not None else None
             try:
-                blobs = await s.guard.call(lambda: self._blobs(flow.tenant, refs, owner, evidence))
+                blobs.update(await s.guard.call(lambda: self._blobs(flow.tenant, refs, owner, evidence)))
             except StoreError:
                 flow.store_ok = False
         # An id of prefixpin's shape (16 hex digits) starts with its conversation's home
@@ -128,14 +129,16 @@ class Canonicalize:
         fetched in one store call); counted and logged.  The store down: nothing (the
         request goes on as classified)."""
         s, canon = self.s, self.s.canon
-        blobs: dict[str, bytes] = {}
-        if plan.refs:
+        got = flow.lookup.blobs if flow.lookup is not None else {}
+        blobs = {ref: got[ref] for ref in plan.refs if ref in got}  # returned by the lookup already
+        refs = tuple(ref for ref in plan.refs if ref not in got)
+        if refs:
             owner = plan.candidates[0][0].id if plan.candidates else None  # all found in this conversation's home
             try:
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, plan.refs, owner))
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs, owner))
             except StoreError:
                 return None
-            blobs = {ref: raw for ref, raw in zip(plan.refs, found, strict=True) if raw is not None}
+            blobs.update((ref, raw) for ref, raw in zip(refs, found, strict=True) if raw is not None)
         if flow.big:
             learned = await asyncio.to_thread(canon.learn, prep, lookup, decision, plan, blobs)
         else:
@@ -144,14 +147,15 @@ class Canonicalize:
             self.suggestions.note(flow.tenant, learned)
         return learned
 
-    async def _recall(self, flow: Flow, prep: Prepared) -> tuple[Decision, Lookup, Head] | None:
+    async def _recall(self, flow: Flow, prep: Prepared) -> tuple[Decision, Lookup, Head, dict[str, bytes]] | None:
         """The lineage of a request whose first message is the one the lineage forwarded
         but for a dropped block or fresh values on the agent's template lines (``learn:
         pin``, canonicalize.recall): the lineages that marked its stem (the tenant's), each
         one's record and recorded message (its home's) compared, then at once each changed
         line checked (another conversation of the tenant marked it) and the request's chain
         with the recorded message in place looked up again, which the lineage must own
-        whole.  Three store round trips; nothing found, or the store down: None."""
+        whole.  Three store round trips; the lineage, and the blobs read (its first
+        message); nothing found, or the store down: None."""
         s, canon, tenant = self.s, self.s.canon, flow.tenant
         stem = canon.stem(prep)
         if stem is None:
@@ -176,7 +180,7 @@ class Canonicalize:
                     continue
                 owners = {r.id for i, r in enumerate(check.candidates) if check.depth_of(i) == check.depth}
                 if check.depth >= rec.fingerprint.n_messages and rec.id in owners:
-                    return Decision("continuation", rec), Lookup(0, (rec,), None, (0,)), head
+                    return Decision("continuation", rec), Lookup(0, (rec,), None, (0,)), head, blobs
         except StoreError:
             return None
         return None
@@ -249,20 +253,28 @@ class Canonicalize:
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
         origin = origin_of(prep.links, prep.continues if prep.offset else None)
-        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent, origin)
+        sent = self.s.canon.sent(prep)
+        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent, origin, sent)
 
     async def _lookup_links(
-        self, tenant: str, links: list[bytes], declared: str | None, origin: Origin | None = None
+        self,
+        tenant: str,
+        links: list[bytes],
+        declared: str | None,
+        origin: Origin | None = None,
+        sent: tuple[str, str] | None = None,
     ) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute),
-        in the home of ``origin`` (default: the conversation starting with ``links[0]``)."""
+        in the home of ``origin`` (default: the conversation starting with ``links[0]``);
+        ``sent``: the request's skeleton and tools[] ref (Store.lookup)."""
         offset = max(len(links) - LOOKUP_LINKS, 0)
         if origin is None:
             origin = origin_of(links)
-        found = await self.s.store.lookup(tenant, links[offset:], declared, origin=origin)
+        found = await self.s.store.lookup(tenant, links[offset:], declared, origin=origin, sent=sent)
         if not offset or not found.depth:
             return found
-        return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))
+        depths = tuple(d + offset for d in found.depths)
+        return Lookup(found.depth + offset, found.candidates, found.declared, depths, found.blobs)
 
 
 class _Ids:

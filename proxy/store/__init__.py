@@ -1,9 +1,9 @@
 """Where lineages live: a small protocol and two structural backends.
 
 One lookup per request (one Redis round trip): the deepest recorded link of the
-request's chain, the lineages owning it, and the lineage named by
-``x-prefixpin-parent``.  A fork additionally reads its parent's system and
-tools[] blobs.  After the response, one write records the new links, the
+request's chain, the lineages owning it, the lineage named by
+``x-prefixpin-parent``, and the recorded system and tools[] blobs a fork (or a
+fork's later turn, or learning) reads next.  After the response, one write records the new links, the
 response's link, the lineage record, any new blobs, the Responses API response
 id and what the request leaves to its tenant's other conversations.  Everything
 is namespaced by tenant and expires after ``store.ttl_s``.
@@ -84,11 +84,20 @@ class Store(Protocol):
     shared: bool
 
     async def lookup(
-        self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Origin | None = None
+        self,
+        tenant: str,
+        links: Sequence[bytes],
+        declared: str | None,
+        origin: Origin | None = None,
+        sent: tuple[str, str] | None = None,
     ) -> Lookup:
         """What the store holds of ``links`` (the newest ``max_links_per_request``),
         and the ``declared`` lineage.  ``origin``: the request's conversation when
-        ``links`` do not start with its first link (default: ``links[0]``)."""
+        ``links`` do not start with its first link (default: ``links[0]``).  ``sent``:
+        the request's system skeleton and tools[] ref as sent; the lookup then also
+        returns the recorded system part and tools[] of the lineages found (in the
+        conversation's home) for which :func:`canonicalize.lineage.wants_blobs` holds,
+        at most ``MAX_LOOKUP_BLOBS`` (``Lookup.blobs``)."""
         ...
 
     async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:

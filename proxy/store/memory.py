@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from canonicalize import LineageRecord, Lookup
+from canonicalize.lineage import MAX_LOOKUP_BLOBS, wants_blobs
 from proxy.store import (
     CANDIDATES,
     DEFAULT_BOUNDS,
@@ -135,7 +136,12 @@ class MemoryStore:
         return True
 
     async def lookup(
-        self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Origin | None = None
+        self,
+        tenant: str,
+        links: Sequence[bytes],
+        declared: str | None,
+        origin: Origin | None = None,
+        sent: tuple[str, str] | None = None,
     ) -> Lookup:
         """The deepest recorded link and the lineages owning the links up to SCAN_UP past
         it.  A link the walk passes is used (most recently) only when it names a lineage
@@ -196,7 +202,23 @@ class MemoryStore:
             if len(candidates) >= CANDIDATES:
                 break
         found = get((tenant, "g", declared), now) if declared else None
-        return Lookup(depth, tuple(candidates), found, tuple(depths))
+        blobs = self._wanted(tenant, sent, [found, *candidates], now) if sent is not None else {}
+        return Lookup(depth, tuple(candidates), found, tuple(depths), blobs)
+
+    def _wanted(
+        self, tenant: str, sent: tuple[str, str], recs: Sequence[LineageRecord | None], now: float
+    ) -> dict[str, bytes]:
+        """The blobs a lookup returns (Store.lookup's ``sent``; the Redis store's LOOKUP)."""
+        refs: list[str] = []
+        for rec in recs:
+            if rec is not None and wants_blobs(rec, *sent):
+                refs += [r for r in (rec.system_ref, rec.tools_ref) if r and r not in refs]
+        blobs = {}
+        for ref in refs[:MAX_LOOKUP_BLOBS]:
+            raw = self._get((tenant, "b", ref), now)
+            if raw is not None:
+                blobs[ref] = raw
+        return blobs
 
     async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         now = self.clock()

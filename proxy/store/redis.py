@@ -46,6 +46,7 @@ import xxhash
 from redis.exceptions import NoScriptError, RedisError
 
 from canonicalize import LineageRecord, Lookup
+from canonicalize.lineage import MAX_LOOKUP_BLOBS
 from proxy.errors import StoreError
 from proxy.store import (
     CANDIDATES,
@@ -136,13 +137,20 @@ class RedisStore:
             raise StoreError(f"redis {what} failed: {type(exc).__name__}: {brief(exc)}") from exc
 
     async def lookup(
-        self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Origin | None = None
+        self,
+        tenant: str,
+        links: Sequence[bytes],
+        declared: str | None,
+        origin: Origin | None = None,
+        sent: tuple[str, str] | None = None,
     ) -> Lookup:
         if tenant == ISOLATED:
             return Lookup()
         key = self._home(tenant, origin_of(links) if origin is None else origin)
         start = newest(links, self.bounds)
-        args = [declared or "", CANDIDATES, SCAN_UP, *(b"l" + link for link in links[start:])]
+        skeleton, tools = sent if sent is not None else ("", "")
+        head = [declared or "", CANDIDATES, SCAN_UP, skeleton, tools, MAX_LOOKUP_BLOBS]
+        args = [*head, *(b"l" + link for link in links[start:])]
         work = _LOOKUP(self._redis, [key], args)
         elsewhere = declared is not None and self._home(tenant, declared) != key
         if elsewhere:  # a declared parent of another conversation: its home, at the same time
@@ -155,9 +163,11 @@ class RedisStore:
             out = await self._call("lookup", work)
         depth = int(out[0]) + start if int(out[0]) else 0
         found = _record(out[1]) if out[1] else None
-        depths = tuple(int(d) + start for d in out[2::2])
-        candidates = tuple(_record(raw) for raw in out[3::2])
-        return Lookup(depth, candidates, found, depths)
+        n = 3 + 2 * int(out[2])
+        blobs = {ref.decode(): raw for ref, raw in zip(out[3:n:2], out[4:n:2], strict=True)}
+        depths = tuple(int(d) + start for d in out[n::2])
+        candidates = tuple(_record(raw) for raw in out[n + 1 :: 2])
+        return Lookup(depth, candidates, found, depths, blobs)
 
     async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         if tenant == ISOLATED or owner is None or not refs:
@@ -225,6 +235,7 @@ class RedisStore:
             len(blobs),
             len(touch),
             rid,
+            _hints(record),
             *(b"l" + link for link in links),
             *blobs,
             *blobs.values(),
@@ -345,8 +356,13 @@ def brief(exc: BaseException) -> str:
     return str(exc).split(" : <", 1)[0][:300]
 
 
+def _hints(rec: LineageRecord) -> str:
+    """What LOOKUP reads of a record to choose the blobs it returns (scripts.RECORD)."""
+    return f"{rec.kind[0]}:{rec.skeleton}:{rec.system_ref or ''}:{rec.tools_ref or ''}"
+
+
 def _record(raw: bytes) -> LineageRecord:
-    """A record as its home holds it: "<seq>|<JSON>"."""
+    """A record as its home holds it: "<seq>:<hints>|<JSON>"."""
     return LineageRecord.from_bytes(raw.partition(b"|")[2] if raw[:1].isdigit() else raw)
 
 

@@ -8,7 +8,8 @@ A conversation's *home* is one HASH (``pp:{HOME}:<tenant>:h``).  Its fields::
                     writes carries it (the home's own oldest-first order, no clock)
     =               what the tenant's index was last told: "entries,bytes,time"
     l<link>         "<seq>,<id>,<id>,...": the lineages owning this link, newest first
-    g<id>           "<seq>|<record JSON>": a lineage record
+    g<id>           "<seq>:<kind>:<skeleton>:<system ref>:<tools ref>|<record JSON>": a
+                    lineage record, with what LOOKUP needs of it to choose blobs
     s<ref>          "<seq>,<size>": a blob is held (its bytes under b<ref>)
     b<ref>          a system / tools[] blob
     r<response id>  "<seq>": a response id this home answers (its key is elsewhere)
@@ -31,29 +32,69 @@ homes first.
 from __future__ import annotations
 
 # KEYS: the home.  ARGV: declared id or '', max candidates, links to scan past the
-# deepest, then the fields of the request's newest links ('l' .. link), oldest first.
-# Returns {depth, declared record or '', depth1, record1, depth2, record2, ...}; the
-# records still carry their "<seq>|" prefix.
+# deepest, the request's skeleton and tools[] ref as sent ('' '': no blobs wanted), max
+# blobs, then the fields of the request's newest links ('l' .. link), oldest first.
+# Returns {depth, declared record or '', n blobs, ref1, blob1, ..., depth1, record1,
+# depth2, record2, ...}; the records still carry their "<seq>:<hints>|" prefix.  The
+# blobs: the system and tools[] of the lineages found (the declared one first) that are
+# forks or whose skeleton or tools[] differ from the request's, what a fork, a fork's
+# later turn or learning reads next (records written without hints have none).
 LOOKUP = """#!lua flags=no-writes
 local home = KEYS[1]
 local declared, max_c, scan_up = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local n = #ARGV - 3
+local want_sk, want_tr, max_b = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local at = 6
+local n = #ARGV - at
 local owners = {}
 local function fetch(lo, hi, extra)
   local fields = extra
   local base = #fields
-  for i = lo, hi do fields[base + 1 + i - lo] = ARGV[3 + i] end
+  for i = lo, hi do fields[base + 1 + i - lo] = ARGV[at + i] end
   local got = redis.call('HMGET', home, unpack(fields))
   for i = lo, hi do owners[i] = got[base + 1 + i - lo] end
   return got
+end
+local refs, seen_ref = {}, {}
+local function consider(rec)
+  if want_tr == '' or #refs >= max_b then return end
+  local k, sk, sr, tr = string.match(rec, '^%d+:(%a):([^:]*):([^:]*):([^|]*)|')
+  if k and (k == 'f' or sk ~= want_sk or tr ~= want_tr) then
+    for _, r in ipairs({sr, tr}) do
+      if r ~= '' and not seen_ref[r] and #refs < max_b then
+        seen_ref[r] = true
+        refs[#refs + 1] = r
+      end
+    end
+  end
+end
+local function finish(depth, found, cands)
+  local out = {depth, found or ''}
+  if found then consider(found) end
+  for i = 2, #cands, 2 do consider(cands[i]) end
+  local blobs = {}
+  if #refs > 0 then
+    local fields = {}
+    for i, r in ipairs(refs) do fields[i] = 'b' .. r end
+    local got = redis.call('HMGET', home, unpack(fields))
+    for i, r in ipairs(refs) do
+      if got[i] then
+        blobs[#blobs + 1] = r
+        blobs[#blobs + 1] = got[i]
+      end
+    end
+  end
+  out[3] = #blobs / 2
+  for _, v in ipairs(blobs) do out[#out + 1] = v end
+  for _, v in ipairs(cands) do out[#out + 1] = v end
+  return out
 end
 local first = math.max(1, n - scan_up - 2)
 local extra = {'#'}
 if declared ~= '' then extra[2] = 'g' .. declared end
 local got = fetch(first, n, extra)
-if not got[1] then return {0, ''} end
-local out = {0, ''}
-if declared ~= '' and got[2] then out[2] = got[2] end
+if not got[1] then return {0, '', 0} end
+local found = nil
+if declared ~= '' and got[2] then found = got[2] end
 local depth = 0
 for i = n, first, -1 do
   if owners[i] then depth = i break end
@@ -66,8 +107,7 @@ if depth == 0 and first > 1 then
 elseif depth > 0 and depth - scan_up < first and first > 1 then
   fetch(math.max(1, depth - scan_up), first - 1, {})
 end
-if depth == 0 then return out end
-out[1] = depth
+if depth == 0 then return finish(0, found, {}) end
 local ids, depths, seen = {}, {}, {}
 for i = depth, math.max(1, depth - scan_up), -1 do
   local v = owners[i]
@@ -85,21 +125,25 @@ for i = depth, math.max(1, depth - scan_up), -1 do
   end
   if #ids >= max_c then break end
 end
-if #ids == 0 then return out end
-local recs = redis.call('HMGET', home, unpack(ids))
-for i = 1, #ids do
-  if recs[i] then
-    out[#out + 1] = depths[i]
-    out[#out + 1] = recs[i]
+local cands = {}
+if #ids > 0 then
+  local recs = redis.call('HMGET', home, unpack(ids))
+  for i = 1, #ids do
+    if recs[i] then
+      cands[#cands + 1] = depths[i]
+      cands[#cands + 1] = recs[i]
+    end
   end
 end
-return out
+return finish(depth, found, cands)
 """
 
 # KEYS: the home.  ARGV: id, record JSON, ttl, owners per link, max entries, max
 # bytes, report every (s), now (s), n links, n blobs, n touched, a Responses API
-# response id this home now answers ('' if none: MARK, in the same write), then the
-# links' fields ('l' .. link), the new blobs' refs, their bytes, the touched refs.
+# response id this home now answers ('' if none: MARK, in the same write), the
+# record's hints ("<r|f>:<skeleton>:<system ref>:<tools ref>", which LOOKUP reads
+# without parsing the JSON), then the links' fields ('l' .. link), the new blobs'
+# refs, their bytes, the touched refs.
 # Returns {report entries (-1: no report due), entries, bytes, n missing, missing
 # refs..., dropped response ids...}.
 RECORD = """
@@ -108,7 +152,8 @@ local id, rec = ARGV[1], ARGV[2]
 local ttl, cap, max_e, max_b = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local every, now = tonumber(ARGV[7]), tonumber(ARGV[8])
 local nl, nb, nt, rid = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
-local at_links, at_refs = 12, 12 + nl
+local hints = ARGV[13]
+local at_links, at_refs = 13, 13 + nl
 local at_raw, at_touch = at_refs + nb, at_refs + 2 * nb
 local fields = {'#', '+', '!', '=', 'g' .. id}
 for i = 1, nl do fields[5 + i] = ARGV[at_links + i] end
@@ -124,7 +169,7 @@ local function put(f, v)
   set[#set + 1] = v
 end
 if not got[5] then count = count + 1 end
-put('g' .. id, seq .. '|' .. rec)
+put('g' .. id, seq .. ':' .. hints .. '|' .. rec)
 local k = 5
 for i = 1, nl do
   local v = got[k + i]

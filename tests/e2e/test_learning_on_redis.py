@@ -28,6 +28,7 @@ from proxy.store.redis import RedisStore
 from tests.agents.capture import AGENTS
 from tests.agents.capture import load as load_agent
 from tests.conftest import Recorder, track
+from tests.e2e.test_redis_topologies import acl_user, as_user
 from tests.flows import Harness
 from tests.infra import unknown_agents as ua
 from tests.infra.redis_topologies import Cluster
@@ -178,14 +179,16 @@ def test_two_serve_processes_on_a_cluster_learn_as_one_on_memory(
 ) -> None:
     """The learning trace of tests/e2e/test_learning.py, once through one ``serve`` on
     the memory store, once through two on the cluster taking turns: the upstream
-    receives the same bytes, and the same rewrites are named."""
+    receives the same bytes, and the same rewrites are named (the cluster as the
+    least-privilege ACL user of docs/deploy.md)."""
     lines = ua.generate(ua.Spec(sessions=2, turns=5, seed=5))
     one = serve(recorder.base, write_config({"canonicalize": {"learn": "pin"}}))
     alone = _drive([one], recorder, lines)
     single = [r["body"] for r in recorder.requests()]
     recorder.reset()
     redis_cluster.flush()
-    store = {"backend": "redis", "redis_url": redis_cluster.url, "redis_mode": "cluster"}
+    acl_user(redis_cluster.ports)  # learning's scripts and reads as the least-privilege user
+    store = {"backend": "redis", "redis_url": as_user(redis_cluster.url), "redis_mode": "cluster"}
     config = write_config({"canonicalize": {"learn": "pin"}, "store": {**store, "redis_nodes": redis_cluster.nodes}})
     spread = _drive([serve(recorder.base, config), serve(recorder.base, config)], recorder, lines)
     assert [r["body"] for r in recorder.requests()] == single

@@ -69,8 +69,8 @@ def test_several_processes_on_a_cluster_forward_what_one_on_standalone_does(
     single = recorder.bodies()
     recorder.reset()
     redis_cluster.flush()
-    _acl_user(redis_cluster.ports)  # the cluster as an ACL user
-    config = write_config(_store(_as_user(redis_cluster.url), redis_mode="cluster", redis_nodes=redis_cluster.nodes))
+    acl_user(redis_cluster.ports)  # the cluster as an ACL user
+    config = write_config(_store(as_user(redis_cluster.url), redis_mode="cluster", redis_nodes=redis_cluster.nodes))
     bases = [serve(recorder.base, config=config) for _ in range(3)]
     spread = trace(Talk(bases))
     assert spread == alone
@@ -109,8 +109,8 @@ def test_a_cluster_master_killed_mid_conversation(
 def test_a_sentinel_failover_is_followed(
     serve: Serve, write_config: Config, recorder: Recorder, sentinels: SentinelGroup
 ) -> None:
-    _acl_user([sentinels.master, *sentinels.replicas])  # the data nodes' user; the Sentinels have none
-    url = _as_user(sentinels.url)
+    acl_user([sentinels.master, *sentinels.replicas])  # the data nodes' user; the Sentinels have none
+    url = as_user(sentinels.url)
     config = _store(url, redis_mode="sentinel", redis_nodes=sentinels.nodes, sentinel_master=sentinels.name)
     base = serve(recorder.base, config=write_config(config))
     talk = Talk([base])
@@ -138,7 +138,7 @@ ACL = (
 PASSWORD = "s3cret-for-the-test"
 
 
-def _acl_user(ports: list[int]) -> None:
+def acl_user(ports: list[int]) -> None:
     """The ACL line on each server (ACL rules are not replicated)."""
     from tests.infra.redis_topologies import ask
 
@@ -147,7 +147,7 @@ def _acl_user(ports: list[int]) -> None:
         ask(port, "ACL", "SETUSER", "prefixpin", "reset", *rules)
 
 
-def _as_user(url: str) -> str:
+def as_user(url: str) -> str:
     return url.replace("redis://", f"redis://prefixpin:{PASSWORD}@", 1)
 
 
@@ -269,8 +269,131 @@ def test_what_a_request_costs_redis(
     loads = stats.get("eval", 0)  # a script a server has not seen yet: EVALSHA refused (not counted), then EVAL
     assert stats["evalsha"] == 2 * n + reports, stats  # a lookup and a record per request
     on_path = reads - reports - 2 * loads  # a read may carry two commands: at most this many
-    assert 2 * n - loads <= on_path <= 2 * n + forks, (reads, reports, loads, stats)
+    assert 2 * n - loads <= on_path <= 2 * n, (reads, reports, loads, stats)  # a fork's blobs came with its lookup
     assert reports <= n / 2, stats
+
+
+class _Costs:
+    """One request at a time through the request flow (proxy.offline: the addons serve
+    runs) on a redis-server, counted by Redis: its commands (INFO commandstats, a
+    script's own included) and the requests it read (INFO stats
+    total_reads_processed), the reports to the tenants' indexes set aside."""
+
+    def __init__(self, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        import asyncio
+
+        from proxy.store.redis import RedisStore
+
+        self.url, self.loop, self.reports = url, asyncio.new_event_loop(), []
+        monkeypatch.setattr(RedisStore, "_spawn", lambda _, coro: self.reports.append(coro))
+        self.redis = redis.Redis.from_url(url)
+
+    def flow(self, learn: str = "suggest") -> Any:
+        import secrets
+
+        from canonicalize import RESPONSES
+        from proxy.config import from_mapping
+        from proxy.offline import Offline
+        from proxy.store.redis import RedisStore
+        from tests.proxy import test_responses as rs
+
+        config = from_mapping({"canonicalize": {"learn": learn}, "tenancy": {"anonymous": "shared"}})
+        store = RedisStore(self.url, ttl_s=3600, timeout_s=5)
+        flow = Offline(config, store=store, new_id=lambda: secrets.token_hex(8))
+        # A new connection's setup is not a request's: two connections (a record and a
+        # response id's key written side by side) opened first.
+        warm = {"role": "assistant", "id": f"resp_{secrets.token_hex(4)}", "output": [rs.MSG]}
+        body = rs.req(f"warm up {secrets.token_hex(4)}", key="")
+        self.send(flow, body, exchange=RESPONSES, headers={"authorization": "Bearer sk-warm"}, reply=warm)
+        return flow
+
+    def send(self, flow: Any, body: dict[str, Any], **kw: Any) -> tuple[str, int, int]:
+        """(role, commands, reads) of one request; reads -1: a connection was opened
+        meanwhile (its setup's reads are not the request's)."""
+        before = {k: v["calls"] for k, v in self.redis.info("commandstats").items()}
+        stats = self.redis.info("stats")
+        sent = self.loop.run_until_complete(flow.send(body, **kw))
+        after = {k: v["calls"] for k, v in self.redis.info("commandstats").items()}
+        now = self.redis.info("stats")
+        read = now["total_reads_processed"] - stats["total_reads_processed"] - 2  # less these INFOs
+        if now["total_connections_received"] != stats["total_connections_received"]:
+            read = -1
+        setup = ("cmdstat_info", "cmdstat_hello", "cmdstat_client")
+        ours = {k: after[k] - before.get(k, 0) for k in after if not k.startswith(setup)}
+        while self.reports:
+            self.loop.run_until_complete(self.reports.pop())
+        return sent.role, sum(ours.values()), read
+
+
+def test_what_each_path_costs_redis(
+    redis_proc: Callable[..., tuple[Proc, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commands and requests Redis reads, per request of each path (docs/deploy.md):
+    a conversation's turns and its fork's (a lookup and a record), a Responses API turn
+    naming its previous response (the response's key read first; its next key written
+    beside the record), learning's (evidence from the tenant's slot), a new root with
+    ``learn: pin`` (its marks beside its record) and a resumed conversation (recall)."""
+    from canonicalize import RESPONSES, match
+    from tests import hermes
+    from tests.canonicalize import test_recall as rc
+    from tests.infra import unknown_agents as ua
+    from tests.proxy import test_responses as rs
+
+    _, url = redis_proc()
+    costs = _Costs(url, monkeypatch)
+    key = {"authorization": "Bearer sk-costs"}
+    flow = costs.flow()
+    system = {"role": "system", "content": hermes.system_prompt()}
+    history: list[dict[str, Any]] = []
+    for step in range(3):
+        history.append({"role": "user", "content": f"step {step}"})
+        body = {"model": "m", "messages": [system, *history], "tools": hermes.tools_full()}
+        role, commands, reads = costs.send(flow, body, headers=key, reply={"role": "assistant", "content": f"{step}"})
+        history.append({"role": "assistant", "content": f"{step}"})
+        assert (role, reads) == ("root" if step == 0 else "continuation", 2) and commands <= 12
+    review = {"role": "system", "content": hermes.system_prompt(skills=hermes.SKILLS_REVIEW)}
+    fork = [review, *history, {"role": "user", "content": hermes.REVIEW_PROMPT}]
+    for _ in range(2):  # the fork, then its next turn: both forward the parent's system and tools[]
+        body = {"model": "m", "messages": fork, "tools": hermes.tools_review()}
+        role, commands, reads = costs.send(flow, body, headers=key, reply={"role": "assistant", "content": "Ok."})
+        fork += [{"role": "assistant", "content": "Ok."}, {"role": "user", "content": "More."}]
+        assert (role, reads) == ("fork", 2) and commands <= 12
+    one = {"role": "assistant", "id": "resp_1", "output": [rs.MSG, rs.CALL]}
+    assert costs.send(flow, rs.req([rs.DEV, rs.TASK], key=""), exchange=RESPONSES, headers=key, reply=one)[2] == 3
+    nxt = rs.req([rs.OUT], key="", previous_response_id="resp_1")
+    two = {"role": "assistant", "id": "resp_2", "output": [rs.MSG]}
+    role, commands, reads = costs.send(flow, nxt, exchange=RESPONSES, headers=key, reply=two)
+    assert (role, reads) == ("continuation", 4) and commands <= 12  # GET, lookup, record and SET side by side
+    # Learning: agents no pack knows, with learn: pin.
+    learning = costs.flow("pin")
+    lines = ua.generate(ua.Spec(sessions=2, turns=4, seed=5))
+    seen = []
+    for line in lines:
+        exchange = match(line["path"])
+        seen.append(
+            costs.send(learning, line["body"], exchange=exchange, headers=line["headers"], reply=ua.replayed(line))
+        )
+    roots = [c for c in seen if c[0] == "root" and c[2] >= 0]
+    learned = [c for c in seen if c[0] == "continuation" and c[2] >= 0]
+    # A root writes its marks beside its record (and a Responses API one its response's key).
+    assert roots and all(reads <= 4 and commands <= 12 for _, commands, reads in roots), roots
+    # Learning reads the tenant's evidence (beside the lineage's blobs), and may write it
+    # beside the record: 3 round trips in a row.
+    assert learned and all(reads <= 5 and commands <= 14 for _, commands, reads in learned), learned
+    # A resumed conversation (recall: its stem's markers, the lineage's record and first
+    # message, the template lines' markers and the check lookup), and its next turn.
+    rc_flow = costs.flow("pin")
+    costs.send(rc_flow, rc.chat(rc.env("Friday", "What does app.py do?")), headers=key, reply=rc.reply("It greets."))
+    costs.send(rc_flow, rc.chat(rc.env("Friday", "Fix the tests.")), headers=key, reply=rc.reply("Fixed."))
+    resumed = [rc.env("Saturday", "What does app.py do?"), rc.reply("It greets."), rc.user("Thanks.")]
+    role, commands, reads = costs.send(rc_flow, rc.chat(*resumed), headers=key, reply=rc.reply("Sure."))
+    assert role == "continuation" and 0 <= reads <= 8 and commands <= 18, (commands, reads)
+    role, commands, reads = costs.send(rc_flow, rc.chat(*resumed, rc.reply("Sure."), rc.user("Bye.")), headers=key)
+    assert role == "continuation" and 0 <= reads <= 4 and commands <= 12, (commands, reads)
+    for f in (flow, learning, rc_flow):
+        costs.loop.run_until_complete(f.s.store.close())
+    costs.loop.close()
+    costs.redis.close()
 
 
 def test_readyz_names_a_read_only_replica(
@@ -331,7 +454,7 @@ def test_a_cluster_over_tls_as_an_acl_user(
     node = tls.issue(ca, tmp_path / "ca", "redis node", client=True)
     cluster = start_cluster(log_dir, tls=Tls(server.cert, server.key, ca.cert, node.cert, node.key))
     try:
-        _acl_user(cluster.ports)
+        acl_user(cluster.ports)
         url = f"rediss://prefixpin:{PASSWORD}@127.0.0.1:{cluster.ports[0]}?ssl_ca_certs={ca.cert}"
         base = serve(recorder.base, config=write_config(_store(url, redis_mode="cluster", redis_nodes=cluster.nodes)))
         talk = Talk([base])

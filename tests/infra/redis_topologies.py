@@ -234,11 +234,18 @@ def start_sentinel_group(log_dir: Path, replicas: int = 2, name: str = "pp-maste
 
 def _watch(group: SentinelGroup, replicas: int) -> None:
     log_dir, name, master = group.log_dir, group.name, group.master
-    group.procs[master] = _server(log_dir, f"redis-master-{master}", master)
-    for port in group.replicas:
-        group.procs[port] = _server(log_dir, f"redis-replica-{port}", port, "--replicaof", "127.0.0.1", str(master))
     folder = log_dir / f"sentinel-{master}"
     folder.mkdir(parents=True, exist_ok=True)
+    # Their own folders: a replica's full sync writes an RDB file (not in the work tree).
+    for port in (master, *group.replicas):
+        (folder / str(port)).mkdir(exist_ok=True)
+    at = ("--dir", str(folder / str(master)))
+    group.procs[master] = _server(log_dir, f"redis-master-{master}", master, *at)
+    for port in group.replicas:
+        at = ("--dir", str(folder / str(port)))
+        group.procs[port] = _server(
+            log_dir, f"redis-replica-{port}", port, *at, "--replicaof", "127.0.0.1", str(master)
+        )
     for _ in range(3):
         port = free_port()
         conf = folder / f"sentinel-{port}.conf"

@@ -36,7 +36,7 @@ class Upstream:
 class DownStore:
     shared = False
 
-    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Any = None) -> Lookup:
+    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None, **kw: Any) -> Lookup:
         raise StoreError("down")
 
     async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
@@ -55,7 +55,7 @@ class DownStore:
 class CorruptStore(DownStore):
     """Answers with a fork parent whose recorded blobs are not JSON."""
 
-    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None, origin: Any = None) -> Lookup:
+    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None, **kw: Any) -> Lookup:
         parent = LineageRecord(id="p", kind="fork", identity=("20260513_204511_d02a5d",), system_ref="s", tools_ref="t")
         return Lookup(len(links), (parent,), None, (len(links),))
 

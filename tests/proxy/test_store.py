@@ -15,7 +15,7 @@ import redis
 import xxhash
 
 from canonicalize import LineageRecord
-from canonicalize.lineage import LINKS_PER_KEY
+from canonicalize.lineage import LINKS_PER_KEY, MAX_LOOKUP_BLOBS
 from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store, TenantWide, homed
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
@@ -212,6 +212,36 @@ def test_a_lineage_recorded_from_another_origin_is_found_there(store: Store) -> 
         assert (found.depth, [(c.id, c.skeleton) for c in found.candidates]) == (4, [(a, "s2")])
         assert (await store.lookup("t", L[:3], a)).declared == LineageRecord(id=a, skeleton="s2")
         assert await store.blobs("t", ["h1"], a) == [b"blob"]
+        await _done(store)
+
+    run(go())
+
+
+def test_a_lookup_returns_the_blobs_a_fork_or_learning_reads_next(store: Store) -> None:
+    """With the request's skeleton and tools[] ref as sent: the recorded system part and
+    tools[] of the lineages found that are forks or differ from them, at most
+    MAX_LOOKUP_BLOBS; none when they are the request's own."""
+
+    async def go() -> None:
+        a = LineageRecord(id=lid("a"), skeleton="sk", system_ref="sa", tools_ref="ta")
+        b = LineageRecord(id=lid("b"), kind="fork", skeleton="sk", system_ref="sb", tools_ref="ta")
+        blobs = {"sa": b"system a", "ta": b"tools a", "sb": b"system b"}
+        await store.record("t", a, L[:3], blobs, [])
+        assert (await store.lookup("t", L[:4], None, sent=("sk", "ta"))).blobs == {}
+        assert (await store.lookup("t", L[:4], None)).blobs == {}  # not asked
+        found = await store.lookup("t", L[:4], None, sent=("sk", "tx"))  # tools[] differ: a fork of it
+        assert found.blobs == {"sa": b"system a", "ta": b"tools a"}
+        assert (await store.lookup("t", L[:4], None, sent=("other", "ta"))).blobs == found.blobs
+        await store.record("t", b, L[2:4], {}, ["ta"])  # a fork's later turn: its parent's blobs
+        found = await store.lookup("t", L[:5], None, sent=("sk", "ta"))
+        assert [c.id for c in found.candidates] == [b.id, a.id] and found.blobs == {"sb": b"system b", "ta": b"tools a"}
+        c = LineageRecord(id=lid("c"), kind="fork", system_ref="sc", tools_ref="tc")
+        await store.record("t", c, L[2:4], {"sc": b"c", "tc": b"c"}, [])
+        assert len((await store.lookup("t", L[:5], None, sent=("x", "y"))).blobs) == MAX_LOOKUP_BLOBS
+        declared = await store.lookup("t", [b"\xee" * 16], a.id, a.id, sent=("sk", "tx"))  # nothing but the declared
+        assert (
+            declared.depth == 0 and declared.declared == a and declared.blobs == {"sa": b"system a", "ta": b"tools a"}
+        )
         await _done(store)
 
     run(go())
