@@ -304,6 +304,11 @@ class _Through:
             self.first = False
         return b"".join(out)
 
+    @property
+    def last(self) -> bool:
+        """The stream's last event went by (the reply machine saw it)."""
+        return self.flow.reply is not None and self.flow.reply.ended
+
     def end(self) -> bytes:
         """The stream's last bytes: what the decoder and the splitter held (an
         unterminated event), through the reply machine, which also gives up the events
