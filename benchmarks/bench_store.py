@@ -16,13 +16,14 @@ Redis' own counters, summed over its masters, are read before and after:
     commands       every command Redis ran (INFO commandstats), those the scripts
                    ran included (not a new connection's CLIENT SETINFO)
     round trips    requests Redis read from prefixpin (INFO stats total_reads_processed):
-                   the request's lookup and record, a fork's blob read, the reports
-                   to the tenants' indexes that go out after the response, and each
-                   new connection's setup (a short run counts many of those)
+                   the request's lookup (a fork's blobs come with it) and record, the
+                   reports to the tenants' indexes that go out after the response,
+                   and each new connection's setup (a short run counts many of those)
     script us      Redis' time in the commands prefixpin sends (INFO commandstats
                    usec of EVALSHA / EVAL, which includes the commands a script runs,
-                   and of GET / SET / DEL / HGET); a fork's blob HMGET (~1 us) is
-                   left out, as it cannot be told from the scripts' own HMGETs
+                   and of GET / SET / DEL / HGET); a blob read outside a script
+                   (HMGET, ~1 us) is left out, as it cannot be told from the
+                   scripts' own HMGETs
     cpu us         Redis' main thread CPU time (INFO cpu), its idle housekeeping included
 
 Divided by the requests proxied.  The machine's load changes the times (not the
