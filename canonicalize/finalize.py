@@ -57,9 +57,13 @@ class Outcome:
     fork_signal: str | None = None
     depth: int = 0  # how many of the request's links were recorded (the prefix its parent shares)
     learned: tuple[Span, ...] = ()  # the spans learned from this request (canonicalize.learn)
-    # Blobs to store after the request besides the forwarded system part and tools[]: the
-    # evidence learning leaves (canonicalize.sightings), stored under these refs as is.
-    extra_blobs: dict[str, bytes] = field(default_factory=dict)
+    # What the request leaves to every conversation of its tenant, kept apart from its
+    # own (the stores keep them once per tenant): the evidence learning leaves
+    # (canonicalize.sightings), stored under these refs as is; and the links a new root
+    # marks (its first message's stem and template lines: canonicalize.recall), each
+    # kept with the lineage's id and its first message's ref.
+    shared_blobs: dict[str, bytes] = field(default_factory=dict)
+    marks: tuple[bytes, ...] = ()
     # Forwarded values to store as blobs after the request, each under its ref: the
     # lineage's newest user message as forwarded (canonicalize.recall).
     keep_items: tuple[tuple[Path, str], ...] = ()
@@ -77,9 +81,9 @@ class _Applied:
     offered: frozenset[str] | None = None
     parent_fp: Fingerprint | None = None
     repaired: bool = False  # forwards a fork parent's system part and tools[]
-    extra_blobs: dict[str, bytes] = field(default_factory=dict)  # Outcome.extra_blobs
+    shared_blobs: dict[str, bytes] = field(default_factory=dict)  # Outcome.shared_blobs
     keep_items: list[tuple[Path, str]] = field(default_factory=list)  # Outcome.keep_items
-    extra_links: list[bytes] = field(default_factory=list)  # links the lineage owns besides its chain's
+    marks: list[bytes] = field(default_factory=list)  # Outcome.marks
     restored: recall.Restored | None = None  # messages forwarded as recorded
 
 
@@ -93,8 +97,9 @@ def blobs_needed(
 ) -> tuple[str, ...]:
     """The recorded blobs finalizing ``decision`` needs: a fork's parent's system
     and tools[]; a continuation's recorded tools[] when the request's tools mean
-    the same but are written differently, the evidence its learned spans need and
-    (``keep_history``, with its ``lookup``) the lineage's recorded messages."""
+    the same but are written differently and (``keep_history``, with its ``lookup``)
+    the lineage's recorded messages: all of them in the lineage's conversation (the
+    evidence its learned spans need is the tenant's: :func:`evidence_needed`)."""
     parent = decision.parent
     if parent is None:
         return ()
@@ -105,11 +110,18 @@ def blobs_needed(
     out: tuple[str, ...] = ()
     if _recorded_tools(prep, parent) and parent.tools_ref is not None:
         out = (parent.tools_ref,)
-    if learned is not None and learned.pin:
-        out += learned.refs
     if keep_history and lookup is not None:
         out += tuple(r for r in recall.refs(prep, lookup, parent) if r not in out)
     return out
+
+
+def evidence_needed(decision: Decision, learned: Learned | None) -> tuple[str, ...]:
+    """The tenant's evidence blobs settling ``learned``'s pins take (a continuation's,
+    with ``learn: pin``: :mod:`canonicalize.sightings`)."""
+    parent = decision.parent
+    if learned is None or not learned.pin or parent is None or decision.role == "fork" or parent.kind == "fork":
+        return ()
+    return learned.refs
 
 
 def finalize(
@@ -201,8 +213,8 @@ def _keep_tail(prep: Prepared, lookup: Lookup, applied: _Applied) -> None:
             applied.changes["first"] = found[1]
         stem = recall.stem(prep)
         if stem is not None:
-            applied.extra_links.append(stem)
-        applied.extra_links += recall.templates(prep)
+            applied.marks.append(stem)
+        applied.marks += recall.templates(prep)
 
 
 def _root(prep: Prepared, new_id: str, fork_action: str | None) -> _Applied:
@@ -283,7 +295,7 @@ def _continuation(
         changes.update(tools_meaning=tools.meaning, tool_order=own_tools)
     applied = _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
     if settled is not None:
-        applied.extra_blobs = settled.writes
+        applied.shared_blobs = settled.writes
     return applied
 
 
@@ -396,7 +408,7 @@ def _outcome(
         role=applied.role,
         rewrites=rewrites,
         record=record,
-        links=[*prep.links[start:], *applied.extra_links],
+        links=prep.links[start:],
         touch=touch,
         new_blobs=tuple(new_blobs),
         offered=applied.offered,
@@ -404,7 +416,8 @@ def _outcome(
         parent_fp=applied.parent_fp,
         fork_signal=decision.signal if repaired_now else None,
         depth=depth,
-        extra_blobs=applied.extra_blobs,
+        shared_blobs=applied.shared_blobs,
+        marks=tuple(applied.marks),
         keep_items=tuple(applied.keep_items),
     )
 
@@ -517,6 +530,12 @@ def _forwarded_tools_ref(rules: RuleSet, prep: Prepared) -> str:
     if tools is not None and not rules.pin_tools and prep.exchange.tools(prep.body) is prep.tool_list:
         return tools.form
     return identity.tools_ref(prep.exchange, prep.body)
+
+
+def sent_tools_ref(rules: RuleSet, prep: Prepared) -> str:
+    """The ref of the request's tools[] as sent (before finalize replaces any): the ref
+    a lineage records when it forwards them unchanged."""
+    return _forwarded_tools_ref(rules, prep)
 
 
 def _recorded_tools(prep: Prepared, parent: LineageRecord) -> bool:

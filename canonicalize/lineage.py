@@ -14,7 +14,7 @@ returns a :class:`Decision`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -255,7 +255,9 @@ class Lookup:
     ``candidates`` are the lineages owning the deepest of them (most recent first),
     then those owning shallower links, each with ``depths[i]``, the deepest link of
     this request it owns; ``declared`` is the lineage named by
-    ``x-prefixpin-parent``, if it exists.
+    ``x-prefixpin-parent``, if it exists.  ``blobs``: recorded system parts and
+    tools[] the store returned with them, by ref (those a fork, a fork's later turn
+    or learning reads next: see :func:`wants_blobs`), so that they are not read again.
     """
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -267,12 +269,22 @@ class Lookup:
     candidates: tuple[LineageRecord, ...] = ()
     declared: LineageRecord | None = None
     depths: tuple[int, ...] = ()
+    blobs: Mapping[str, bytes] = field(default_factory=dict)
 
     def depth_of(self, i: int) -> int:
         return self.depths[i] if i < len(self.depths) else self.depth
 
 
 EMPTY_LOOKUP = Lookup()
+MAX_LOOKUP_BLOBS = 4  # blobs a lookup returns at most (two lineages' system part and tools[])
+
+
+def wants_blobs(rec: LineageRecord, skeleton: str, tools_ref: str) -> bool:
+    """Whether a request whose system skeleton and tools[] ref (as sent) are these may
+    read ``rec``'s recorded system part and tools[] next: ``rec`` is a fork (its later
+    turns forward its parent's), or its skeleton or tools[] differ (a fork of it, a
+    tools[] written otherwise, learning).  The stores return those blobs with the lookup."""
+    return rec.kind == "fork" or rec.skeleton != skeleton or rec.tools_ref != tools_ref
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,6 +114,12 @@ class Canonicalizer:
                     return Decision("continuation", rec)
         return classify(prep.signals.at_depth(lookup.depth), lookup, self.rules.fork)
 
+    def sent(self, prep: Prepared) -> tuple[str, str]:
+        """The request's system skeleton and tools[] ref as sent: with them the store's
+        lookup returns the recorded blobs the request may read next
+        (:func:`canonicalize.lineage.wants_blobs`)."""
+        return prep.signals.skeleton, finalize.sent_tools_ref(self.rules, prep)
+
     def learning(self, prep: Prepared, lookup: Lookup, decision: Decision) -> Plan | None:
         """What ``prep`` may learn from (:func:`canonicalize.learn.learn_plan`); None with
         ``learn: off``, or when its system text and tools are what its lineage forwarded."""
@@ -132,10 +138,16 @@ class Canonicalizer:
     def blobs_needed(
         self, prep: Prepared, decision: Decision, learned: Learned | None = None, lookup: Lookup | None = None
     ) -> tuple[str, ...]:
-        """The recorded blobs :meth:`finalize` needs for ``decision`` (and what ``prep``
-        learned: the evidence its pins take; with ``learn: pin`` and its ``lookup``, the
-        lineage's recorded messages)."""
+        """The recorded blobs :meth:`finalize` needs for ``decision``, all in its
+        lineage's conversation (with ``learn: pin`` and its ``lookup``, the lineage's
+        recorded messages too)."""
         return finalize.blobs_needed(prep, decision, learned, lookup=lookup, keep_history=self.keeps_history)
+
+    def evidence_needed(self, decision: Decision, learned: Learned | None) -> tuple[str, ...]:
+        """The tenant's evidence blobs :meth:`finalize` needs to settle ``learned``'s pins
+        (:func:`canonicalize.finalize.evidence_needed`): kept once per tenant, not in a
+        conversation."""
+        return finalize.evidence_needed(decision, learned)
 
     @property
     def keeps_history(self) -> bool:
@@ -150,24 +162,22 @@ class Canonicalizer:
             return None
         return recall.stem(prep)
 
-    def stem_heads(self, prep: Prepared, found: Lookup) -> tuple[tuple[LineageRecord, ...], tuple[str, ...]]:
-        """Of the lineages the stem found, those ``prep`` may continue (roots of its
-        session identity that recorded their first message), and those messages' refs."""
-        recs = tuple(
-            r
-            for r in found.candidates
-            if r.kind == "root" and r.first is not None and r.identity == prep.signals.identity
+    def stem_heads(self, prep: Prepared, found: Sequence[LineageRecord]) -> tuple[LineageRecord, ...]:
+        """Of the lineages that marked the request's stem (newest first), those ``prep``
+        may continue: roots of its session identity that recorded their first message."""
+        return tuple(
+            r for r in found if r.kind == "root" and r.first is not None and r.identity == prep.signals.identity
         )
-        return recs, tuple(dict.fromkeys(r.first for r in recs if r.first is not None))
 
     def match_head(self, prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> recall.Head | None:
         """How the request's first message relates to ``rec``'s recorded one
         (:func:`canonicalize.recall.match_head`)."""
         return recall.match_head(prep, rec, blobs)
 
-    def is_template(self, prep: Prepared, rec: LineageRecord, link: bytes, found: Lookup) -> bool:
-        """A value line is the agent's template (:func:`canonicalize.recall.is_template`)."""
-        return recall.is_template(prep, rec, link, found)
+    def is_template(self, prep: Prepared, rec: LineageRecord, markers: Sequence[recall.Marker]) -> bool:
+        """A value line, marked by ``markers``, is the agent's template
+        (:func:`canonicalize.recall.is_template`)."""
+        return recall.is_template(prep, rec, markers)
 
     def finalize(
         self,

@@ -23,9 +23,11 @@ message must keep some text of its own.
 When the dropped block was in the conversation's *first* message, nothing of
 the request's chain is recorded (its first link differs): the lineage is found
 by its ``stem``, a link over the first message with every tag block dropped and
-every value masked (recorded once, at the lineage's root), then checked: the
-request's history, with the recorded message in place, must be the lineage's
-(its chain recomputed and looked up again).
+every value masked (*marked* once, by the lineage's root: a mark is the tenant's,
+not one conversation's, and names the lineages that made it with their first
+messages, :data:`Marker`), then checked: the request's history, with the
+recorded message in place, must be the lineage's (its chain recomputed and
+looked up again).
 
 The messages before the first reply are the agent's environment too (``Today's
 date is ...``, ``<env>``, ``<environment_context>``), re-rendered when a session
@@ -33,8 +35,8 @@ is resumed.  The first message may also differ from the recorded one by values
 (``Friday`` -> ``Saturday``), pinned as learned spans (scope ``messages``: the
 recorded message is forwarded, the model told the new date in a note) only where
 the value's line is the agent's template: seen, with its values masked, in the
-first messages of another conversation of the tenant (each root records its
-value lines as ``template`` links, at most ``MAX_TEMPLATES``).  What a user typed
+first messages of another conversation of the tenant (each root marks its
+value lines' ``template`` links, at most ``MAX_TEMPLATES``).  What a user typed
 there (a task with a deadline, a version) is in no other conversation's first
 message: it reaches the upstream as sent.  Bounds: ``MAX_RESTORES`` restores per
 lineage (past them a new one is not kept: that message is forwarded as sent).
@@ -62,6 +64,10 @@ TEMPLATE_ROOT = b"prefixpin/template/1"
 MAX_RESTORES = 64
 MAX_TEMPLATES = 32  # value lines a root records as template links
 MAX_TEMPLATE_LOOKUPS = 4  # changed lines a request may check (more: not pinned)
+
+# A lineage that marked a link (a root marks its stem and its template lines, kept once per
+# tenant by the stores, newest first, LINKS_PER_KEY per link): its id and its first message's ref.
+Marker = tuple[str, str]
 RULE = "learned.history"
 _TAG = re.compile(r"<([A-Za-z][\w:.-]*)\b[^>]*>.*?</\1>", re.DOTALL)
 _TAG_LINES = re.compile(r"(?m)^[ \t]*<([A-Za-z][\w:.-]*)\b[^>\n]*>[\s\S]*?</\1>[ \t]*(?:\n|$)")
@@ -141,7 +147,7 @@ def _masked(text: str) -> str:
 
 # -- templates: the agent's own lines in the messages before the first reply ----------------------
 def template_link(line: str) -> bytes:
-    """The link a value line of a first message is recorded under (every value masked)."""
+    """The link a value line of a first message is marked under (every value masked)."""
     masked = "".join("\x00" if values.is_value(k) else t for k, _, _, t in values.token_list(line))
     return chain.link(TEMPLATE_ROOT, masked.encode("utf-8", "surrogatepass"))
 
@@ -252,12 +258,12 @@ def _text_values(old: str, new: str) -> list[Span]:
     return list(spans_of(diff.changes, old, new, "messages"))
 
 
-def is_template(prep: Prepared, rec: LineageRecord, link: bytes, found: Lookup) -> bool:
-    """The template link ``link`` is recorded by another conversation's first message: a
-    lineage other than ``rec`` owns it whose first message is neither ``rec``'s nor the
-    request's (a side request replaying this conversation has the same one)."""
+def is_template(prep: Prepared, rec: LineageRecord, markers: Sequence[Marker]) -> bool:
+    """A template link, marked by ``markers``, is another conversation's first message's
+    too: a lineage other than ``rec`` marked it whose first message is neither ``rec``'s
+    nor the request's (a side request replaying this conversation has the same one)."""
     mine = {rec.first, TAIL + prep.links[0].hex() if prep.links else None}
-    return any(r.id != rec.id and r.first is not None and r.first not in mine for r in found.candidates)
+    return any(lineage != rec.id and first not in mine for lineage, first in markers)
 
 
 # -- is a message the recorded one with a block dropped? -------------------------------------------
@@ -433,6 +439,7 @@ __all__ = [
     "RULE",
     "TAIL",
     "Head",
+    "Marker",
     "Restored",
     "dropped_block",
     "is_template",

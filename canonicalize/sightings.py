@@ -10,9 +10,10 @@ the tenant picks up, a client retrying a request) is one change.  A changed
 span in the messages before the first reply is pinned only where its line is
 the agent's template, which :mod:`canonicalize.recall` judges.
 
-The evidence lives in the store, as the tenant's own blobs (so it survives a
-restart with Redis, is shared by every process on it, expires with
-``store.ttl_s`` and counts against the tenant's bounds), two per place:
+The evidence lives in the store, once per tenant and apart from any of its
+conversations (``Store.tenant_wide``: on Redis, in the tenant's own slot), so it
+survives a restart with Redis, is shared by every process on it, expires with
+``store.ttl_s`` and is bounded with the tenant; two blobs per place:
 
 =================  =================================================================
 ``ev1:<place>``    the first change seen there (16 hex digits: a hash of the old and

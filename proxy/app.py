@@ -117,6 +117,7 @@ def create_app(
         app.state.services = s
         if slots is not None:
             slots.start()  # in the background: the first request does not wait for it
+        s.spawn(_first_ping(s))  # a store down at start is said at once, not at the first request
         try:
             yield
         finally:
@@ -128,6 +129,14 @@ def create_app(
                 await asyncio.to_thread(s.recorder.close, 5.0)
             await upstream.aclose()
             await the_store.close()
+
+    async def _first_ping(s: Services) -> None:
+        try:
+            await asyncio.wait_for(s.store.ping(), 5)
+        except TimeoutError as exc:
+            s.guard.warn(exc, "no answer within 5 s; serving anyway: requests fail open until the store answers")
+        except (StoreError, OSError) as exc:
+            s.guard.warn(exc, "serving anyway: requests fail open (forwarded as sent) until the store answers")
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "pid": os.getpid()})

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import yaml
 
@@ -126,6 +126,12 @@ class Affinity:
 class Store:
     backend: str = "memory"
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    # standalone: redis_url is the server; cluster: one node of a Redis Cluster, redis_nodes
+    # any others to start from; sentinel: one Sentinel, redis_nodes the others, and
+    # sentinel_master the name of the master they watch (SPEC section 2g)
+    redis_mode: str = "standalone"
+    redis_nodes: tuple[str, ...] = ()
+    sentinel_master: str | None = None
     ttl_s: int = 86400
     max_entries: int = 200_000
     max_bytes: int = 512 * 2**20
@@ -355,6 +361,7 @@ def _to_plain(obj: Any) -> Any:
 _ENUMS = {
     "upstream.kind": ("openai", "litellm"),
     "store.backend": ("memory", "redis"),
+    "store.redis_mode": ("standalone", "cluster", "sentinel"),
     "log.level": ("debug", "info", "warning", "error"),
     "tenancy.anonymous": ("isolated", "shared"),
     "affinity.replicas": ("lineage", "round_robin"),
@@ -681,8 +688,8 @@ def _validate_upstream(config: Config) -> None:
 
 
 def _validate_store(config: Config) -> None:
-    if config.store.backend == "redis" and urlsplit(config.store.redis_url).scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError("store.redis_url: must be a redis://, rediss:// or unix:// URL")
+    if config.store.backend == "redis":
+        _validate_redis(config.store)
 
 
 def _validate_rules(config: Config) -> None:
@@ -695,6 +702,40 @@ def _validate_rules(config: Config) -> None:
     problems.raise_any()
 
 
+def _validate_redis(store: Store) -> None:
+    """The Redis topology's keys agree with each other (SPEC section 2g): what would
+    otherwise fail at ``serve``'s start, or quietly fail every request, is named here
+    (every mistake at once)."""
+    problems = _Problems()
+    found = problems.found
+    url = urlsplit(store.redis_url)
+    if url.scheme not in ("redis", "rediss", "unix"):
+        found.append("store.redis_url: must be a redis://, rediss:// or unix:// URL")
+    if url.scheme != "unix" and "," in url.netloc:
+        found.append(
+            "store.redis_url: names one host; list a cluster's other nodes or the other Sentinels "
+            "in store.redis_nodes (with store.redis_mode: cluster or sentinel)"
+        )
+    if "cluster" in {k.lower() for k in parse_qs(url.query)}:
+        found.append("store.redis_url: ?cluster= is not read; set store.redis_mode: cluster")
+    mode = store.redis_mode
+    if mode != "standalone" and url.scheme == "unix":
+        found.append(f"store.redis_url: a unix:// socket is one standalone server, not a {mode}")
+    for i, node in enumerate(store.redis_nodes):
+        if not _HOST_PORT.fullmatch(node):
+            found.append(f"store.redis_nodes[{i}]: must be host:port (got {node!r})")
+    if store.redis_nodes and mode == "standalone":
+        found.append("store.redis_nodes: only read with store.redis_mode: cluster or sentinel")
+    if mode == "sentinel" and not store.sentinel_master:
+        found.append("store.sentinel_master: the master's name is required with store.redis_mode: sentinel")
+    if mode != "sentinel" and store.sentinel_master:
+        found.append("store.sentinel_master: only read with store.redis_mode: sentinel")
+    if mode == "cluster" and url.path not in ("", "/", "/0"):
+        found.append(f"store.redis_url: a Redis Cluster has only database 0 (got {url.path!r})")
+    problems.raise_any()
+
+
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 

@@ -57,11 +57,16 @@ class HeldHead:
 
 class Pieces(Protocol):
     """What the bytes go through on their way: ``feed`` each piece, ``end`` for what
-    it held back (a partial SSE line) once the body is over."""
+    it held back (a partial SSE line) once the body is over; ``last`` once the piece
+    fed holds the stream's last event (a client stops reading there: chat's
+    ``[DONE]``), which may come before the body's end."""
 
     def feed(self, chunk: bytes) -> bytes: ...
 
     def end(self) -> bytes: ...
+
+    @property
+    def last(self) -> bool: ...
 
 
 async def relay(
@@ -72,8 +77,11 @@ async def relay(
     before_end: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Send ``body`` (through ``pieces``) as the rest of the client's response, and end
-    it; ``before_end`` is awaited just before the last bytes go out."""
+    it; ``before_end`` is awaited just before the last bytes go out, or before the
+    stream's last event does if that comes first (a client that stops reading there
+    has what it waits for only once ``before_end`` is done)."""
     ended = False
+    wait = before_end  # None once awaited
     async for chunk in body:
         if ended:
             continue
@@ -83,15 +91,18 @@ async def relay(
             ended = True
             if pieces is not None:
                 chunk += pieces.end()
-            if before_end is not None:
-                await before_end()
+            if wait is not None:
+                await wait()
             await send({"type": "http.response.body", "body": chunk})
         elif chunk:
+            if wait is not None and pieces is not None and pieces.last:
+                await wait()
+                wait = None
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     if not ended:
         tail = pieces.end() if pieces is not None else b""
-        if before_end is not None:
-            await before_end()
+        if wait is not None:
+            await wait()
         await send({"type": "http.response.body", "body": tail})
 
 

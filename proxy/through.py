@@ -90,6 +90,11 @@ class Through:
             log.exception("stream processing failed; passing the rest through")
         return out + self.splitter.take() + chunk
 
+    @property
+    def last(self) -> bool:
+        """The stream's last event went by (the reply machine saw it)."""
+        return self.flow.reply is not None and self.flow.reply.ended
+
     def end(self) -> bytes:
         """The stream's last bytes: what the splitter held (an unterminated event),
         through the reply machine, which also gives up the events it held for a

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.infra.procs import Proc, free_port, start_llama, start_prefixpin, start_redis
+from tests.infra.redis_topologies import Cluster, start_cluster
 
 T = TypeVar("T")
 
@@ -122,6 +123,15 @@ def redis_url(log_dir: Path) -> Iterator[str]:
     proc, url = start_redis(log_dir)
     yield url
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(log_dir: Path) -> Iterator[Cluster]:
+    """A Redis Cluster of 3 masters and 3 replicas, shared by the session's tests (a
+    test that kills a node starts its own: tests/infra/redis_topologies.py)."""
+    cluster = start_cluster(log_dir)
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

@@ -21,17 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import orjson
 
-from canonicalize import Decision, JsonDoc, Learned, LineageRecord, Lookup, Plan, Prepared
-from canonicalize.recall import Head
+from canonicalize import CANDIDATES, Decision, JsonDoc, Learned, LineageRecord, Lookup, Plan, Prepared
+from canonicalize.recall import Head, Marker
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.learned import Suggestions
 from proxy.services import Services
-from proxy.store import ISOLATED
+from proxy.store import ISOLATED, Origin, homed, origin_of
 
 log = logging.getLogger("prefixpin")
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
@@ -66,26 +67,30 @@ class Canonicalize:
             lookup, flow.store_ok = Lookup(), False
         flow.lookup = lookup
         decision = canon.classify(prep, lookup)
-        head = None
+        head, got = None, lookup.blobs  # got: blobs read already
         if flow.store_ok and decision.role == "root" and not lookup.depth:
             recalled = await self._recall(flow, prep)
             if recalled is not None:
-                decision, lookup, head = recalled
+                decision, lookup, head, got = recalled
         learned = None
         plan = canon.learning(prep, lookup, decision) if flow.store_ok else None
         if plan is not None:
             learned = await self._learn(flow, prep, lookup, decision, plan)
             if learned is not None:
                 decision, lookup = learned.decision, learned.lookup
-        blobs: dict[str, bytes] = {}
-        refs = canon.blobs_needed(prep, decision, learned, lookup)
-        if refs and flow.store_ok:
+        needed = canon.blobs_needed(prep, decision, learned, lookup)
+        blobs = {ref: got[ref] for ref in needed if ref in got}
+        refs = tuple(ref for ref in needed if ref not in got)
+        evidence = canon.evidence_needed(decision, learned)
+        if (refs or evidence) and flow.store_ok:
+            owner = decision.parent.id if decision.parent is not None else None
             try:
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
-                blobs = {ref: raw for ref, raw in zip(refs, found, strict=True) if raw is not None}
+                blobs.update(await s.guard.call(lambda: self._blobs(flow.tenant, refs, owner, evidence)))
             except StoreError:
                 flow.store_ok = False
-        new_id = self.new_id()
+        # An id of prefixpin's shape (16 hex digits) starts with its conversation's home
+        # (proxy.store); another (a test's "L0001") is kept as it is.
+        new_id = homed(self.new_id(), flow.tenant, origin_of(prep.links, prep.continues if prep.offset else None))
         if flow.big:
             outcome = await asyncio.to_thread(
                 canon.finalize, prep, lookup, decision, new_id=new_id, blobs=blobs, learned=learned, head=head
@@ -100,6 +105,23 @@ class Canonicalize:
             s.metrics.fail_open.labels("store").inc()
             flow.role = "fail-open"
 
+    async def _blobs(
+        self, tenant: str, refs: tuple[str, ...], owner: str | None, evidence: tuple[str, ...]
+    ) -> dict[str, bytes]:
+        """The blobs ``refs`` of lineage ``owner``'s conversation and the tenant's
+        ``evidence``, read at once (on Redis: the conversation's home, the tenant's slot)."""
+        store = self.s.store
+        if not evidence:
+            found = await store.blobs(tenant, refs, owner)
+        elif not refs:
+            found = (await store.tenant_wide(tenant, (), evidence))[1]
+        else:
+            own, (_, wide) = await asyncio.gather(
+                store.blobs(tenant, refs, owner), store.tenant_wide(tenant, (), evidence)
+            )
+            found = [*own, *wide]
+        return {ref: raw for ref, raw in zip((*refs, *evidence), found, strict=True) if raw is not None}
+
     async def _learn(
         self, flow: Flow, prep: Prepared, lookup: Lookup, decision: Decision, plan: Plan
     ) -> Learned | None:
@@ -107,13 +129,16 @@ class Canonicalize:
         fetched in one store call); counted and logged.  The store down: nothing (the
         request goes on as classified)."""
         s, canon = self.s, self.s.canon
-        blobs: dict[str, bytes] = {}
-        if plan.refs:
+        got = flow.lookup.blobs if flow.lookup is not None else {}
+        blobs = {ref: got[ref] for ref in plan.refs if ref in got}  # returned by the lookup already
+        refs = tuple(ref for ref in plan.refs if ref not in got)
+        if refs:
+            owner = plan.candidates[0][0].id if plan.candidates else None  # all found in this conversation's home
             try:
-                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, plan.refs))
+                found = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs, owner))
             except StoreError:
                 return None
-            blobs = {ref: raw for ref, raw in zip(plan.refs, found, strict=True) if raw is not None}
+            blobs.update((ref, raw) for ref, raw in zip(refs, found, strict=True) if raw is not None)
         if flow.big:
             learned = await asyncio.to_thread(canon.learn, prep, lookup, decision, plan, blobs)
         else:
@@ -122,45 +147,57 @@ class Canonicalize:
             self.suggestions.note(flow.tenant, learned)
         return learned
 
-    async def _recall(self, flow: Flow, prep: Prepared) -> tuple[Decision, Lookup, Head] | None:
+    async def _recall(self, flow: Flow, prep: Prepared) -> tuple[Decision, Lookup, Head, dict[str, bytes]] | None:
         """The lineage of a request whose first message is the one the lineage forwarded
         but for a dropped block or fresh values on the agent's template lines (``learn:
-        pin``, canonicalize.recall): found by its stem, the recorded message fetched and
-        compared, each changed line checked (another conversation of the tenant has it),
-        then the request's chain with the recorded message in place looked up again,
-        which the lineage must own whole.  Nothing found, or the store down: None."""
-        s, canon = self.s, self.s.canon
+        pin``, canonicalize.recall): the lineages that marked its stem (the tenant's), each
+        one's record and recorded message (its home's) compared, then at once each changed
+        line checked (another conversation of the tenant marked it) and the request's chain
+        with the recorded message in place looked up again, which the lineage must own
+        whole.  Three store round trips; the lineage, and the blobs read (its first
+        message); nothing found, or the store down: None."""
+        s, canon, tenant = self.s, self.s.canon, flow.tenant
         stem = canon.stem(prep)
         if stem is None:
             return None
         try:
-            found = await s.guard.call(lambda: s.store.lookup(flow.tenant, [stem], None))
-            recs, refs = canon.stem_heads(prep, found)
-            if not recs:
+            marked = (await s.guard.call(lambda: s.store.tenant_wide(tenant, [stem], ())))[0][0]
+            if not marked:
                 return None
-            raw = await s.guard.call(lambda: s.store.blobs(flow.tenant, refs))
-            blobs = {ref: b for ref, b in zip(refs, raw, strict=True) if b is not None}
-            for rec in recs:
+            recs, blobs = await s.guard.call(lambda: self._lineages(tenant, marked[:CANDIDATES]))
+            for rec in canon.stem_heads(prep, recs):
                 head = canon.match_head(prep, rec, blobs)
-                if head is None or rec.fingerprint is None or not await self._templates(flow, prep, rec, head):
+                if head is None or rec.fingerprint is None:
                     continue
-                links = head.links
-                check = await s.guard.call(lambda: self._lookup_links(flow.tenant, links, None))  # noqa: B023
+                lines, links = head.lines, head.links
+                markers, check = await s.guard.call(
+                    lambda: asyncio.gather(
+                        s.store.tenant_wide(tenant, lines, ()),  # noqa: B023
+                        self._lookup_links(tenant, links, None),  # noqa: B023
+                    )
+                )
+                if not all(canon.is_template(prep, rec, m) for m in markers[0]):
+                    continue
                 owners = {r.id for i, r in enumerate(check.candidates) if check.depth_of(i) == check.depth}
                 if check.depth >= rec.fingerprint.n_messages and rec.id in owners:
-                    return Decision("continuation", rec), Lookup(0, (rec,), None, (0,)), head
+                    return Decision("continuation", rec), Lookup(0, (rec,), None, (0,)), head, blobs
         except StoreError:
             return None
         return None
 
-    async def _templates(self, flow: Flow, prep: Prepared, rec: LineageRecord, head: Head) -> bool:
-        """Every line whose values ``head`` changed is the agent's template (one lookup each)."""
-        s, canon = self.s, self.s.canon
-        for link in head.lines:
-            found = await s.guard.call(lambda: s.store.lookup(flow.tenant, [link], None))  # noqa: B023
-            if not canon.is_template(prep, rec, link, found):
-                return False
-        return True
+    async def _lineages(self, tenant: str, markers: Sequence[Marker]) -> tuple[list[LineageRecord], dict[str, bytes]]:
+        """The records of the lineages ``markers`` name (in their order) and their first
+        messages, read at once (on Redis: each from its home)."""
+        store = self.s.store
+        found = await asyncio.gather(
+            *(store.lookup(tenant, (), lineage, origin=lineage) for lineage, _ in markers),
+            *(store.blobs(tenant, [first], lineage) for lineage, first in markers),
+        )
+        n = len(markers)
+        recs = [f.declared for f in cast(list[Lookup], found[:n]) if f.declared is not None]
+        raws = cast(list[list[bytes | None]], found[n:])
+        blobs = {first: raw[0] for (_, first), raw in zip(markers, raws, strict=True) if raw[0] is not None}
+        return recs, blobs
 
     def _parse(self, flow: Flow) -> bool:
         """The body parsed by pieces of the tenant's recent bodies where they are equal."""
@@ -215,15 +252,29 @@ class Canonicalize:
 
     async def _lookup(self, tenant: str, prep: Prepared) -> Lookup:
         """The store's answer for the newest LOOKUP_LINKS links (depths stay absolute)."""
-        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent)
+        origin = origin_of(prep.links, prep.continues if prep.offset else None)
+        sent = self.s.canon.sent(prep)
+        return await self._lookup_links(tenant, prep.links, prep.signals.declared_parent, origin, sent)
 
-    async def _lookup_links(self, tenant: str, links: list[bytes], declared: str | None) -> Lookup:
-        """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute)."""
+    async def _lookup_links(
+        self,
+        tenant: str,
+        links: list[bytes],
+        declared: str | None,
+        origin: Origin | None = None,
+        sent: tuple[str, str] | None = None,
+    ) -> Lookup:
+        """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute),
+        in the home of ``origin`` (default: the conversation starting with ``links[0]``);
+        ``sent``: the request's skeleton and tools[] ref (Store.lookup)."""
         offset = max(len(links) - LOOKUP_LINKS, 0)
-        found = await self.s.store.lookup(tenant, links[offset:], declared)
+        if origin is None:
+            origin = origin_of(links)
+        found = await self.s.store.lookup(tenant, links[offset:], declared, origin=origin, sent=sent)
         if not offset or not found.depth:
             return found
-        return Lookup(found.depth + offset, found.candidates, found.declared, tuple(d + offset for d in found.depths))
+        depths = tuple(d + offset for d in found.depths)
+        return Lookup(found.depth + offset, found.candidates, found.declared, depths, found.blobs)
 
 
 class _Ids:

@@ -1,5 +1,7 @@
 """After the response: record the lineage, its links, the reply's link and any
-new blobs (the system part and tools[] as forwarded).
+new blobs (the system part and tools[] as forwarded), in one store write with
+the Responses API response id and what learning leaves to the tenant's other
+conversations (its evidence, a new root's marked links).
 
 When: ``store.shared`` says (proxy.store.Store).  The memory store's writes
 never wait: the turn is recorded right after the response's last byte, before
@@ -12,17 +14,18 @@ sharing the store routes the lineage's next request there) and, when
 ``provider_cache.diagnostics`` asks for it, the id of the Messages response (the
 lineage's next request names it to Anthropic).
 
-Blobs are stored once by content ref.  Finding a blob's bytes in the forwarded
-body costs a scan of the body (tools[] come after the whole history), so a ref
-this process wrote recently for the tenant is only touched (kept alive), not
-extracted again: every new session of an agent sends the same tools[].  A
-request of the isolated tenant (no credential) records nothing at all."""
+Blobs are stored once per conversation by content ref: a lineage's new system
+part or tools[] is extracted from the forwarded body and written; one it recorded
+before is only touched (kept alive).  When the store answers that a touched blob
+is gone (evicted, or lost with the data of a restarted or failed-over Redis), it
+is extracted and written again at once, so later forks find it: nothing in this
+process remembers what the store holds.  A request of the isolated tenant (no
+credential) records nothing at all."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
@@ -30,10 +33,9 @@ from canonicalize import JsonDoc, Outcome, chain
 from proxy.errors import StoreError
 from proxy.flow import Flow
 from proxy.services import Services
-from proxy.store import ISOLATED
+from proxy.store import ISOLATED, TenantWide, origin_of
 
 log = logging.getLogger("prefixpin")
-WRITTEN = 4096  # (tenant, ref) pairs remembered as written
 
 
 class Record:
@@ -42,7 +44,6 @@ class Record:
 
     def __init__(self, s: Services) -> None:
         self.s = s
-        self._written: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def done(self, flow: Flow) -> None:
         if flow.outcome is None or flow.prep is None or flow.failed or flow.tenant == ISOLATED:
@@ -55,6 +56,7 @@ class Record:
     async def _record(self, flow: Flow) -> None:
         outcome, prep, s = flow.outcome, flow.prep, self.s
         assert outcome is not None and prep is not None
+        response: tuple[str, bytes] | None = None
         try:
             links = list(outcome.links)
             if flow.message is not None and flow.status < 400:
@@ -65,28 +67,29 @@ class Record:
                     links.append(tip)
                 response_id = flow.message.get("id")
                 if isinstance(response_id, str) and response_id and tip is not None:  # Responses: previous_response_id
-                    rec_id, last = outcome.record.id, tip
-                    await s.guard.call(lambda: s.store.record_response(flow.tenant, response_id, rec_id, last))
+                    response = (response_id, tip)
             touch = list(outcome.touch)
-            wanted = self._wanted(flow.tenant, outcome, touch)
-            if wanted:
-                blobs = (
-                    await asyncio.to_thread(self._blobs, flow, outcome, wanted)
-                    if flow.big
-                    else self._blobs(flow, outcome, wanted)
-                )
-            else:
-                blobs = {}
-            blobs.update(outcome.extra_blobs)  # what learning leaves (evidence), stored as is
+            blobs = await self._extract(flow, outcome, outcome.new_blobs)
             if outcome.keep_items:  # forwarded messages a lineage keeps (learn: pin)
                 blobs.update(self._items(flow, outcome))
             record = outcome.record if flow.replica is None else outcome.record.evolve(replica=flow.replica)
             message_id = flow.reply.usage.message_id if flow.keep_message_id and flow.reply is not None else None
             if message_id is not None and flow.status < 400:  # the next turn's diagnostics.previous_message_id
                 record = record.evolve(message_id=message_id)
-            await s.guard.call(lambda: s.store.record(flow.tenant, record, links, blobs, touch))
-            for ref in blobs:
-                self._remember(flow.tenant, ref)
+            # What learning leaves to the tenant's other conversations: kept once per tenant.
+            wide = TenantWide(outcome.marks, record.first, outcome.shared_blobs)
+            origin = origin_of(prep.links, prep.continues if prep.offset else None)
+            missing = await s.guard.call(
+                lambda: s.store.record(
+                    flow.tenant, record, links, blobs, touch, origin=origin, wide=wide, response=response
+                )
+            )
+            if missing:  # touched blobs the store lost: written again now, for the next fork
+                rec = outcome.record
+                names = tuple(n for n, ref in (("system", rec.system_ref), ("tools", rec.tools_ref)) if ref in missing)
+                again = await self._extract(flow, outcome, names)
+                if again:
+                    await s.guard.call(lambda: s.store.record(flow.tenant, record, (), again, ()))
         except StoreError as exc:
             log.debug("store record failed: %s", exc)
             s.metrics.fail_open.labels(self.name).inc()
@@ -94,22 +97,13 @@ class Record:
             log.exception("recording failed")
             s.metrics.fail_open.labels(self.name).inc()
 
-    def _wanted(self, tenant: str, outcome: Outcome, touch: list[str]) -> tuple[str, ...]:
-        """The new blobs to extract; those written recently are touched instead."""
-        rec, wanted = outcome.record, []
-        for name in outcome.new_blobs:
-            ref = rec.system_ref if name == "system" else rec.tools_ref
-            if ref is not None and (tenant, ref) in self._written:
-                self._written.move_to_end((tenant, ref))
-                touch.append(ref)
-            else:
-                wanted.append(name)
-        return tuple(wanted)
-
-    def _remember(self, tenant: str, ref: str) -> None:
-        self._written[(tenant, ref)] = None
-        if len(self._written) > WRITTEN:
-            self._written.popitem(last=False)
+    async def _extract(self, flow: Flow, outcome: Outcome, wanted: tuple[str, ...]) -> dict[str, bytes]:
+        """The blobs ``wanted`` (``system``, ``tools``) as forwarded; a big body's on a thread."""
+        if not wanted:
+            return {}
+        if flow.big:
+            return await asyncio.to_thread(self._blobs, flow, outcome, wanted)
+        return self._blobs(flow, outcome, wanted)
 
     @staticmethod
     def _items(flow: Flow, outcome: Outcome) -> dict[str, bytes]:

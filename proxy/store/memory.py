@@ -1,6 +1,8 @@
 """The embedded store: one LRU dict bounded in entries and in blob bytes, the same
 bounds per tenant (a tenant over its share loses its own least recently used
-entries, never another tenant's), TTL on every entry, clock injected."""
+entries, never another tenant's), TTL on every entry, clock injected.  Homes and
+origins mean nothing here: every conversation of a tenant is in one dict, and its
+tenant-wide entries (marked links, evidence) are entries of the tenant's like any."""
 
 from __future__ import annotations
 
@@ -10,15 +12,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from canonicalize import LineageRecord, Lookup
+from canonicalize.lineage import MAX_LOOKUP_BLOBS, wants_blobs
 from proxy.store import (
     CANDIDATES,
     DEFAULT_BOUNDS,
     ISOLATED,
     LINKS_PER_KEY,
     MAX_RESPONSE_ID,
+    NOTHING_WIDE,
     SCAN_UP,
     Bounds,
     Links,
+    Marker,
+    Origin,
+    TenantWide,
     newest,
 )
 
@@ -114,19 +121,28 @@ class MemoryStore:
         while len(self._data) > self.max_entries or (self._bytes > self.max_bytes and len(self._data) > 1):
             self._drop(next(iter(self._data)))
 
-    def _touch(self, key: Key, now: float) -> None:
-        """``_set(key, _get(key, now), now)`` when it is live: one lookup, nothing grows."""
+    def _touch(self, key: Key, now: float) -> bool:
+        """``_set(key, _get(key, now), now)`` when it is live: one lookup, nothing grows.
+        False: it is not held."""
         item = self._data.get(key)
         if item is None:
-            return
+            return False
         if item[0] <= now:
             self._drop(key)
-            return
+            return False
         self._data[key] = (now + self.ttl_s, item[1])
         self._data.move_to_end(key)
         self._shares[key[0]].keys.move_to_end(key)
+        return True
 
-    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
+    async def lookup(
+        self,
+        tenant: str,
+        links: Sequence[bytes],
+        declared: str | None,
+        origin: Origin | None = None,
+        sent: tuple[str, str] | None = None,
+    ) -> Lookup:
         """The deepest recorded link and the lineages owning the links up to SCAN_UP past
         it.  A link the walk passes is used (most recently) only when it names a lineage
         not named deeper: the deepest one and one per lineage, not every link of a
@@ -186,17 +202,46 @@ class MemoryStore:
             if len(candidates) >= CANDIDATES:
                 break
         found = get((tenant, "g", declared), now) if declared else None
-        return Lookup(depth, tuple(candidates), found, tuple(depths))
+        blobs = self._wanted(tenant, sent, [found, *candidates], now) if sent is not None else {}
+        return Lookup(depth, tuple(candidates), found, tuple(depths), blobs)
 
-    async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
+    def _wanted(
+        self, tenant: str, sent: tuple[str, str], recs: Sequence[LineageRecord | None], now: float
+    ) -> dict[str, bytes]:
+        """The blobs a lookup returns (Store.lookup's ``sent``; the Redis store's LOOKUP)."""
+        refs: list[str] = []
+        for rec in recs:
+            if rec is not None and wants_blobs(rec, *sent):
+                refs += [r for r in (rec.system_ref, rec.tools_ref) if r and r not in refs]
+        blobs = {}
+        for ref in refs[:MAX_LOOKUP_BLOBS]:
+            raw = self._get((tenant, "b", ref), now)
+            if raw is not None:
+                blobs[ref] = raw
+        return blobs
+
+    async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         now = self.clock()
         return [self._get((tenant, "b", ref), now) for ref in refs]
 
     async def record(
-        self, tenant: str, record: LineageRecord, links: Links, blobs: dict[str, bytes], touch: Sequence[str]
-    ) -> None:
+        self,
+        tenant: str,
+        record: LineageRecord,
+        links: Links,
+        blobs: dict[str, bytes],
+        touch: Sequence[str],
+        *,
+        origin: Origin | None = None,
+        wide: TenantWide = NOTHING_WIDE,
+        response: tuple[str, bytes] | None = None,
+    ) -> Sequence[str]:
         if tenant == ISOLATED:
-            return
+            return ()
+        if response is not None and len(response[0]) <= MAX_RESPONSE_ID:
+            self._set((tenant, "r", response[0]), (record.id, response[1]))
+        if wide:
+            self._wide(tenant, record.id, wide)
         now = self.clock()
         data, expires, rec_id = self._data, now + self.ttl_s, record.id
         for link in links[newest(links, self.bounds) :]:
@@ -218,8 +263,27 @@ class MemoryStore:
         self._set((tenant, "g", record.id), record, now)
         for ref, raw in blobs.items():
             self._set((tenant, "b", ref), raw, now)
-        for ref in touch:
-            self._touch((tenant, "b", ref), now)
+        return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
+
+    def _wide(self, tenant: str, lineage_id: str, wide: TenantWide) -> None:
+        now = self.clock()
+        if wide.first is not None:
+            marker = (lineage_id, wide.first)
+            for link in wide.marks:
+                key = (tenant, "m", link)
+                markers = self._get(key, now) or ()
+                self._set(key, (marker, *(m for m in markers if m[0] != lineage_id))[:LINKS_PER_KEY], now)
+        for ref, raw in wide.blobs.items():
+            if not self._touch((tenant, "b", ref), now):  # a ref's first bytes are kept
+                self._set((tenant, "b", ref), raw, now)
+
+    async def tenant_wide(
+        self, tenant: str, marks: Sequence[bytes], refs: Sequence[str]
+    ) -> tuple[list[tuple[Marker, ...]], list[bytes | None]]:
+        if tenant == ISOLATED:
+            return [() for _ in marks], [None] * len(refs)
+        now = self.clock()
+        return [self._get((tenant, "m", m), now) or () for m in marks], [self._get((tenant, "b", r), now) for r in refs]
 
     async def response(self, tenant: str, response_id: str) -> tuple[str, bytes] | None:
         if tenant == ISOLATED or len(response_id) > MAX_RESPONSE_ID:

@@ -191,5 +191,5 @@ def test_a_root_records_at_most_max_templates_value_lines(monkeypatch: Any) -> N
     monkeypatch.setattr(recall, "MAX_TEMPLATES", 2)
     lines = "\n".join(f"{name}: due 2026-05-{10 + i}" for i, name in enumerate(("Alpha", "Beta", "Gamma", "Delta")))
     out = harness().send(chat(user(lines)), reply=reply("Ok."))
-    stems_and_templates = out.outcome.links[len(out.flow.prep.links) :]  # type: ignore[union-attr]
+    stems_and_templates = out.outcome.marks
     assert len(stems_and_templates) == 1 + 2

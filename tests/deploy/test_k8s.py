@@ -86,3 +86,24 @@ def test_sidecar_pod_with_podman_kube_play(sidecar: str) -> None:
     run(["podman", "kube", "down", str(SIDECAR)])
     assert run(["podman", "pod", "exists", sidecar], check=False).returncode != 0
     assert not [n for n in running_containers() if n.startswith("prefixpin-sidecar")]
+
+
+def test_redis_cluster_manifest_shape(tmp_path: Path) -> None:
+    """The cluster case: 6 Redis nodes, prefixpin in cluster mode as the ACL user the
+    end-to-end tests use, its config one prefixpin accepts."""
+    from tests.e2e.test_redis_topologies import ACL
+
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((K8S / "redis-cluster.yaml").read_text())}
+    assert docs[("StatefulSet", "redis-cluster")]["spec"]["replicas"] == 6
+    users = docs[("Secret", "redis-cluster-users")]["stringData"]
+    assert ACL.format(password="change-me-prefixpin") in users["users.acl"].splitlines()
+    assert users["prefixpin-url"].startswith("redis://prefixpin:change-me-prefixpin@")
+    text = docs[("ConfigMap", "prefixpin-cluster-config")]["data"]["config.yaml"]
+    config = yaml.safe_load(text)
+    assert config["store"]["redis_mode"] == "cluster" and len(config["store"]["redis_nodes"]) == 5
+    (container,) = docs[("Deployment", "prefixpin-cluster")]["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {e["name"] for e in container["env"]} == {"PREFIXPIN_REDIS_URL"}
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    run([sys.executable, "-m", "proxy.cli", "check-config", str(path)])

@@ -21,6 +21,7 @@ import pytest
 from canonicalize import JsonDoc
 from tests.agents.capture import AGENTS, APP
 from tests.infra.procs import REPO, free_port
+from tests.infra.redis_topologies import Cluster
 from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -30,9 +31,16 @@ QWEN = AGENT.home / "node_modules" / ".bin" / "qwen"
 
 
 @pytest.mark.skipif(not os.access(QWEN, os.X_OK), reason="qwen-code not installed (python -m tests.agents.capture)")
+@pytest.mark.parametrize("store", ["memory", "cluster"])
 def test_a_resumed_qwen_session_gets_its_first_message_as_the_upstream_saw_it(
-    serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path], tmp_path: Path
+    serve: Callable[..., str],
+    write_config: Callable[[dict[str, Any]], Path],
+    tmp_path: Path,
+    store: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """On the memory store, and on a Redis Cluster with each invocation through another
+    ``serve`` process (the lineage, its stem and template lines found from the other)."""
     requests, port = tmp_path / "requests.jsonl", free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "tests.infra.agent_upstream", "--port", str(port), "--out", str(requests)], cwd=REPO
@@ -40,7 +48,13 @@ def test_a_resumed_qwen_session_gets_its_first_message_as_the_upstream_saw_it(
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: _up(base), message="the agent upstream did not start")
-        proxy = serve(base, write_config({"canonicalize": {"learn": "pin"}}))
+        config: dict[str, Any] = {"canonicalize": {"learn": "pin"}}
+        if store == "cluster":
+            cluster: Cluster = request.getfixturevalue("redis_cluster")
+            cluster.flush()
+            config["store"] = {"backend": "redis", "redis_url": cluster.url, "redis_mode": "cluster"}
+            config["store"]["redis_nodes"] = cluster.nodes
+        proxies = [serve(base, write_config(config)) for _ in range(1 if store == "memory" else 2)]
         work, home = tmp_path / "project", tmp_path / "home"
         work.mkdir()
         home.mkdir()
@@ -50,9 +64,9 @@ def test_a_resumed_qwen_session_gets_its_first_message_as_the_upstream_saw_it(
             "HOME": str(home),
             "TZ": "UTC",
             "NO_COLOR": "1",
-            **AGENT.env(proxy, home),
         }
-        for resume, prompt in ((False, "What does app.py do?"), (True, "Thanks.")):
+        for n, (resume, prompt) in enumerate(((False, "What does app.py do?"), (True, "Thanks."))):
+            env.update(AGENT.env(proxies[n % len(proxies)], home))
             done = subprocess.run(
                 AGENT.command(AGENT.home, resume, prompt),
                 cwd=work,

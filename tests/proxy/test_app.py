@@ -36,13 +36,13 @@ class Upstream:
 class DownStore:
     shared = False
 
-    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
+    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None, **kw: Any) -> Lookup:
         raise StoreError("down")
 
-    async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
+    async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         raise StoreError("down")
 
-    async def record(self, *args: Any) -> None:
+    async def record(self, *args: Any, **kwargs: Any) -> None:
         raise StoreError("down")
 
     async def ping(self) -> None:
@@ -55,14 +55,14 @@ class DownStore:
 class CorruptStore(DownStore):
     """Answers with a fork parent whose recorded blobs are not JSON."""
 
-    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None) -> Lookup:
+    async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None, **kw: Any) -> Lookup:
         parent = LineageRecord(id="p", kind="fork", identity=("20260513_204511_d02a5d",), system_ref="s", tools_ref="t")
         return Lookup(len(links), (parent,), None, (len(links),))
 
-    async def blobs(self, tenant: str, refs: Sequence[str]) -> list[bytes | None]:
+    async def blobs(self, tenant: str, refs: Sequence[str], owner: str | None = None) -> list[bytes | None]:
         return [b"{not json", b"[]"]
 
-    async def record(self, *args: Any) -> None:
+    async def record(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 

@@ -324,3 +324,56 @@ def test_trace_defaults_and_the_serve_flag(tmp_path: Path) -> None:
     assert flagged.trace.path == str(tmp_path / "t.jsonl")
     parser_args = build_parser().parse_args(["serve", "--trace", "x.jsonl"])
     assert parser_args.trace == "x.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [
+        ({"redis_url": "redis://a:7000,b:7001/0"}, "store.redis_url: names one host"),
+        (
+            {"redis_url": "redis://a:7000/0?cluster=true"},
+            "store.redis_url: ?cluster= is not read; set store.redis_mode",
+        ),
+        ({"redis_mode": "sentinel", "redis_url": "redis://s:26379"}, "store.sentinel_master: the master's name"),
+        ({"redis_mode": "cluster", "redis_nodes": ["b:7001", "c"]}, "store.redis_nodes[1]: must be host:port"),
+        ({"redis_nodes": ["b:7001"]}, "store.redis_nodes: only read with store.redis_mode: cluster or sentinel"),
+        ({"sentinel_master": "m"}, "store.sentinel_master: only read with store.redis_mode: sentinel"),
+        (
+            {"redis_mode": "cluster", "redis_url": "redis://a:7000/3"},
+            "store.redis_url: a Redis Cluster has only database 0",
+        ),
+        ({"redis_mode": "shards"}, "store.redis_mode: must be one of standalone, cluster, sentinel"),
+        ({"redis_mode": "cluster", "redis_url": "unix:///run/redis.sock"}, "store.redis_url: a unix:// socket"),
+    ],
+)
+def test_redis_topology_mistakes_are_named(store: dict[str, object], message: str) -> None:
+    """What would crash serve at its start, or fail every request quietly, is a config error."""
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("?", r"\?")):
+        from_mapping({"store": {"backend": "redis", **store}})
+
+
+def test_redis_topologies_are_read() -> None:
+    c = from_mapping(
+        {
+            "store": {
+                "backend": "redis",
+                "redis_url": "rediss://prefixpin:pw@s1:26379",
+                "redis_mode": "sentinel",
+                "redis_nodes": ["s2:26379", "[::1]:26379"],
+                "sentinel_master": "pp",
+            }
+        }
+    )
+    assert (c.store.redis_mode, c.store.redis_nodes, c.store.sentinel_master) == (
+        "sentinel",
+        ("s2:26379", "[::1]:26379"),
+        "pp",
+    )
+    assert "pw" not in repr(c)
+
+
+def test_check_config_names_a_multi_host_url(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("store:\n  backend: redis\n  redis_url: redis://a:7000,b:7001/0\n")
+    out = check_config(str(bad))
+    assert out.returncode == 2 and "store.redis_url: names one host" in out.stderr

@@ -1,5 +1,8 @@
-"""Both store backends against the same contract: memory (clock injected) and a
-real redis-server."""
+"""Both store backends against the same contract: memory (clock injected), a real
+redis-server, and a real Redis Cluster (3 masters, 3 replicas).
+
+Lineage ids are made as prefixpin makes them (:func:`lid`): they start with their
+conversation's home, which the Redis store keeps in one hash slot."""
 
 from __future__ import annotations
 
@@ -8,13 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
+import xxhash
 
 from canonicalize import LineageRecord
-from canonicalize.lineage import LINKS_PER_KEY
-from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store
+from canonicalize.lineage import LINKS_PER_KEY, MAX_LOOKUP_BLOBS
+from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store, TenantWide, homed
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
-from tests.infra.wait import wait_until_async
+from tests.infra.redis_topologies import Cluster
 
 
 class Clock:
@@ -28,14 +33,21 @@ class Clock:
 def _both(request: pytest.FixtureRequest, bounds: Bounds, **memory: int) -> Iterator[Store]:
     if request.param == "memory":
         yield MemoryStore(ttl_s=60, bounds=bounds, **memory)
-    else:
+    elif request.param == "redis":
         url = request.getfixturevalue("redis_url")
-        s = RedisStore(url, ttl_s=60, timeout_s=2, bounds=bounds)
-        yield s
-        asyncio.run(_flush(s))
+        yield RedisStore(url, ttl_s=60, timeout_s=2, bounds=bounds)
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
+    else:
+        cluster: Cluster = request.getfixturevalue("redis_cluster")
+        yield RedisStore(cluster.url, ttl_s=60, timeout_s=2, bounds=bounds, mode="cluster", nodes=tuple(cluster.nodes))
+        cluster.flush()
 
 
-@pytest.fixture(params=["memory", "redis"])
+BACKENDS = ["memory", "redis", "cluster"]
+
+
+@pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     yield from _both(request, DEFAULT_BOUNDS)
 
@@ -43,7 +55,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 SMALL = Bounds(tenant_max_entries=40, tenant_max_bytes=10_000, max_links_per_request=16)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=BACKENDS)
 def bounded(request: pytest.FixtureRequest) -> Iterator[Store]:
     """A store with small per-tenant bounds (SMALL); the memory store's global bounds
     hold two tenants' shares, not one tenant's whole traffic (Redis: no global bound)."""
@@ -52,12 +64,20 @@ def bounded(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 async def _done(store: Store) -> None:
     if isinstance(store, RedisStore):
-        await store._redis.aclose()
+        await store.close()
 
 
-async def _flush(s: RedisStore) -> None:
-    await s._redis.flushdb()
-    await s.close()
+async def _settled(store: Store) -> None:
+    """The Redis store's reports to the tenants' indexes have landed (they go out
+    after record() returns, off the request's path)."""
+    if isinstance(store, RedisStore):
+        await store.settle()
+
+
+def lid(name: str, tenant: str = "t", first: bytes | None = None) -> str:
+    """A lineage id as prefixpin makes them: 16 hex digits, the first four naming the
+    home of the conversation that starts with link ``first``."""
+    return homed(xxhash.xxh3_64_hexdigest(name.encode()), tenant, L[0] if first is None else first)
 
 
 def run(coro: Any) -> Any:
@@ -69,31 +89,32 @@ L = [bytes([i]) * 16 for i in range(1, 8)]
 
 def test_lookup_finds_deepest_and_candidates(store: Store) -> None:
     async def go() -> None:
-        a, b = LineageRecord(id="a", skeleton="s1"), LineageRecord(id="b", skeleton="s2")
+        a, b = LineageRecord(id=lid("a"), skeleton="s1"), LineageRecord(id=lid("b"), skeleton="s2")
         await store.record("t", a, L[:3], {"h1": b"blob"}, [])
-        await store.record("t", b, L[2:5], {}, [])
+        await store.record("t", b, L[2:5], {}, [])  # a fork of a's conversation: its home
         found = await store.lookup("t", L[:6], None)
         assert found.depth == 5
-        assert [c.id for c in found.candidates] == ["b", "a"]
+        assert [c.id for c in found.candidates] == [b.id, a.id]
         assert found.depths == (5, 3)
-        shallow = await store.lookup("t", L[:2], "a")
-        assert (shallow.depth, [c.id for c in shallow.candidates], shallow.declared) == (2, ["a"], a)
+        shallow = await store.lookup("t", L[:2], a.id)
+        assert (shallow.depth, [c.id for c in shallow.candidates], shallow.declared) == (2, [a.id], a)
         assert (await store.lookup("t", [b"\xff" * 16], None)).depth == 0
-        assert await store.blobs("t", ["h1", "missing"]) == [b"blob", None]
-        if isinstance(store, RedisStore):
-            await store._redis.aclose()
+        assert await store.blobs("t", ["h1", "missing"], a.id) == [b"blob", None]
+        await _done(store)
 
     run(go())
 
 
 def test_tenants_never_share(store: Store) -> None:
     async def go() -> None:
-        await store.record("t1", LineageRecord(id="a"), L[:3], {"h": b"x"}, [])
-        assert (await store.lookup("t2", L[:3], "a")).depth == 0
-        assert (await store.lookup("t2", L[:3], "a")).declared is None
-        assert await store.blobs("t2", ["h"]) == [None]
-        if isinstance(store, RedisStore):
-            await store._redis.aclose()
+        a = lid("a", "t1")
+        await store.record("t1", LineageRecord(id=a), L[:3], {"h": b"x"}, [])
+        assert (await store.lookup("t1", L[:3], a)).depth == 3
+        assert (await store.lookup("t2", L[:3], a)).depth == 0
+        assert (await store.lookup("t2", L[:3], a)).declared is None
+        assert (await store.lookup("t2", L[:3], None, a)).depth == 0
+        assert await store.blobs("t2", ["h"], a) == [None]
+        await _done(store)
 
     run(go())
 
@@ -101,27 +122,30 @@ def test_tenants_never_share(store: Store) -> None:
 def test_link_owners_are_capped_and_deduped(store: Store) -> None:
     async def go() -> None:
         for i in range(LINKS_PER_KEY + 3):
-            await store.record("t", LineageRecord(id=f"x{i}"), L[:1], {}, [])
-        await store.record("t", LineageRecord(id="x5"), L[:1], {}, [])
+            await store.record("t", LineageRecord(id=lid(f"x{i}")), L[:1], {}, [])
+        await store.record("t", LineageRecord(id=lid("x5")), L[:1], {}, [])
         found = await store.lookup("t", L[:1], None)
         ids = [c.id for c in found.candidates]
-        assert ids[0] == "x5" and len(ids) == LINKS_PER_KEY and len(set(ids)) == len(ids)
-        if isinstance(store, RedisStore):
-            await store._redis.aclose()
+        assert ids[0] == lid("x5") and len(ids) == LINKS_PER_KEY and len(set(ids)) == len(ids)
+        await _done(store)
 
     run(go())
 
 
 def test_response_ids_map_to_their_lineage_tip(store: Store) -> None:
     async def go() -> None:
+        a = lid("a")
         assert await store.response("t", "resp_1") is None
-        await store.record_response("t", "resp_1", "a", L[2])
-        await store.record("t", LineageRecord(id="a"), L[:3], {}, [])
-        assert await store.response("t", "resp_1") == ("a", L[2])
+        await store.record_response("t", "resp_1", a, L[2])
+        await store.record("t", LineageRecord(id=a), L[:3], {}, [])
+        assert await store.response("t", "resp_1") == (a, L[2])
         assert await store.response("u", "resp_1") is None  # tenant-namespaced
-        await store.record_response(ISOLATED, "resp_2", "a", L[2])
+        # The next request's chain starts at the tip: its conversation is the lineage's.
+        found = await store.lookup("t", [L[2], L[6]], None, a)
+        assert (found.depth, [c.id for c in found.candidates]) == (1, [a])
+        await store.record_response(ISOLATED, "resp_2", a, L[2])
         assert await store.response(ISOLATED, "resp_2") is None
-        await store.record_response("t", "x" * 300, "a", L[2])  # a client's overlong id: not stored
+        await store.record_response("t", "x" * 300, a, L[2])  # a client's overlong id: not stored
         assert await store.response("t", "x" * 300) is None
         await _done(store)
 
@@ -132,13 +156,158 @@ def test_response_ids_count_against_the_tenant_bound(bounded: Store) -> None:
     async def go() -> None:
         for i in range(100):
             await store_one(bounded, i)
-        assert await bounded.response("t", "resp_99") == ("a99", L[0])
+        await _settled(bounded)
+        assert await bounded.response("t", "resp_99") == (lid("a99", first=bytes([99]) * 16), L[0])
         assert await bounded.response("t", "resp_0") is None  # evicted with the tenant's oldest entries
         await _done(bounded)
 
     async def store_one(s: Store, i: int) -> None:
-        await s.record_response("t", f"resp_{i}", f"a{i}", L[0])
-        await s.record("t", LineageRecord(id=f"a{i}"), [bytes([i]) * 16], {}, [])
+        a = lid(f"a{i}", first=bytes([i]) * 16)
+        await s.record_response("t", f"resp_{i}", a, L[0])
+        await s.record("t", LineageRecord(id=a), [bytes([i]) * 16], {}, [])
+
+    run(go())
+
+
+def test_a_record_carries_its_response_id(store: Store) -> None:
+    """The response id written with the record (one write), found as record_response's."""
+
+    async def go() -> None:
+        a = lid("a")
+        await store.record("t", LineageRecord(id=a), L[:3], {}, [], response=("resp_1", L[2]))
+        assert await store.response("t", "resp_1") == (a, L[2])
+        await store.record("t", LineageRecord(id=a), L[:3], {}, [], response=("x" * 300, L[2]))
+        assert await store.response("t", "x" * 300) is None  # a client's overlong id: not stored
+        await store.record(ISOLATED, LineageRecord(id=a), L[:3], {}, [], response=("resp_2", L[2]))
+        assert await store.response(ISOLATED, "resp_2") is None
+        await _done(store)
+
+    run(go())
+
+
+def test_response_ids_written_with_their_record_count_against_the_tenant_bound(bounded: Store) -> None:
+    async def go() -> None:
+        for i in range(100):
+            a = lid(f"a{i}", first=bytes([i]) * 16)
+            await bounded.record("t", LineageRecord(id=a), [bytes([i]) * 16], {}, [], response=(f"resp_{i}", L[0]))
+        await _settled(bounded)
+        assert await bounded.response("t", "resp_99") == (lid("a99", first=bytes([99]) * 16), L[0])
+        assert await bounded.response("t", "resp_0") is None  # evicted with the tenant's oldest entries
+        await _done(bounded)
+
+    run(go())
+
+
+def test_a_lineage_recorded_from_another_origin_is_found_there(store: Store) -> None:
+    """A conversation resumed with another first message continues a lineage homed at the
+    first one's: its record names its own origin, and its next lookup (from there) finds
+    the lineage, its blobs still read by the lineage's id."""
+
+    async def go() -> None:
+        a = lid("a")  # homed at L[0]
+        resumed = [b"\xee" * 16, *L[1:4]]  # another first link: another home on Redis
+        await store.record("t", LineageRecord(id=a, skeleton="s"), L[:3], {"h1": b"blob"}, [])
+        await store.record("t", LineageRecord(id=a, skeleton="s2"), resumed, {}, ["h1"], origin=resumed[0])
+        found = await store.lookup("t", [*resumed, L[5]], None)
+        assert (found.depth, [(c.id, c.skeleton) for c in found.candidates]) == (4, [(a, "s2")])
+        assert (await store.lookup("t", L[:3], a)).declared == LineageRecord(id=a, skeleton="s2")
+        assert await store.blobs("t", ["h1"], a) == [b"blob"]
+        await _done(store)
+
+    run(go())
+
+
+def test_a_lookup_returns_the_blobs_a_fork_or_learning_reads_next(store: Store) -> None:
+    """With the request's skeleton and tools[] ref as sent: the recorded system part and
+    tools[] of the lineages found that are forks or differ from them, at most
+    MAX_LOOKUP_BLOBS; none when they are the request's own."""
+
+    async def go() -> None:
+        a = LineageRecord(id=lid("a"), skeleton="sk", system_ref="sa", tools_ref="ta")
+        b = LineageRecord(id=lid("b"), kind="fork", skeleton="sk", system_ref="sb", tools_ref="ta")
+        blobs = {"sa": b"system a", "ta": b"tools a", "sb": b"system b"}
+        await store.record("t", a, L[:3], blobs, [])
+        assert (await store.lookup("t", L[:4], None, sent=("sk", "ta"))).blobs == {}
+        assert (await store.lookup("t", L[:4], None)).blobs == {}  # not asked
+        found = await store.lookup("t", L[:4], None, sent=("sk", "tx"))  # tools[] differ: a fork of it
+        assert found.blobs == {"sa": b"system a", "ta": b"tools a"}
+        assert (await store.lookup("t", L[:4], None, sent=("other", "ta"))).blobs == found.blobs
+        await store.record("t", b, L[2:4], {}, ["ta"])  # a fork's later turn: its parent's blobs
+        found = await store.lookup("t", L[:5], None, sent=("sk", "ta"))
+        assert [c.id for c in found.candidates] == [b.id, a.id] and found.blobs == {"sb": b"system b", "ta": b"tools a"}
+        c = LineageRecord(id=lid("c"), kind="fork", system_ref="sc", tools_ref="tc")
+        await store.record("t", c, L[2:4], {"sc": b"c", "tc": b"c"}, [])
+        assert len((await store.lookup("t", L[:5], None, sent=("x", "y"))).blobs) == MAX_LOOKUP_BLOBS
+        declared = await store.lookup("t", [b"\xee" * 16], a.id, a.id, sent=("sk", "tx"))  # nothing but the declared
+        assert (
+            declared.depth == 0 and declared.declared == a and declared.blobs == {"sa": b"system a", "ta": b"tools a"}
+        )
+        await _done(store)
+
+    run(go())
+
+
+def test_tenant_wide_marks_and_evidence(store: Store) -> None:
+    """What learning keeps for all of a tenant's conversations: the lineages that marked
+    a link (newest first, deduped, at most LINKS_PER_KEY) with their first message's ref,
+    and evidence blobs whose first bytes are kept; another tenant sees none of it."""
+
+    async def go() -> None:
+        for i in range(LINKS_PER_KEY + 2):
+            chain = _chain(40 + i, 2)
+            rec = LineageRecord(id=lid(f"m{i}", first=chain[0]))
+            wide = TenantWide((L[5], L[6]) if i < 2 else (L[5],), f"h:{i}", {"ev1:p": f"{i}".encode()})
+            await store.record("t", rec, chain, {}, [], wide=wide)
+        again = LineageRecord(id=lid("m3", first=_chain(43, 2)[0]))
+        await store.record("t", again, _chain(43, 2), {}, [], wide=TenantWide((L[5],), "h:3"))
+        marked, found = await store.tenant_wide("t", [L[5], L[6], L[4]], ["ev1:p", "ev2:p"])
+        assert marked[0][0] == (again.id, "h:3") and len(marked[0]) == LINKS_PER_KEY
+        assert len({m[0] for m in marked[0]}) == LINKS_PER_KEY
+        assert marked[1] == ((lid("m1", first=_chain(41, 2)[0]), "h:1"), (lid("m0", first=_chain(40, 2)[0]), "h:0"))
+        assert marked[2] == ()
+        assert found == [b"0", None]  # the first writer's bytes
+        await store.record("t", again, [], {}, [], wide=TenantWide((L[4],), None, {"ev2:p": b"1"}))
+        marked, found = await store.tenant_wide("t", [L[4]], ["ev1:p", "ev2:p"])
+        assert marked == [()] and found == [b"0", b"1"]  # no first message: nothing marked
+        assert await store.tenant_wide("u", [L[5]], ["ev1:p"]) == ([()], [None])
+        assert await store.tenant_wide(ISOLATED, [L[5]], ["ev1:p"]) == ([()], [None])
+        await _done(store)
+
+    run(go())
+
+
+def test_tenant_wide_fields_are_bounded(bounded: Store) -> None:
+    """The tenant-wide fields count against the tenant (memory: its entries; Redis: at
+    most tenant_max_entries of them, the oldest dropped first)."""
+
+    async def go() -> None:
+        rec = LineageRecord(id=lid("a"))
+        for i in range(200):
+            wide = TenantWide((bytes([i]) * 16,), "h:a", {f"ev1:{i}": b"x"})
+            await bounded.record("t", rec, [], {}, [], wide=wide)
+        marked, found = await bounded.tenant_wide(
+            "t", [bytes([i]) * 16 for i in range(200)], [f"ev1:{i}" for i in range(200)]
+        )
+        held = sum(bool(m) for m in marked) + sum(f is not None for f in found)
+        assert 0 < held <= SMALL.tenant_max_entries
+        assert marked[-1] and found[-1] == b"x" and not marked[0] and found[0] is None
+        await _done(bounded)
+
+    run(go())
+
+
+def test_tenant_wide_entries_are_shared_by_every_process(redis_url: str) -> None:
+    """Two prefixpin processes on one Redis: what one leaves, the other reads."""
+
+    async def go() -> None:
+        one, two = RedisStore(redis_url, ttl_s=30, timeout_s=2), RedisStore(redis_url, ttl_s=30, timeout_s=2)
+        a = LineageRecord(id=lid("a"))
+        await one.record("t", a, L[:2], {}, [], wide=TenantWide((L[5],), "h:a", {"ev1:p": b"c1"}))
+        await two.record("t", a, L[:2], {}, [], wide=TenantWide((), None, {"ev1:p": b"c2"}))
+        assert await two.tenant_wide("t", [L[5]], ["ev1:p"]) == ([((a.id, "h:a"),)], [b"c1"])
+        await one._redis.flushdb()
+        await one.close()
+        await two.close()
 
     run(go())
 
@@ -197,12 +366,35 @@ def test_memory_replacing_a_value_keeps_its_accounting_and_use_order() -> None:
 def test_redis_keys_expire_and_are_namespaced(redis_url: str) -> None:
     async def go() -> None:
         s = RedisStore(redis_url, ttl_s=30, timeout_s=2)
-        await s.record("tenantA", LineageRecord(id="a"), L[:2], {"h": b"x"}, [])
+        await s.record("tenantA", LineageRecord(id=lid("a", "tenantA")), L[:2], {"h": b"x"}, [])
+        await s.settle()
         keys = sorted(k.decode() for k in await s._redis.keys("pp:*"))
-        # 2 links, the record, 1 blob, and the tenant's use index and blob sizes.
-        assert all(k.startswith("pp:{tenantA}:") for k in keys) and len(keys) == 6, keys
+        # The conversation's home (2 links, the record, 1 blob), the tenant's index and counts.
+        assert len(keys) == 3 and all(":tenantA:" in k for k in keys), keys
+        home = next(k for k in keys if k.endswith(":h"))
+        assert int(await s._redis.hget(home, "#")) == 4
         for k in keys:
             assert 0 < await s._redis.ttl(k) <= 30
+        await s._redis.flushdb()
+        await s.close()
+
+    run(go())
+
+
+def test_one_conversation_is_one_slot_and_a_tenant_spreads(redis_url: str) -> None:
+    """A conversation's keys (its forks' too) share a hash tag; a tenant's many
+    conversations do not."""
+    from redis.crc import key_slot
+
+    async def go() -> None:
+        s = RedisStore(redis_url, ttl_s=30, timeout_s=2)
+        for i in range(40):
+            chain = _chain(300 + i, 3)
+            await s.record("A", LineageRecord(id=lid(f"r{i}", "A", chain[0])), chain, {"h": b"x"}, [])
+            await s.record("A", LineageRecord(id=lid(f"f{i}", "A", chain[0])), chain[1:], {}, [])  # a fork
+        homes = [k for k in await s._redis.keys("pp:*:A:h")]
+        assert len(homes) == 40  # one key per conversation, its fork's records and links in it
+        assert len({key_slot(k) for k in homes}) > 30
         await s._redis.flushdb()
         await s.close()
 
@@ -234,20 +426,22 @@ def _chain(tag: int, n: int) -> list[bytes]:
 def test_heavy_tenant_never_evicts_another(bounded: Store) -> None:
     async def go() -> None:
         victim = _chain(1, 3)
-        await bounded.record("A", LineageRecord(id="a", system_ref="sa"), victim, {"sa": b"s" * 4000}, [])
-        # Tenant B: far more entries and blob bytes than its share, in many requests.
+        a = lid("a", "A", victim[0])
+        await bounded.record("A", LineageRecord(id=a, system_ref="sa"), victim, {"sa": b"s" * 4000}, [])
+        # Tenant B: far more entries and blob bytes than its share, in many conversations.
+        ids = [lid(f"b{i}", "B", _chain(100 + i, 1)[0]) for i in range(60)]
         for i in range(60):
-            await bounded.record("B", LineageRecord(id=f"b{i}"), _chain(100 + i, 5), {f"bb{i}": bytes(3000)}, [])
+            await bounded.record("B", LineageRecord(id=ids[i]), _chain(100 + i, 5), {f"bb{i}": bytes(3000)}, [])
+        await _settled(bounded)
         found = await bounded.lookup("A", [*victim, b"\xee" * 16], None)
-        assert (found.depth, [c.id for c in found.candidates]) == (3, ["a"])
-        assert await bounded.blobs("A", ["sa"]) == [b"s" * 4000]
+        assert (found.depth, [c.id for c in found.candidates]) == (3, [a])
+        assert await bounded.blobs("A", ["sa"], a) == [b"s" * 4000]
         # B lost its own oldest entries, kept its newest, and holds no more than its bounds.
         assert (await bounded.lookup("B", _chain(100, 5), None)).depth == 0
         newest = await bounded.lookup("B", _chain(159, 5), None)
-        assert (newest.depth, newest.candidates[0].id) == (5, "b59")
-        held = [b for b in await bounded.blobs("B", [f"bb{i}" for i in range(60)]) if b is not None]
-        assert 0 < len(held) * 3000 <= SMALL.tenant_max_bytes and held[-1:] != []
-        assert await bounded.blobs("B", ["bb59"]) == [bytes(3000)]
+        assert (newest.depth, newest.candidates[0].id) == (5, ids[59])
+        held = [i for i in range(60) if (await bounded.blobs("B", [f"bb{i}"], ids[i]))[0] is not None]
+        assert 0 < len(held) * 3000 <= SMALL.tenant_max_bytes and 59 in held
         await _done(bounded)
 
     run(go())
@@ -255,25 +449,44 @@ def test_heavy_tenant_never_evicts_another(bounded: Store) -> None:
 
 def test_tenant_bound_counts_entries(bounded: Store) -> None:
     async def go() -> None:
-        await bounded.record("A", LineageRecord(id="a"), _chain(1, 2), {}, [])
+        await bounded.record("A", LineageRecord(id=lid("a", "A", _chain(1, 1)[0])), _chain(1, 2), {}, [])
         for i in range(200):  # 200 lineages of 1 link + 1 record: 400 entries, B's share is 40
-            await bounded.record("B", LineageRecord(id=f"b{i}"), _chain(100 + i, 1), {}, [])
+            chain = _chain(100 + i, 1)
+            await bounded.record("B", LineageRecord(id=lid(f"b{i}", "B", chain[0])), chain, {}, [])
+        await _settled(bounded)
         assert (await bounded.lookup("A", _chain(1, 2), None)).depth == 2
         alive = [i for i in range(200) if (await bounded.lookup("B", _chain(100 + i, 1), None)).depth]
         assert alive == list(range(200 - len(alive), 200)) and 10 <= len(alive) <= 20, alive
-        if isinstance(bounded, RedisStore):
-            assert await bounded._redis.zcard("pp:{B}:i") <= SMALL.tenant_max_entries
+        if isinstance(bounded, RedisStore):  # what B's conversations hold, wherever they are
+            held = await _entries(bounded, "B")
+            assert held <= SMALL.tenant_max_entries
         await _done(bounded)
 
     run(go())
 
 
+async def _entries(s: RedisStore, tenant: str) -> int:
+    """The entries a tenant's homes hold, summed over every node."""
+    from redis.asyncio import RedisCluster
+
+    client = s._redis
+    total = 0
+    if isinstance(client, RedisCluster):
+        keys = [k for node in client.get_primaries() for k in await node.execute_command("KEYS", f"pp:*:{tenant}:h")]
+    else:
+        keys = await client.keys(f"pp:*:{tenant}:h")
+    for k in keys:
+        total += int(await client.hget(k, "#") or 0)
+    return total
+
+
 def test_a_request_records_only_its_newest_links(bounded: Store) -> None:
     async def go() -> None:
         links = _chain(7, 100)
-        await bounded.record("A", LineageRecord(id="long"), links, {}, [])
+        long = lid("long", "A", links[0])
+        await bounded.record("A", LineageRecord(id=long), links, {}, [])
         nxt = await bounded.lookup("A", [*links, b"\xee" * 16], None)
-        assert (nxt.depth, [c.id for c in nxt.candidates]) == (100, ["long"])
+        assert (nxt.depth, [c.id for c in nxt.candidates]) == (100, [long])
         assert (await bounded.lookup("A", links[:50], None)).depth == 0  # older links were not recorded
         # A lookup walks the newest links only: 20 new messages at once (> 16) start anew.
         assert (await bounded.lookup("A", [*links, *_chain(8, 20)], None)).depth == 0
@@ -288,12 +501,16 @@ def test_a_long_conversation_keeps_continuing(bounded: Store) -> None:
         tenant's entry bound, each turn records from the deepest link it found on, as
         canonicalize.finalize does, and the next turn finds it."""
         history = _chain(9, 1)
-        await bounded.record("A", LineageRecord(id="c"), history, {}, [])
+        c = lid("c", "A", history[0])
+        await bounded.record("A", LineageRecord(id=c), history, {}, [])
         for turn in range(60):
             history = history + _chain(10 + turn, 3)
             found = await bounded.lookup("A", history, None)
-            assert (found.depth, found.candidates[0].id) == (len(history) - 3, "c"), turn
-            await bounded.record("A", LineageRecord(id="c"), history[found.depth - 1 :], {}, [])
+            assert (found.depth, found.candidates[0].id) == (len(history) - 3, c), turn
+            await bounded.record("A", LineageRecord(id=c), history[found.depth - 1 :], {}, [])
+        if isinstance(bounded, RedisStore):
+            await bounded.settle()
+            assert await _entries(bounded, "A") <= SMALL.tenant_max_entries
         await _done(bounded)
 
     run(go())
@@ -301,12 +518,13 @@ def test_a_long_conversation_keeps_continuing(bounded: Store) -> None:
 
 def test_the_isolated_tenant_owns_nothing(store: Store) -> None:
     async def go() -> None:
-        await store.record(ISOLATED, LineageRecord(id="a"), L[:3], {"h": b"x"}, [])
-        assert (await store.lookup(ISOLATED, L[:3], "a")) == (await store.lookup("other", L[:3], "a"))
-        assert (await store.lookup(ISOLATED, L[:3], "a")).depth == 0
-        assert await store.blobs(ISOLATED, ["h"]) == [None]
+        a = lid("a", ISOLATED)
+        await store.record(ISOLATED, LineageRecord(id=a), L[:3], {"h": b"x"}, [])
+        assert (await store.lookup(ISOLATED, L[:3], a)) == (await store.lookup("other", L[:3], a))
+        assert (await store.lookup(ISOLATED, L[:3], a)).depth == 0
+        assert await store.blobs(ISOLATED, ["h"], a) == [None]
         if isinstance(store, RedisStore):
-            assert await store._redis.keys("*") == []
+            assert await _entries(store, ISOLATED) == 0
         else:
             assert len(store) == 0
         await _done(store)
@@ -314,25 +532,24 @@ def test_the_isolated_tenant_owns_nothing(store: Store) -> None:
     run(go())
 
 
-def test_redis_expired_entries_leave_the_tenant_index(redis_url: str) -> None:
+def test_redis_a_conversation_expires_whole(redis_url: str) -> None:
+    """Redis runs the TTL (its clock cannot be injected): ``ttl_s`` after its last
+    write a conversation's home is gone, and a new one starts again."""
+    from tests.infra.wait import wait_until_async
+
     async def go() -> None:
         s = RedisStore(redis_url, ttl_s=1, timeout_s=2, bounds=SMALL)
-        await s.record("A", LineageRecord(id="a"), L[:3], {"h": bytes(500)}, [])
-        assert await s._redis.zcard("pp:{A}:i") == 5
-        assert await s._redis.hget("pp:{A}:s", "") == b"500"
-        # Redis's own clock runs the TTL (it cannot be injected): wait until it is past
-        # the TTL of the newest entry, as the store's own script measures it (the index
-        # scores each entry by the time of its write, in microseconds).
-        newest = max(score for _, score in await s._redis.zrange("pp:{A}:i", 0, -1, withscores=True))
+        a = lid("a", "A")
+        await s.record("A", LineageRecord(id=a), L[:3], {"h": bytes(500)}, [])
+        assert (await s.lookup("A", L[:4], None)).depth == 3
 
-        async def expired() -> bool:
-            seconds, micros = await s._redis.time()
-            return seconds * 1_000_000 + micros >= newest + 1_000_000  # ttl_s=1
+        async def gone() -> bool:
+            return (await s.lookup("A", L[:4], None)).depth == 0
 
-        await wait_until_async(expired, timeout=5, message="Redis's clock past the entries' TTL")
-        await s.record("A", LineageRecord(id="b"), L[4:5], {}, [])
-        assert await s._redis.zcard("pp:{A}:i") == 2
-        assert await s._redis.hget("pp:{A}:s", "") == b"0"
+        await wait_until_async(gone, timeout=5, message="the home expired")
+        assert await s.blobs("A", ["h"], a) == [None]
+        await s.record("A", LineageRecord(id=a), L[:3], {"h": bytes(500)}, [])
+        assert (await s.lookup("A", L[:4], None)).depth == 3
         await s._redis.flushdb()
         await s.close()
 
@@ -342,16 +559,17 @@ def test_redis_expired_entries_leave_the_tenant_index(redis_url: str) -> None:
 class _FirstMemoryStore(MemoryStore):
     """record() and _touch() as first written: ``_get`` then ``_set`` for each key."""
 
-    def _touch(self, key: Any, now: float) -> None:
+    def _touch(self, key: Any, now: float) -> bool:
         value = self._get(key, now)
         if value is not None:
             self._set(key, value, now)
+        return value is not None
 
-    async def record(self, tenant: str, record: LineageRecord, links: Any, blobs: Any, touch: Any) -> None:
+    async def record(self, tenant: str, record: LineageRecord, links: Any, blobs: Any, touch: Any) -> list[str]:
         from proxy.store import newest
 
         if tenant == ISOLATED:
-            return
+            return []
         now = self.clock()
         for link in links[newest(links, self.bounds) :]:
             key = (tenant, "l", link)
@@ -362,8 +580,7 @@ class _FirstMemoryStore(MemoryStore):
         self._set((tenant, "g", record.id), record, now)
         for ref, raw in blobs.items():
             self._set((tenant, "b", ref), raw, now)
-        for ref in touch:
-            self._touch((tenant, "b", ref), now)
+        return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
 
 
 def test_memory_record_and_touch_leave_the_state_the_first_writing_left() -> None:
@@ -428,3 +645,36 @@ def test_memory_lookup_uses_the_deepest_link_and_one_per_lineage() -> None:
         ("t", "g", "B"),
     ]
     assert [k for k in s._data if k[0] == "t"] == list(s._shares["t"].keys)
+
+
+def test_store_failures_are_warned_once_per_kind_per_10_s(caplog: pytest.LogCaptureFixture) -> None:
+    """A store down costs a WARNING per kind of failure every 10 s, not one per request."""
+    import logging
+
+    from proxy.errors import StoreError
+    from proxy.store.guard import StoreGuard
+
+    clock = Clock()
+    guard = StoreGuard(cooldown_s=0, clock=clock)
+
+    async def refused() -> None:
+        raise StoreError("redis lookup failed: ConnectionError: refused") from ConnectionRefusedError()
+
+    async def readonly() -> None:
+        raise StoreError("redis write failed: ReadOnlyError: READONLY") from redis.exceptions.ReadOnlyError()
+
+    async def go() -> None:
+        for _ in range(5):
+            for fn in (refused, readonly):
+                with pytest.raises(StoreError):
+                    await guard.call(fn)
+            clock.now += 1
+        clock.now += 6
+        with pytest.raises(StoreError):
+            await guard.call(refused)
+
+    with caplog.at_level(logging.WARNING, logger="prefixpin"):
+        run(go())
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 3, lines  # each kind once, then the first again 10 s later
+    assert "ConnectionRefusedError" in lines[0] and "ReadOnlyError" in lines[1] and "READONLY" in lines[1]
