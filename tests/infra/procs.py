@@ -115,15 +115,26 @@ def start_prefixpin(
     name: str = "prefixpin",
     source: Path | None = None,
 ) -> tuple[Proc, str]:
-    """``prefixpin serve`` on a free port; ``source``: a checkout whose code runs instead of this one's."""
-    port = free_port()
-    argv = [*prefixpin_argv(source), "serve", "--upstream", upstream, "--port", str(port)]
-    if config is not None:
-        argv += ["--config", str(config)]
-    proc = Proc(name, argv, log_dir, env={"PYTHONUNBUFFERED": "1", **(env or {})}, cwd=source)
-    base = f"http://127.0.0.1:{port}"
-    proc.wait_http(base + "/healthz", timeout=30)
-    return proc, base
+    """``prefixpin serve`` on a free port; ``source``: a checkout whose code runs instead of this one's.
+
+    A port found free can be taken by another process before prefixpin binds it (other
+    suites on the machine): then it exits saying so, and another port is tried."""
+    for attempt in range(3):
+        port = free_port()
+        argv = [*prefixpin_argv(source), "serve", "--upstream", upstream, "--port", str(port)]
+        if config is not None:
+            argv += ["--config", str(config)]
+        proc = Proc(name, argv, log_dir, env={"PYTHONUNBUFFERED": "1", **(env or {})}, cwd=source)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            proc.wait_http(base + "/healthz", timeout=30)
+        except RuntimeError:
+            proc.stop()
+            if attempt < 2 and not proc.alive() and "Address already in use" in proc.log_tail(5):
+                continue
+            raise
+        return proc, base
+    raise AssertionError("unreachable")
 
 
 DEFAULTS: dict[str, Any] = {"parallel": None, "cache_ram": None}  # start_llama(**DEFAULTS): as users start it
