@@ -17,7 +17,12 @@ sum over the prompts' sum.
   prompt: the agent's main loop, or its side requests) hits its previous request's
   whole prompt; a thread's first request as direct.
 
-    python -m benchmarks.bench_agents [--agent qwen-code] [--json]
+With ``--cost``, the CPU time each request takes through that flow with ``learn:
+off``, ``suggest`` and ``pin`` instead (this thread's time, so other jobs on a
+shared machine do not count; each trace sent ``--repeat`` times to a fresh store,
+the median kept).
+
+    python3 -m benchmarks.bench_agents [--agent qwen-code] [--json] [--cost [--repeat 20]]
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,6 +130,27 @@ async def through(lines: Sequence[Json], mode: str) -> list[Any]:
     return flows
 
 
+async def _spent(lines: Sequence[Json], mode: str) -> float:
+    """CPU seconds (this thread's) ``lines`` take through the flow with ``learn: mode``,
+    the flow built (rules compiled, store empty) before the clock starts."""
+    offline = Offline(load(None, env={}), settings=Settings(learn=mode))  # type: ignore[arg-type]
+    sends = [(line["body"], match(line["path"]), line["headers"], line.get("response")) for line in lines]
+    t0 = time.thread_time()
+    for body, exchange, headers, reply in sends:
+        assert exchange is not None
+        await offline.send(body, exchange=exchange, headers=headers, reply=reply)
+    return time.thread_time() - t0
+
+
+def cost(lines: Sequence[Json], repeat: int) -> dict[str, float]:
+    """Median CPU µs per request of ``lines`` with each ``learn`` mode."""
+    out = {}
+    for mode in ("off", "suggest", "pin"):
+        runs = [asyncio.run(_spent(lines, mode)) for _ in range(repeat)]
+        out[mode] = round(1e6 * statistics.median(runs) / len(lines), 1)
+    return out
+
+
 def measure(agent: str, lines: Sequence[Json]) -> Figures:
     sent = [render(line["body"]) for line in lines]
     flows = asyncio.run(through(lines, "pin"))
@@ -158,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agent", choices=sorted(AGENTS), action="append")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cost", action="store_true", help="CPU per request with learn off, suggest and pin")
+    ap.add_argument("--repeat", type=int, default=20, help="--cost: runs of each trace per mode")
     args = ap.parse_args(argv)
+    if args.cost:
+        return _print_cost(args)
     figures = [measure(name, load_trace(name, args.data)) for name in args.agent or sorted(AGENTS)]
     if args.json:
         print(json.dumps({"commit": _commit(), "agents": [asdict(f) for f in figures]}, indent=2))
@@ -169,6 +201,26 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{f.agent:<10} {f.requests:>8} {f.prompt_bytes / 1024:>9.0f} "
             f"{f.direct:>7.1%} {f.pin:>7.1%} {f.ideal:>7.1%}  {names}"
+        )
+    return 0
+
+
+def _print_cost(args: argparse.Namespace) -> int:
+    requests: dict[str, int] = {}
+    spent: dict[str, dict[str, float]] = {}
+    for name in args.agent or sorted(AGENTS):
+        lines = load_trace(name, args.data)
+        requests[name], spent[name] = len(lines), cost(lines, args.repeat)
+    if args.json:
+        rows = {name: {"requests": requests[name], "us_per_request": spent[name]} for name in spent}
+        print(json.dumps({"commit": _commit(), "repeat": args.repeat, "agents": rows}, indent=2))
+        return 0
+    print(f"CPU µs per request, median of {args.repeat} runs")
+    print(f"{'agent':<10} {'requests':>8} {'off':>8} {'suggest':>8} {'pin':>8} {'+suggest':>9} {'+pin':>8}")
+    for name, us in spent.items():
+        print(
+            f"{name:<10} {requests[name]:>8} {us['off']:>8.0f} {us['suggest']:>8.0f} {us['pin']:>8.0f} "
+            f"{us['suggest'] - us['off']:>+9.0f} {us['pin'] - us['off']:>+8.0f}"
         )
     return 0
 

@@ -236,7 +236,7 @@ class Limits:
     # work stays bounded, and no single huge request stalls everyone else's.
     canonicalize_max_bytes: int = 4 * 1024 * 1024
     max_concurrency: int = 0  # 0: no limit
-    header_timeout_s: float = 60.0  # request line + headers, from connect / the request's first byte
+    header_timeout_s: float = 60.0  # request line + headers, from the head's first byte (before it: keepalive)
     body_timeout_s: float = 60.0  # the longest wait for the next piece of the body
 
 

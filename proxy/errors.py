@@ -4,8 +4,7 @@
     PrefixpinError
      ├── RequestRejected          the client's request cannot be taken (-> 4xx)
      │    ├── BodyTooLarge        over limits.max_body_bytes (-> 413)
-     │    ├── PathRefused         the path would climb above the upstream's base path (-> 400)
-     │    └── RequestTimeout      the body did not arrive within limits.body_timeout_s (-> 408)
+     │    └── PathRefused         the path would climb above the upstream's base path (-> 400)
      ├── Overloaded               past limits.max_concurrency (-> 503 + Retry-After)
      ├── UpstreamError            the upstream failed us (-> 5xx with an OpenAI-style body)
      │    ├── UpstreamUnavailable refused or unreachable: the request never left (-> 502)
@@ -62,12 +61,6 @@ class BodyTooLarge(RequestRejected):
 
 class PathRefused(RequestRejected):
     code = "invalid_path"
-
-
-class RequestTimeout(RequestRejected):
-    status = 408
-    code = "request_timeout"
-    headers = (("connection", "close"),)  # the rest of the body may still be on its way
 
 
 class Overloaded(PrefixpinError):

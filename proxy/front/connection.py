@@ -24,7 +24,8 @@ What it never does: take a chunked body's trailer fields for headers (RFC 9110
 6.5.1: they are dropped), or switch protocols (``Upgrade`` is ignored, as RFC
 9110 7.8 allows: the request and its body are served like any other and the
 requests behind it are parsed on).  A connection idle for ``keepalive_timeout_s``
-between requests is closed.
+(before its first request's first byte, or between requests) is closed, without
+a response.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ class Watch:
 
     def __exit__(self, *exc: object) -> None:
         self.growth = peak(self.pid) - self.before
+        print(f"peak resident memory grew by {self.growth / MiB:.1f} MiB")  # shown by pytest -rP (docs/deploy.md)
 
 
 __all__ = ["MiB", "Watch", "peak", "reset_peak", "rss"]

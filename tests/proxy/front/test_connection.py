@@ -265,6 +265,15 @@ def test_an_idle_keep_alive_connection_is_closed() -> None:
         assert closed(sock, 3)
 
 
+def test_a_new_connection_that_sends_nothing_is_closed_as_an_idle_one() -> None:
+    """``header_timeout_s`` runs from a head's first byte; before it, a new connection
+    is idle and gets ``keepalive_timeout_s``, and is closed without a response."""
+    limits = Limits(keepalive_timeout_s=0.2, header_timeout_s=60)
+    with serving(Echo(), limits=limits) as server, _connect(server.port) as sock:  # type: ignore[attr-defined]
+        sock.settimeout(3)
+        assert sock.recv(65536) == b""  # closed well before header_timeout_s, nothing written
+
+
 @pytest.mark.parametrize(
     "raw",
     [
