@@ -13,8 +13,9 @@ memo           remembers                                             bound
                (:mod:`canonicalize.texts`)
 ``histories``  hashed histories, as their JSON and their links       4,096 histories, 32 MiB, 8 per first
                (:mod:`canonicalize.histories`)                       message
-``bodies``     a tenant's recent bodies and their parse, to parse    8 bodies per tenant, 8 MiB of bodies
-               the next one by pieces (:mod:`canonicalize.bodies`)
+``bodies``     the newest body of each conversation in flight and   512 bodies, 256 per tenant, 16 MiB of
+               its parse, to parse the next one by pieces           bodies, 4 per lead item
+               (:mod:`canonicalize.bodies`)
 ``tools``      the :class:`~canonicalize.identity.ToolsId` of a      256 lists by their bytes, 256 lists held
                tools[] by its bytes, and by the identity of a kept   by identity
                body's list (:class:`ToolIds`)

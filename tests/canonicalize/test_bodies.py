@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 import pytest
+import xxhash
 
-from canonicalize.bodies import SHARED, Bodies
+from canonicalize.bodies import SHARED, Bodies, lead
 from canonicalize.jsonspan import JsonDoc
 
 
@@ -106,7 +107,7 @@ def test_a_session_parsed_by_pieces_is_parsed_as_orjson_parses_it_whole(seed: in
         sessions[s] = _mutate(rng, sessions[s], turn)
         raw = _compact(sessions[s])
         body = _check(bodies, raw)
-        doc = bodies._scopes["t"][0].doc
+        doc = bodies.newest("t").doc
         # What a request does to its copy (render's lookups, the pipeline's writes) never
         # reaches the kept parse.
         for i in range(len(body["messages"])):
@@ -128,19 +129,19 @@ def test_only_the_changed_message_is_parsed_and_the_rest_is_the_kept_objects() -
     bodies = Bodies()
     first = _session(rng, 12)
     _check(bodies, _compact(first))
-    kept = bodies._scopes["t"][0].items
+    kept = bodies.newest("t").items
     second = copy.deepcopy(first)
     second["messages"].append({"role": "user", "content": "next"})
     _check(bodies, _compact(second))
     assert bodies.reused == 1
-    again = bodies._scopes["t"][0].items
+    again = bodies.newest("t").items
     assert all(a is b for a, b in zip(kept, again[: len(kept)], strict=True))
     third = copy.deepcopy(second)
     third["messages"][0]["content"] += " changed"
     third["messages"][-1]["content"] = "retried"
     _check(bodies, _compact(third))
     assert bodies.reused == 2
-    now = bodies._scopes["t"][0].items
+    now = bodies.newest("t").items
     assert all(a is b for a, b in zip(again[1:-1], now[1:-1], strict=True))  # the middle run, found again
 
 
@@ -183,14 +184,146 @@ def test_one_tenants_bodies_are_never_reused_for_another() -> None:
     assert bodies.reused == 1
 
 
-def test_remembered_bodies_are_bounded_per_tenant_and_in_bytes() -> None:
-    bodies = Bodies(per_scope=2, max_bytes=10_000)
-    for n in range(50):
-        raw = _compact({"messages": [{"role": "user", "content": f"{n} " + "x" * 500}]})
-        bodies.parse(raw, "messages", f"s{n % 7}")
+def _conversation(c: int, turns: int) -> list[bytes]:
+    """Conversation ``c``'s bodies: a system prompt whose minute moves every turn, its own
+    first message, a reply and a new question per turn."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {c}: " + "y" * 300}]
+    out = []
+    for k in range(turns):
+        system = {"role": "system", "content": "You are helpful. " + "x" * 500 + f"\nStarted: 10:{k:02d}"}
+        out.append(_compact({"model": "m", "messages": [system, *messages], "tools": [{"name": "t"}]}))
+        messages += [{"role": "assistant", "content": f"answer {k}"}, {"role": "user", "content": f"next {k}"}]
+    return out
+
+
+def test_interleaved_conversations_each_continue_from_their_own_previous_body() -> None:
+    """64 conversations under one tenant, sent round robin, each turn's system prompt
+    moved: every turn after the first is parsed by pieces of its conversation's previous
+    body, which it then replaces."""
+    bodies = Bodies()
+    convs = [_conversation(c, 4) for c in range(64)]
+    for k in range(4):
+        for c, turns in enumerate(convs):
+            body = _check(bodies, turns[k])
+            assert len(bodies) == (64 if k else c + 1)
+            if k:
+                kept = bodies.newest("t")
+                assert kept is not None and kept.base is not None and kept.base.items[1] is kept.items[1]
+                assert body["messages"][1]["content"].startswith(f"task {c}:")
+    assert bodies.reused == 63 + 3 * 64  # the first turns share their prompt: each reuses the one before
+
+
+def test_a_new_conversation_reuses_a_shared_prompt_and_leaves_that_body() -> None:
+    """A conversation that starts with another's system prompt and tools reuses their
+    parse; the other conversation's body stays for its own next turn."""
+    bodies = Bodies()
+    system = {"role": "system", "content": "Shared prompt. " + "x" * 500}
+    tools = [{"name": "t"}]
+    a1 = _compact({"messages": [system, {"role": "user", "content": "a"}], "tools": tools})
+    b1 = _compact({"messages": [system, {"role": "user", "content": "b"}], "tools": tools})
+    _check(bodies, a1)
+    kept_a = bodies.newest("t")
+    assert kept_a is not None
+    _check(bodies, b1)
+    assert bodies.reused == 1 and len(bodies) == 2
+    kept_b = bodies.newest("t")
+    assert kept_b is not None and kept_b.items[0] is kept_a.items[0]  # the prompt's parse, shared
+    a2 = _compact({"messages": [system, {"role": "user", "content": "a"}, {"role": "user", "content": "a2"}]})
+    a2 = a2[:-1] + b',"tools":[{"name":"t"}]}'
+    _check(bodies, a2)
+    assert bodies.reused == 2 and len(bodies) == 2
+    assert kept_a not in bodies._all  # replaced by its conversation's next body
+
+
+def _one(n: int, scope: str, size: int = 500) -> tuple[bytes, str, str]:
+    return _compact({"messages": [{"role": "user", "content": f"{n} " + "x" * size}]}), "messages", scope
+
+
+def test_remembered_bodies_are_bounded_in_number_least_recently_used_first() -> None:
+    bodies = Bodies(max_bodies=4)
+
+    def send(prompt: str, first: str) -> None:
+        raw = _compact({"messages": [{"role": "system", "content": prompt * 50}, {"role": "user", "content": first}]})
+        _check(bodies, raw, scope="s")
+
+    for n in "abcd":
+        send(n, n)
+    send("a", "e")  # another conversation with a's prompt: a's body is used, so kept longest
+    assert bodies.reused == 1 and len(bodies) == 4
+    assert [k.items[1]["content"] for k in bodies._all] == ["c", "d", "a", "e"]
+    for n in "fg":
+        send(n, n)
+        assert len(bodies) == 4
+    assert [k.items[1]["content"] for k in bodies._all] == ["a", "e", "f", "g"]
+
+
+def test_remembered_bodies_are_bounded_per_tenant() -> None:
+    bodies = Bodies(per_scope=2)
+    for n in range(9):
+        bodies.parse(*_one(n, f"s{n % 3}"))
         assert all(len(v) <= 2 for v in bodies._scopes.values())
-        assert bodies._bytes <= 10_000 or sum(len(v) for v in bodies._scopes.values()) == 1
-    assert bodies._bytes == sum(len(b.raw) for v in bodies._scopes.values() for b in v)
+    assert len(bodies) == 6
+    bodies.parse(*_one(99, "s0"))
+    assert len(bodies._scopes["s0"]) == 2 and len(bodies) == 6
+
+
+def test_remembered_bodies_are_bounded_in_bytes() -> None:
+    bodies = Bodies(max_bytes=10_000)
+    for n in range(50):
+        bodies.parse(*_one(n, f"s{n % 7}"))
+        assert bodies.size <= 10_000
+    assert bodies.size == sum(len(b.raw) for b in bodies._all) > 9_000
+    kept = len(bodies)
+    found = bodies.parse(*_one(1, "s", size=1_300))  # over an eighth of the bound: not kept
+    assert found is not None and found[2] is None and len(bodies) == kept
+
+
+def test_bodies_sharing_a_lead_item_are_bounded_per_key() -> None:
+    """Many conversations opening with the same message: each key finds its newest
+    ``per_key`` bodies; a body nothing finds any more is forgotten."""
+    bodies = Bodies(per_key=2)
+    system = {"role": "system", "content": "p"}
+    for n in range(5):
+        bodies.parse(_compact({"messages": [system, {"role": "user", "content": f"u{n}"}]}), "messages", "s")
+        assert all(len(v) <= 2 for v in bodies._index.values())
+    assert len(bodies) == 5  # each still found by its own first message
+    for n in range(5):  # found by their first item only (the skim reads no number): pushed out, forgotten
+        bodies.parse(b'{"messages":[{"role":"user","content":"same"},%d]}' % n, "messages", "t")
+    assert len(bodies._scopes["t"]) == 2 and len(bodies) == 7
+    assert all(len(v) <= 2 for v in bodies._index.values())
+
+
+def test_a_body_found_by_nothing_is_tried_as_the_tenants_newest() -> None:
+    """Both lead items changed (a system prompt and a first message rewritten): the
+    tenant's newest body is tried, and its items reused where they are equal."""
+    bodies = Bodies()
+    msgs = [{"role": "user", "content": f"m{i} " + "x" * 100} for i in range(6)]
+    _check(bodies, _compact({"messages": [{"role": "system", "content": "a"}, *msgs]}))
+    changed = [{"role": "system", "content": "b"}, {"role": "user", "content": "other"}, *msgs[1:]]
+    _check(bodies, _compact({"messages": changed}))
+    assert bodies.reused == 1
+
+
+def test_the_lead_is_a_hint_never_a_parse() -> None:
+    """Bytes the skim reads otherwise than a parser would (a look-alike member first, a
+    number, a broken string) give other marks or none, and the body is parsed as orjson
+    parses it."""
+    escaped = b'{"messages":["a\\\\\\"b",{"c":"]"}]}'  # a quote after three backslashes, a bracket in a string
+    assert [m[1] for m in lead(escaped, "messages", "t")] == [0, 1]
+    assert lead(b'{"messages":[1,2]}', "messages", "t") == ()
+    assert lead(b'{"messages":["unterminated', "messages", "t") == ()
+    rng = random.Random(5)
+    for n in range(200):  # written compactly: the items' own bytes, whichever way the skim took
+        items = [_message(rng, n), _message(rng, n + 1)]
+        if n % 3 == 0:
+            items[0] = {"role": "system", "content": _text(rng), **({"name": "x"} if n % 2 else {})}
+        marks = lead(_compact({"model": "m", "messages": items}), "messages", "t")
+        assert marks == tuple(("t", i, xxhash.xxh3_64_intdigest(_compact(item))) for i, item in enumerate(items))
+    for raw in (escaped, b'{"meta":{"messages":[{"a":1}]},"messages":[{"role":"user","content":"x"}]}'):
+        bodies = Bodies()
+        for _ in range(2):
+            _check(bodies, raw)
+    assert Bodies().parse(b'{"messages":["unterminated', "messages", "t") is None
 
 
 def test_bodies_that_are_not_objects_or_not_json() -> None:

@@ -161,6 +161,30 @@ def test_memoised_requests_match_a_canonicalizer_that_remembers_nothing(seed: in
     assert memo.canon.memos.bodies.reused > 0  # most bodies parsed by pieces of the previous one
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_interleaved_conversations_under_one_key_match_a_canonicalizer_that_remembers_nothing(seed: int) -> None:
+    """Many conversations under one key, sent in a random interleaving, each turn's
+    minute moved (a gateway in front of many sessions): each turn is parsed by pieces of
+    its own conversation's previous body, and what is forwarded and recorded is what a
+    canonicalizer with no memo gives."""
+    rnd = random.Random(seed)
+    memo, cold = Harness(), forgetful()
+    convs = 24
+    histories: list[list[dict[str, Any]]] = [[{"role": "user", "content": f"task {c}"}] for c in range(convs)]
+    turns = [0] * convs
+    for n in range(150):
+        c = rnd.randrange(convs)
+        if rnd.random() < 0.15 and len(histories[c]) > 1:  # a retry of the last turn
+            histories[c][-1] = {"role": "user", "content": f"retry {n}"}
+        system = hermes.system_prompt(minute=f"02:{30 + turns[c] % 30} PM", session=f"20260513_2045{c:02d}_d02a5d")
+        body = hermes.request(system, list(histories[c]), hermes.tools_full())
+        reply = {"role": "assistant", "content": f"answer {n}"}
+        same(memo.send(body, reply=reply), cold.send(body, reply=reply))
+        histories[c] += [reply, {"role": "user", "content": f"turn {n}"}]
+        turns[c] += 1
+    assert memo.canon.memos.bodies.reused > 120  # by pieces of its own conversation's body, nearly every one
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_dates_notes_and_two_system_messages_match_a_canonicalizer_that_remembers_nothing(seed: int) -> None:
     """A ``date`` rule (opencode) whose date moves on mid-session, in a prompt of two
