@@ -35,10 +35,10 @@ from canonicalize.lineage import Signals
 from canonicalize.memo import Memos
 from canonicalize.rules import Rule
 from canonicalize.ruleset import RuleSet
+from canonicalize.scan import HEAD_CHARS, SystemText, rescan, scan
 from canonicalize.texts import Texts
 from canonicalize.wire.base import Exchange, Slot
 
-HEAD_CHARS = 256  # the skeleton's head: how much of the masked system text a fork must share
 _TIP = object()  # a previous response, standing first in a chain that starts from its tip
 
 
@@ -62,17 +62,6 @@ class Prepared:
     continues: str | None = None  # the lineage a previous response belongs to (it continues it)
     tool_list: list[Any] | None = None  # the parsed tools[] ``tools`` identifies (finalize reuses its ref)
     scope: str = ""  # the tenant: the memos finalize uses are its own
-
-
-@dataclass(frozen=True, slots=True)
-class _SystemText:
-    """One system text after the static rules, and its pin spans."""
-
-    text: str  # after static rules
-    fired: tuple[str, ...]
-    spans: tuple[tuple[Rule, int, int, str, str], ...]  # pin spans: rule, start, end, key, value
-    masked_hash: str  # hash of the text with pin spans masked
-    head: str  # first HEAD_CHARS of the masked text
 
 
 def prepare(
@@ -99,7 +88,11 @@ def prepare(
     rewrites: list[str] = []
     originals: dict[Path, tuple[Slot, str]] = {}
     system_slots, history = exchange.split(body)
-    spans, skeleton, head = _system_pass(rules, memos.texts, system_slots, scope, rewrites, originals)
+    base = kept.base if kept is not None and rules.system_lines else None
+    near = base.system if base is not None else ()
+    spans, skeleton, head = _system_pass(rules, memos.texts, system_slots, scope, rewrites, originals, near)
+    if kept is not None:  # what the next body's texts are analysed from
+        kept.system = tuple(originals[s.path][1] for s in system_slots)
     tool_slots = _static_pass(rules, body, exchange, rewrites, originals)
     tool_list = exchange.tools(body)
     tools = None
@@ -151,10 +144,12 @@ def _system_pass(
     scope: str,
     rewrites: list[str],
     originals: dict[Path, tuple[Slot, str]],
+    near: Sequence[str],
 ) -> tuple[list[pins.Span], str, str]:
     """The static rules on each system slot, and the pin spans, skeleton and head of
     them all.  A text seen before in ``scope`` is found by comparing it whole, never
-    by hashing it, and carries its analysis and its slot's spans."""
+    by hashing it, and carries its analysis and its slot's spans; a new one is
+    analysed from the previous body's text at its slot (``near``) where it can be."""
     spans: list[pins.Span] = []
     masked_hashes, heads = [], []
     entry = None
@@ -164,7 +159,7 @@ def _system_pass(
         originals[slot.path] = (slot, text)
         res = derived.get("slot")
         if res is None:
-            res = _scan_system(rules, text)
+            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None)
             res = texts.derive(entry, "slot", res, len(res.text) if res.text is not text else 0)
         slot.set(texts.intern(scope, res.text))
         rewrites.extend(n for n in res.fired if n not in rewrites)
@@ -183,25 +178,17 @@ def _system_pass(
     return spans, *shape
 
 
-def _scan_system(rules: RuleSet, text: str) -> _SystemText:
-    """The static rules and pin spans of one system text."""
-    fired: list[str] = []
-    new = text
-    for rule in rules.static_system:
-        out = rule.apply(new)
-        if out != new:
-            new = out
-            fired.append(rule.name)
-    slot = [Slot([new], 0, ())]
-    spans = pins.find_spans(rules.pin_system, slot)
-    masked = pins.skeleton(slot, spans)
-    return _SystemText(
-        new,
-        tuple(fired),
-        tuple((s.rule, s.start, s.end, s.key, s.value) for s in spans),
-        hash_text(masked),
-        masked[:HEAD_CHARS],
-    )
+def _analyse(rules: RuleSet, texts: Texts, scope: str, text: str, near_text: str | None) -> SystemText:
+    """The analysis of a system text not seen before: from ``near_text``'s (the same
+    slot of the body it was parsed from), kept in ``scope``, when it is there; else whole."""
+    if near_text is not None and near_text is not text:
+        entry = texts.known(scope, near_text)
+        near = entry.derived.get("slot") if entry is not None else None
+        if near is not None:
+            found = rescan(rules, near_text, near, text)
+            if found is not None:
+                return found
+    return scan(rules, text)
 
 
 def shape_of(rules: RuleSet, texts: Texts, scope: str, system: Sequence[str]) -> tuple[str, str]:
@@ -212,7 +199,7 @@ def shape_of(rules: RuleSet, texts: Texts, scope: str, system: Sequence[str]) ->
         entry = texts.entry(scope, text)
         res = entry.derived.get("slot")
         if res is None:
-            res = _scan_system(rules, text)
+            res = scan(rules, text)
             res = texts.derive(entry, "slot", res, len(res.text) if res.text is not text else 0)
         masked_hashes.append(res.masked_hash)
         heads.append(res.head)

@@ -41,6 +41,7 @@ class Kept:
         "raw",
         "scope",
         "spans",
+        "system",
         "tail",
         "top",
         "writable",
@@ -63,6 +64,7 @@ class Kept:
         self.base: Kept | None = None
         self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
+        self.system: tuple[str, ...] = ()  # its system texts as the memo of texts keeps them (analysis)
         self.scope = ""  # the tenant whose memo holds it
         self.marks: list[tuple[str, int, int]] = []  # what finds it there (canonicalize.bodies.lead)
 

@@ -29,6 +29,13 @@ A pattern ``re`` cannot scan fast is better tried only where a match can start:
 
 The rule's pattern is then tried at those places only, in order; the spans are the same.
 
+A rule that is ``line``-local finds in each line of a text, taken alone, exactly
+what it finds there in the whole text (its matches and what its lookarounds read
+lie within a line; ``^`` and ``$`` with ``re.MULTILINE``), and its replacement
+has no newline.  When every system rule is, a system text that differs from its
+conversation's previous one in a few lines is analysed in those lines only
+(:mod:`canonicalize.scan`).  The packs' rules are; a user's rule is not assumed to be.
+
 Rules never touch anything their pattern does not match: no whitespace or number
 normalisation happens anywhere in prefixpin.
 """
@@ -64,6 +71,7 @@ class Rule:
     anchor: re.Pattern[str] | None = None
     anchor_at: int = 0
     seek: tuple[tuple[str, int], ...] = ()
+    line: bool = False  # line-local (module docstring)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -78,6 +86,8 @@ class Rule:
             raise RuleError("seek literals must not be empty")
         if self.seek and self.anchor is not None:
             raise RuleError("a rule has an anchor or seek literals, not both")
+        if self.line and "\n" in self.replacement:
+            raise RuleError("a line-local rule's replacement has no newline")
 
     @property
     def static(self) -> bool:
@@ -91,6 +101,28 @@ class Rule:
         if self.action == "mask":
             return self._sub(text, lambda m: self.replacement)
         return text
+
+    def rewrites(self, text: str) -> list[tuple[int, int, str]]:
+        """What :meth:`apply` replaces in ``text``: each match's ``(start, end, new)``, in
+        order, where ``new`` differs from the match."""
+        if not self.static:
+            return []
+        out = []
+        for m in self._finditer(text):
+            new = self._replace(m, "" if self.action == "strip" else self.replacement)
+            if new != m.group(0):
+                out.append((m.start(), m.end(), new))
+        return out
+
+    def _replace(self, m: re.Match[str], new: str) -> str:
+        """The match ``m`` with its span (the rule's group) replaced by ``new``."""
+        whole, base = m.group(0), m.start()
+        s, e = m.span(self._group)
+        if not 0 <= s < e:
+            # An empty span (a lookaround-only pattern such as ``\b``) matches no
+            # text: rewriting it would insert text everywhere.
+            return whole
+        return whole[: s - base] + new + whole[e - base :]
 
     @property
     def _group(self) -> str | int:
@@ -139,16 +171,8 @@ class Rule:
         return sorted(starts)
 
     def _sub(self, text: str, new: Callable[[re.Match[str]], str]) -> str:
-        grp = self._group
-
         def repl(m: re.Match[str]) -> str:
-            whole, base = m.group(0), m.start()
-            s, e = m.span(grp)
-            if not 0 <= s < e:
-                # An empty span (a lookaround-only pattern such as ``\b``) matches no
-                # text: rewriting it would insert text everywhere.
-                return whole
-            return whole[: s - base] + new(m) + whole[e - base :]
+            return self._replace(m, new(m))
 
         if self.anchor is None and not self.seek:
             return self.pattern.sub(repl, text)
@@ -175,6 +199,7 @@ def compile_rule(
     anchor: str | None = None,
     anchor_at: int = 0,
     seek: tuple[tuple[str, int], ...] = (),
+    line: bool = False,
 ) -> Rule:
     """Build a rule from plain values (config or pack data); raises RuleError."""
     if not name or not isinstance(name, str):
@@ -198,4 +223,5 @@ def compile_rule(
         anchor=re.compile(anchor) if anchor is not None else None,
         anchor_at=anchor_at,
         seek=seek,
+        line=line,
     )

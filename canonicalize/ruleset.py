@@ -55,6 +55,9 @@ class RuleSet:
     # A rule writes into tools[] (scope tools or all, the latter into every message
     # too): the parse is then edited in place, and no list of it may be shared.
     edits_tools: bool
+    # Every system rule is line-local (canonicalize.rules): a system text is analysed
+    # in the lines that differ from its conversation's previous one (canonicalize.scan).
+    system_lines: bool
 
     @classmethod
     def compile(cls, settings: Settings) -> RuleSet:
@@ -69,12 +72,14 @@ class RuleSet:
         static_tools = tuple(r for r in rules if r.static and r.scope in ("tools", "all"))
         static_messages = tuple(r for r in rules if r.static and r.scope == "all")
         pin_tools = tuple(r for r in rules if not r.static and r.scope in ("tools", "all"))
+        static_system = tuple(r for r in rules if r.static and r.scope in ("system", "all"))
+        pin_system = tuple(r for r in rules if not r.static and r.scope in ("system", "all"))
         return cls(
             names=tuple(r.name for r in rules),
-            static_system=tuple(r for r in rules if r.static and r.scope in ("system", "all")),
+            static_system=static_system,
             static_tools=static_tools,
             static_messages=static_messages,
-            pin_system=tuple(r for r in rules if not r.static and r.scope in ("system", "all")),
+            pin_system=pin_system,
             pin_tools=pin_tools,
             identity_params=tuple(dict.fromkeys(q for p in packs for q in p.identity_params)),
             identity_headers=tuple(dict.fromkeys((*(h for p in packs for h in p.identity_headers), *SESSION_HEADERS))),
@@ -88,6 +93,7 @@ class RuleSet:
                 guard_tools=policy.guard_tools,
             ),
             edits_tools=bool(static_tools or pin_tools or static_messages),
+            system_lines=all(r.line for r in static_system + pin_system),
         )
 
     def session(self, body: Mapping[str, Any], headers: Mapping[str, str] | None) -> tuple[str, ...]:

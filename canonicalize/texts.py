@@ -126,6 +126,14 @@ class Texts:
             self._shrink()
             return entry
 
+    def known(self, scope: str, text: str) -> Entry | None:
+        """The entry of ``text`` in ``scope`` when this very object is kept (found by
+        identity: nothing compared, nothing made); None otherwise."""
+        if not self.enabled:
+            return None
+        found = self._ids.get(id(text))
+        return found if found is not None and found.text is text and found.key[0] == scope else None
+
     def _shrink(self) -> None:
         while self._buckets and (self._entries > self.max_entries or self._chars > self.max_chars):
             old_key, old_bucket = self._buckets.popitem(last=False)

@@ -21,8 +21,9 @@ PACK = Pack(
             r"^x-anthropic-billing-header: (?P<v>cc_version=[\d.]+\.[0-9a-f]{3}; cc_entrypoint=[\w-]+;"
             r" cch=[0-9a-f]{5};)$",
             "pin",
+            line=True,
         ),
-        compile_rule("claude_code.env_date", r"Today's date: (?P<v>\d{4}-\d{2}-\d{2})", "pin"),
+        compile_rule("claude_code.env_date", r"Today's date: (?P<v>\d{4}-\d{2}-\d{2})", "pin", line=True),
     ),
     identity_headers=("x-claude-code-session-id",),
 )

@@ -27,6 +27,7 @@ PACK = Pack(
             # the pattern is tried there only (a \d first is tried at every position).
             anchor="-[01]",
             anchor_at=4,
+            line=True,
         ),
     ),
 )

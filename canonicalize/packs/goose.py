@@ -18,6 +18,7 @@ PACK = Pack(
             "goose.timestamp",
             r"(?:^|The current date is )(?P<v>\d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?)\.?$",
             "pin",
+            line=True,
         ),
     ),
 )

@@ -34,12 +34,14 @@ PACK = Pack(
             "strip",
             # The match starts at " [", 28 / 30 characters into its line's literal prefix.
             seek=(("MEMORY (your personal notes) [", 28), ("USER PROFILE (who the user is) [", 30)),
+            line=True,
         ),
         compile_rule(
             "hermes.conversation_started",
             r"Conversation started: (?<=^Conversation started: )(?P<v>[^\n]+)$",
             "pin",
             seek=(("Conversation started: ", 0),),
+            line=True,
         ),
         compile_rule(
             "hermes.session_id",
@@ -47,6 +49,7 @@ PACK = Pack(
             "pin",
             identity=True,
             seek=(("Session ID: ", 0),),
+            line=True,
         ),
     ),
     markers=(

@@ -15,5 +15,5 @@ PACK = Pack(
     # One ``key=value`` then `` | key=value`` pairs: a value cannot contain ``|``, so
     # every split is fixed by the ``|`` positions (a nested ``(?:k=v(?: \| )?)+``
     # backtracks exponentially on a long ``Runtime: a=a=a=…`` line that fails to match).
-    rules=(compile_rule("openclaw.runtime", r"^Runtime: (?P<v>\w+=[^|\n]+(?: \| \w+=[^|\n]+)*)$", "pin"),),
+    rules=(compile_rule("openclaw.runtime", r"^Runtime: (?P<v>\w+=[^|\n]+(?: \| \w+=[^|\n]+)*)$", "pin", line=True),),
 )

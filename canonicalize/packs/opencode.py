@@ -20,6 +20,7 @@ PACK = Pack(
             r"Today's date: (?P<v>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep"
             r"|Oct|Nov|Dec) \d{2} \d{4})",
             "date",
+            line=True,
         ),
     ),
     identity_headers=("x-session-id",),
