@@ -196,6 +196,19 @@ class JsonDoc:
         self._finish(node)
         return list(zip(node.vs, node.ve, strict=True))
 
+    def member_start(self, key: str) -> int | None:
+        """Where the value of the top-level member ``key`` starts, when it is proven cheaply
+        the one a parser keeps (no spelling of ``"key"`` anywhere after it), without
+        finding where it ends; None otherwise (absent, or not proven)."""
+        root = self._node(self._root[0])
+        if root is None or not root.is_obj:
+            return None
+        j = self._scan_for(root, key)
+        if j is None:
+            return None
+        start = root.vs[j]
+        return start if self._absent_after(key, start + 1) else None
+
     # -- the quick path -----------------------------------------------------------------
     def _quick_span(self, path: Path) -> tuple[int, int] | None:
         """The span at ``path`` through the *first* top-level member named ``path[0]``, or None.

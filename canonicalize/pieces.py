@@ -21,6 +21,7 @@ from canonicalize.jsonspan import JsonDoc
 SHARED = frozenset({"assistant", "tool"})
 
 Span = tuple[int, int]
+_ENDS = 32  # at most this many last bytes compared before a body's layout is found (it costs a serialization)
 
 
 class Kept:
@@ -94,20 +95,27 @@ class Kept:
                 pos += len(form)
             if raw[pos : pos + 1] != b"]":
                 return False
-            # The array found is the member the parse kept (not an earlier duplicate,
-            # not a look-alike inside a string): with it replaced by 0, the rest parses
-            # to the same members and the key to that 0.
-            probe = orjson.loads(raw[:start] + b"0" + raw[pos + 1 :])
-        except (orjson.JSONDecodeError, TypeError):
+        except TypeError:
             return False
-        if not isinstance(probe, dict) or type(probe.get(self.key)) is not int or probe[self.key] != 0:
-            return False
-        probe[self.key] = items
-        if probe != self.top:
+        if not (self.doc.member_start(self.key) == start or self._probe(start, pos)):
             return False
         self.spans, self.open, self.close = spans, start, pos
         self.head, self.tail = raw[: start + 1], raw[pos:]
         return True
+
+    def _probe(self, start: int, close: int) -> bool:
+        """The array at ``start`` is the member the parse kept (not an earlier duplicate,
+        not a look-alike inside a string): with it replaced by 0, the rest parses to the
+        same members and the key to that 0.  (What :meth:`JsonDoc.member_start` cannot
+        prove: a spelling of the key in a later string.)"""
+        try:
+            probe = orjson.loads(self.raw[:start] + b"0" + self.raw[close + 1 :])
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(probe, dict) or type(probe.get(self.key)) is not int or probe[self.key] != 0:
+            return False
+        probe[self.key] = self.items
+        return probe == self.top
 
 
 def shared_prefix(body: Kept, start: int, base: Kept, base_start: int, most: int) -> int:
@@ -124,7 +132,7 @@ def reuse(
 ) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int]] | None:
     """``raw``'s parse, doc and layout (its close and item spans, when all are known)
     as ``old``'s items where the bytes are equal, or None."""
-    if old.key != key or not old.layout():
+    if old.key != key or not _same_end(old.raw, raw) or not old.layout():
         return None
     head, tail, spans = old.head, old.tail, old.spans
     assert spans is not None
@@ -174,9 +182,8 @@ def reuse(
             break
     if m:
         runs.append((n - m, tail_at, m))
-    if not runs and n:
-        return None  # nothing in common: another session's body
-    # The gaps between reused runs hold whole new items, parsed on their own.
+    # The gaps between reused runs hold whole new items, parsed on their own (with no run:
+    # another conversation's body, whose head and tail, its model and tools, are reused).
     items: list[Any] = []
     new_spans: list[Span] = []
     moves: list[tuple[int, int, int, int, int]] = []  # old start, old end, shift, old first, new first
@@ -214,6 +221,13 @@ def reuse(
     if known:
         doc.known_items = (old.key, new_spans)
     return top, doc, ((close, new_spans) if known else None), copies
+
+
+def _same_end(old: bytes, raw: bytes) -> bool:
+    """Whether ``raw`` ends as ``old`` does after its last ``]`` (which the item array's
+    tail holds all of): a cheap refusal of a body with other params, before its layout."""
+    k = min(_ENDS, len(old) - old.rfind(b"]"))
+    return raw[-k:] == old[-k:]
 
 
 def _largest(n: int, ok: Any) -> int:

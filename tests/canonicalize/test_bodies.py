@@ -235,6 +235,24 @@ def test_a_new_conversation_reuses_a_shared_prompt_and_leaves_that_body() -> Non
     assert kept_a not in bodies._all  # replaced by its conversation's next body
 
 
+def test_a_new_conversation_with_no_message_in_common_reuses_the_head_and_tail() -> None:
+    """Another prompt, another first message: only the item array is parsed, the
+    model and tools are the newest body's parse; that body stays."""
+    bodies = Bodies()
+    tools = [{"type": "function", "function": {"name": f"t{j}", "parameters": {"type": "object"}}} for j in range(9)]
+    a = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "A"}, {"role": "user", "content": "a"}],
+        "tools": tools,
+    }
+    b = {**a, "messages": [{"role": "system", "content": "B"}, {"role": "user", "content": "b"}]}
+    _check(bodies, _compact(a))
+    _check(bodies, _compact(b))
+    kept_a, kept_b = list(bodies._all)
+    assert bodies.reused == 1 and kept_b.top["tools"] is kept_a.top["tools"]
+    assert kept_b.spans is not None and kept_b.open > 0  # its layout, found by the gap's parse
+
+
 def _one(n: int, scope: str, size: int = 500) -> tuple[bytes, str, str]:
     return _compact({"messages": [{"role": "user", "content": f"{n} " + "x" * size}]}), "messages", scope
 
@@ -249,7 +267,7 @@ def test_remembered_bodies_are_bounded_in_number_least_recently_used_first() -> 
     for n in "abcd":
         send(n, n)
     send("a", "e")  # another conversation with a's prompt: a's body is used, so kept longest
-    assert bodies.reused == 1 and len(bodies) == 4
+    assert bodies.reused == 4 and len(bodies) == 4  # (b, c, d: the newest body's head and tail reused)
     assert [k.items[1]["content"] for k in bodies._all] == ["c", "d", "a", "e"]
     for n in "fg":
         send(n, n)

@@ -568,3 +568,19 @@ def test_keys_that_need_escapes_are_compared_decoded() -> None:
         assert orjson.loads(at(raw, ("o", key)) or b"") == value
         assert orjson.loads(at(raw, (key, 0)) or b"") == value + 2
     assert JsonDoc(raw)._quick_span(("o", backslash)) is None
+
+
+def test_member_start_is_the_kept_members_value_or_unproven() -> None:
+    """Where the top-level member's value starts, proven by no later spelling of its key;
+    an earlier duplicate, a nested look-alike or a later mention is never taken for it."""
+    raw = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[]}'
+    assert JsonDoc(raw).member_start("messages") == raw.index(b"[")
+    assert JsonDoc(raw).member_start("absent") is None
+    dup = b'{"messages":[1],"x":{"messages":[2]},"messages":[3]}'
+    assert JsonDoc(dup).member_start("messages") is None  # the first one is not the kept one
+    later = b'{"messages":[{"role":"user","content":"x"}],"meta":"messages"}'
+    assert JsonDoc(later).member_start("messages") is None  # "messages" later: not proven
+    nested = b'{"meta":{"messages":[0]},"messages":[1]}'
+    assert JsonDoc(nested).member_start("messages") == nested.rindex(b"[1]")
+    escaped = b'{"m\\u0065ssages":[1],"messages":[2]}'
+    assert JsonDoc(escaped).member_start("messages") is None
