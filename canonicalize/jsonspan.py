@@ -66,6 +66,8 @@ _OBJECT_END = re.compile(rb"[ \t\n\r]*+}")
 _ASCII_ESCAPE = re.compile(rb"\\u00([0-7][0-9a-fA-F])")
 _WS_BYTES = (b" ", b"\t", b"\n", b"\r")
 _NEAR = 2048  # bytes searched forward first for a key that is probably close ahead
+_TAIL_TRIES = 4  # spellings of a key tried from the end of a body (JsonDoc._tail_span)
+_COLON = re.compile(rb"[ \t\n\r]*+:")
 _OPEN = (0x7B, 0x5B)  # { [
 _CLOSE = {0x7B: 0x7D, 0x5B: 0x5D}
 _COMMA, _QUOTE = 0x2C, 0x22
@@ -100,6 +102,14 @@ def _plain(key: str) -> bytes | None:
     equal it exactly when they decode to it); None for a key with a quote, backslash or control character."""
     name = key.encode()
     return name if orjson.dumps(key) == b'"%s"' % name else None
+
+
+def _escaped(raw: bytes, pos: int) -> bool:
+    """Whether the byte at ``pos`` follows an odd run of backslashes."""
+    i = pos
+    while i > 0 and raw[i - 1] == 0x5C:
+        i -= 1
+    return (pos - i) % 2 == 1
 
 
 def _malformed(pos: int) -> ValueError:
@@ -151,6 +161,8 @@ class JsonDoc:
             if quick is None and self.known_items is not None and len(path) > 1 and path[0] == self.known_items[0]:
                 quick = self._item_span(path)
             quick = quick or self._quick_span(path)
+            if quick is None and len(path) == 1:
+                quick = self._tail_span(path[0])
             if quick is not None:
                 return quick
         return self._exact_span(path)
@@ -276,6 +288,55 @@ class JsonDoc:
             return None
         self._quick[path] = (start, end)
         return start, end
+
+    def _tail_span(self, key: str) -> tuple[int, int] | None:
+        """The span of the top-level member ``key`` found from the end of the body (the
+        common lookup of ``tools`` after a long ``messages``: the exact path steps over
+        every member before it), or None: not found that way (the caller scans from the
+        start).
+
+        The last ``"key"`` followed by a colon (an unescaped quote there opens a key: a
+        closing quote is never followed by a letter) is the member when the rest of the
+        body, walked from its value member by member, closes exactly at the body's last
+        brace: a member of a nested object would meet that object's brace first.  A
+        later member whose key decodes to ``key`` (an escaped spelling) answers None."""
+        raw, (start, end) = self.raw, self._root
+        name = _plain(key)
+        if raw[start] != 0x7B or name is None or not key.isascii():
+            return None
+        needle = b'"%s"' % name
+        before = end
+        for _ in range(_TAIL_TRIES):
+            q = raw.rfind(needle, start + 1, before)
+            if q < 0:
+                return None
+            before = q
+            colon = _COLON.match(raw, q + len(needle))
+            if colon is None or _escaped(raw, q):
+                continue
+            value = _skip(_WS, raw, colon.end())
+            found = self._closes_root(key, value)
+            if found is not None:
+                self._quick[(key,)] = (value, found)
+                return value, found
+        return None
+
+    def _closes_root(self, key: str, value: int) -> int | None:
+        """The end of the value at ``value`` when every member after it is the root's up
+        to its closing brace (none of them ``key``); None otherwise."""
+        raw = self.raw
+        try:
+            stop = pos = self._value_end(value)
+            while (m := _NEXT_KEY.match(raw, pos)) is not None:
+                ks, ke = m.span(1)
+                text = raw[ks + 1 : ke - 1]
+                if (orjson.loads(raw[ks:ke]) if b"\\" in text else text.decode()) == key:
+                    return None
+                pos = self._value_end(m.end())
+        except ValueError:
+            return None
+        m = _OBJECT_END.match(raw, pos)
+        return stop if m is not None and m.end() == self._root[1] else None
 
     # -- locating ---------------------------------------------------------------------
     def _locate(self, path: Path) -> tuple[_Node | None, int] | None:

@@ -584,3 +584,27 @@ def test_member_start_is_the_kept_members_value_or_unproven() -> None:
     assert JsonDoc(nested).member_start("messages") == nested.rindex(b"[1]")
     escaped = b'{"m\\u0065ssages":[1],"messages":[2]}'
     assert JsonDoc(escaped).member_start("messages") is None
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_top_level_member_found_from_the_end_is_the_exact_paths(seed: int) -> None:
+    """_tail_span answers the member the exact path finds, or nothing."""
+    rng = random.Random(seed)
+    raw = _chat_body(rng)
+    for key in ("tools", "model", "messages", "x", "y", "absent"):
+        found = JsonDoc(raw)._tail_span(key)
+        assert found is None or found == _exact(raw, (key,)), key
+
+
+def test_a_member_after_a_long_array_is_found_from_the_end() -> None:
+    messages = b"[" + b",".join(b'{"role":"user","content":"%d"}' % i for i in range(500)) + b"]"
+    raw = b'{"model":"m","messages":' + messages + b',"tools":[{"tools":1}] , "t":0.5 }'
+    doc = JsonDoc(raw)
+    assert doc._tail_span("tools") == (raw.index(b'[{"tools'), raw.index(b"] ,") + 1)  # not the nested "tools"
+    assert doc.span(("tools",)) == _exact(raw, ("tools",))
+    assert doc._nodes == {}  # the messages array was never stepped over
+    later = raw[:-1] + b',"t\\u006fols":2}'  # a later, escaped spelling: that one is the member
+    assert JsonDoc(later)._tail_span("tools") is None
+    assert JsonDoc(later).span(("tools",)) == _exact(later, ("tools",))
+    nested = b'{"a":{"tools":[1]},"b":2}'
+    assert JsonDoc(nested)._tail_span("tools") is None and JsonDoc(nested).span(("tools",)) is None
