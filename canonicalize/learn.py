@@ -60,6 +60,7 @@ import orjson
 from canonicalize import pins, sightings, textdiff, values
 from canonicalize.analysis import Prepared
 from canonicalize.lineage import Decision, ForkPolicy, LineageRecord, Lookup, fork_signal
+from canonicalize.linediff import Hunk
 from canonicalize.ruleset import LearnMode
 from canonicalize.spans import TOLD, Span, spans_of
 from canonicalize.wire.base import Exchange, Slot
@@ -72,6 +73,7 @@ REWRITES = (*(f"learned.{c}" for c in PINNED), "learned.history")  # (history: c
 MIN_KEPT = 0.5  # share of the lineage's text a request must keep outside its "other" changes
 MAX_SPANS = 64  # value changes in one request: more is a different prompt, not fresh values
 SEP = "\n\x1e\n"  # between a request's system texts when they are compared as one
+FAR = 1 << 62  # the score of another prompt: farther than any text that differs by lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,11 +225,11 @@ def learn_spans(
     scored.sort(key=lambda x: (x[0][0], -x[1], x[0][1]))  # stable: the lookup's order among equals
     _, depth, rec, first = scored[0]
     ambiguous = len(scored) > 1 and scored[1][0][0] == scored[0][0][0] and scored[1][1] == depth
-    compared = _compare(first) if first is not None else None
+    compared, used = _compare(first) if first is not None else (None, 0)
     if compared is None and not plan.decided:
         return None  # the closest is not the same prompt rendered again: nothing to learn from
     system = compared.spans() if compared is not None else ()
-    tools = _tools(prep, rec, blobs)
+    tools = _tools(prep, rec, blobs, textdiff.MAX_TOKENIZED - used)
     spans = system + (tools[0] if tools is not None else ())
     if not spans:
         return None
@@ -265,11 +267,13 @@ class _Lines:
     old: str  # the lineage's texts, joined by SEP
     new: str  # the request's, its pack pins restored, joined
     base: tuple[str, ...]  # the request's, its pack pins restored
-    hunks: list[textdiff.Hunk]
+    hunks: list[Hunk] | None  # None: the request cannot keep MIN_KEPT of the text (another prompt)
 
     @property
     def score(self) -> tuple[int, int]:
-        """(lines that differ, characters they hold)."""
+        """(lines that differ, characters they hold); another prompt is the farthest."""
+        if self.hunks is None:
+            return FAR, FAR
         lines = chars = 0
         for o1, o2, n1, n2, _ in self.hunks:
             lines += max(self.old.count("\n", o1, o2), self.new.count("\n", n1, n2), 1)
@@ -319,15 +323,18 @@ def _lines_against(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) 
     if old is None or bool(old) != bool(base) or any("\x1e" in t for t in (*old, *base)):
         return None  # (none: another wire API's system part; links of equal messages are equal)
     old_text, new_text = SEP.join(old), SEP.join(base)
-    return _Lines(old_text, new_text, base, textdiff.lines(old_text, new_text))
+    return _Lines(old_text, new_text, base, textdiff.hunks(old_text, new_text, MIN_KEPT))
 
 
-def _compare(found: _Lines) -> _Compared | None:
-    """The value changes of ``found``; None when they are not one prompt rendered again."""
-    diff = textdiff.changes(found.old, found.new, found.hunks)
+def _compare(found: _Lines) -> tuple[_Compared | None, int]:
+    """The value changes of ``found`` (None when they are not one prompt rendered
+    again), and the characters tokenized to find them."""
+    if found.hunks is None:
+        return None, 0
+    diff = textdiff.changes(found.old, found.new, found.hunks, keep=MIN_KEPT)
     if len(diff.values) > MAX_SPANS or diff.kept < MIN_KEPT:
-        return None
-    return _Compared(diff, found.old, found.new, found.base)
+        return None, diff.tokenized
+    return _Compared(diff, found.old, found.new, found.base), diff.tokenized
 
 
 def recorded_texts(exchange: Exchange, blob: bytes) -> tuple[str, ...] | None:
@@ -349,9 +356,12 @@ def restored(prep: Prepared, recorded: dict[str, str]) -> tuple[str, ...]:
     return tuple(c.get() for c in copies)
 
 
-def _tools(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> tuple[tuple[Span, ...], bytes | None] | None:
+def _tools(
+    prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes], budget: int
+) -> tuple[tuple[Span, ...], bytes | None] | None:
     """The tool descriptions' spans against ``rec``'s tools[], and its bytes when every
-    difference between the two lists is a value in a description (then pinned whole)."""
+    difference between the two lists is a value in a description (then pinned whole);
+    ``budget``: the characters all the descriptions' comparisons may tokenize."""
     if not _tools_changed(prep, rec) or rec.tools_ref not in blobs:
         return None
     blob = blobs[rec.tools_ref or ""]
@@ -365,7 +375,8 @@ def _tools(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> tuple
     found: list[Span] = []
     whole = True
     for o, n in pairs:
-        diff = textdiff.changes(o, n)
+        diff = textdiff.changes(o, n, budget=budget)
+        budget -= diff.tokenized
         if diff.others or len(diff.values) > MAX_SPANS:
             whole = False
         found += spans_of(diff.changes, o, n, "tools")

@@ -45,7 +45,7 @@ lineage (past them a new one is not kept: that message is forwarded as sent).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,7 @@ TEMPLATE_ROOT = b"prefixpin/template/1"
 MAX_RESTORES = 64
 MAX_TEMPLATES = 32  # value lines a root records as template links
 MAX_TEMPLATE_LOOKUPS = 4  # changed lines a request may check (more: not pinned)
+MAX_SCANNED = 8192  # characters of a first message's value lines tokenized (its stem, its templates)
 
 # A lineage that marked a link (a root marks its stem and its template lines, kept once per
 # tenant by the stores, newest first, LINKS_PER_KEY per link): its id and its first message's ref.
@@ -142,13 +143,38 @@ def _loose(content: Any) -> Any:
 
 
 def _masked(text: str) -> str:
-    return "".join(f"\x00{k}" if values.is_value(k) else t for k, _, _, t in values.token_list(text))
+    """``text`` with every value masked (on the lines that may hold one: no value spans
+    lines), past ``MAX_SCANNED`` characters of lines tokenized the rest as it is (a
+    stem that finds no lineage: the request goes as sent)."""
+    out: list[str] = []
+    pos = 0
+    for start, end, scan in _scanned([text]):
+        out += (text[pos:start], "".join(f"\x00{k}" if values.is_value(k) else t for k, _, _, t in scan))
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _scanned(texts: Iterable[str]) -> Iterator[tuple[int, int, list[values.Token]]]:
+    """Where each line of ``texts`` that may hold a value starts and ends (in its text),
+    and its tokens, until ``MAX_SCANNED`` characters are tokenized."""
+    left = MAX_SCANNED
+    for text in texts:
+        for start, end in values.value_lines(text):
+            left -= end - start
+            if left < 0:
+                return
+            yield start, end, values.token_list(text[start:end])
 
 
 # -- templates: the agent's own lines in the messages before the first reply ----------------------
 def template_link(line: str) -> bytes:
     """The link a value line of a first message is marked under (every value masked)."""
-    masked = "".join("\x00" if values.is_value(k) else t for k, _, _, t in values.token_list(line))
+    return _template_link(values.token_list(line))
+
+
+def _template_link(tokens: list[values.Token]) -> bytes:
+    masked = "".join("\x00" if values.is_value(k) else t for k, _, _, t in tokens)
     return chain.link(TEMPLATE_ROOT, masked.encode("utf-8", "surrogatepass"))
 
 
@@ -159,14 +185,11 @@ def templates(prep: Prepared) -> list[bytes]:
     history = prep.exchange.history(prep.body)
     end = len(history) if first is None else max(first - prep.offset, 0)
     ranked: list[tuple[bool, bytes]] = []
-    for item in history[:end]:
-        if not prep.exchange.is_user(item):
-            continue
-        for text in _texts(item.get("content")):
-            for line in text.split("\n"):
-                kinds = [k for k, _, _, _ in values.token_list(line) if values.is_value(k)]
-                if kinds:
-                    ranked.append((all(k == "counter" for k in kinds), template_link(line)))
+    texts = (t for item in history[:end] if prep.exchange.is_user(item) for t in _texts(item.get("content")))
+    for _, _, scan in _scanned(texts):
+        kinds = [k for k, _, _, _ in scan if values.is_value(k)]
+        if kinds:
+            ranked.append((all(k == "counter" for k in kinds), _template_link(scan)))
     ranked.sort(key=lambda r: r[0])  # stable: the first lines first among equals
     return list(dict.fromkeys(link for _, link in ranked))[:MAX_TEMPLATES]
 
@@ -218,12 +241,14 @@ def match_head(prep: Prepared, rec: LineageRecord, blobs: Mapping[str, bytes]) -
 
 def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[list[Span], bool] | None:
     """The value changes that turn ``recorded``'s content into ``item``'s (parts dropped
-    too, for list contents), and whether a part was dropped; None: anything else changed."""
+    too, for list contents), and whether a part was dropped; None: anything else changed.
+    The texts compared share one budget of characters tokenized (``textdiff.MAX_TOKENIZED``)."""
     if {k: v for k, v in recorded.items() if k != "content"} != {k: v for k, v in item.items() if k != "content"}:
         return None
     old, new = recorded.get("content"), item.get("content")
+    budget = textdiff.MAX_TOKENIZED
     if isinstance(old, str) and isinstance(new, str):
-        spans = _text_values(old, new)
+        spans, _ = _text_values(old, new, budget)
         return (spans, False) if spans else None
     if not (isinstance(old, list) and isinstance(new, list)):
         return None
@@ -233,7 +258,8 @@ def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[lis
         if j < len(new) and part == new[j]:
             j += 1
         elif j < len(new) and _is_text(part) and _is_text(new[j]) and _same_but_text(part, new[j]):
-            spans = _text_values(part["text"], new[j]["text"])
+            spans, used = _text_values(part["text"], new[j]["text"], budget)
+            budget -= used
             if spans:
                 out += spans
                 j += 1
@@ -249,13 +275,14 @@ def _same_but_text(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "text"} == {k: v for k, v in b.items() if k != "text"}
 
 
-def _text_values(old: str, new: str) -> list[Span]:
-    """The value changes from ``old`` to ``new`` (scope ``messages``); [] when anything
-    else changed."""
-    diff = textdiff.changes(old, new)
+def _text_values(old: str, new: str, budget: int) -> tuple[list[Span], int]:
+    """The value changes from ``old`` to ``new`` (scope ``messages``), [] when anything
+    else changed (the comparison stops as soon as it is sure), and the characters it
+    tokenized of its ``budget``."""
+    diff = textdiff.changes(old, new, keep=1.0, budget=budget)
     if diff.others or not diff.values:
-        return []
-    return list(spans_of(diff.changes, old, new, "messages"))
+        return [], diff.tokenized
+    return list(spans_of(diff.changes, old, new, "messages")), diff.tokenized
 
 
 def is_template(prep: Prepared, rec: LineageRecord, markers: Sequence[Marker]) -> bool:

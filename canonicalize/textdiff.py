@@ -6,12 +6,17 @@ a value rendered fresh (``12:30:15`` -> ``12:31:02``) is one token replaced by
 one token of the same class; anything else (a word, a line added or removed, a
 value inside an edited line) is ``other``.
 
-It is cheap where prompts are alike: the common prefix and suffix are found by
-comparing slices (C memcmp), the rest is cut into lines; with as many lines on
-both sides (values changed within lines) they are paired by position, else
-aligned (:class:`difflib.SequenceMatcher`); only the lines that differ are
-tokenized and aligned token by token (no junk heuristic).  A run of changed
-lines longer than ``MAX_HUNK`` characters is ``other`` whole, unexamined.
+Its cost is bounded whatever the texts are.  The lines that differ are found first
+(:mod:`canonicalize.linediff`: slices compared, no token looked at); only they are
+tokenized, at most ``MAX_TOKENIZED`` characters per comparison (a run of changed
+lines longer than ``MAX_HUNK``, or past that budget, is ``other`` whole,
+unexamined).  In a run, the equal tokens and the value pairs at both ends are
+peeled off (values rendered afresh: the common case is all of it); what is left
+between them is aligned token by token when it is short (``MAX_ALIGN``), else it is
+one ``other`` change.  A caller that needs ``new`` to keep a share of ``old``
+(``keep``) stops early when it cannot: :func:`hunks` says so before any token is
+looked at, when ``old``'s lines that ``new`` does not have, less what the budget
+could examine, are more than the rest.
 
 Safety: a value is never taken out of an edited context.  Every change on a
 line that holds an ``other`` change is ``other``: a number in a rewritten
@@ -20,19 +25,16 @@ sentence is part of the edit, not a counter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from canonicalize import values
+from canonicalize import linediff, values
+from canonicalize.linediff import Hunk
 
-MAX_HUNK = 4096  # characters of changed lines aligned token by token; more is "other" whole
-MAX_PAIRED = 64  # differing lines paired by position (as many lines on both sides)
-MAX_LINES = 8192  # lines aligned with SequenceMatcher; more: the whole middle is "other"
-
-
-Hunk = tuple[int, int, int, int, bool]  # old start, end, new start, end; True: replaced (else inserted/removed)
-Lines = tuple[list[str], list[int]]  # the lines (with their newline) and where each starts
+MAX_HUNK = 2048  # characters (either side) of a run of changed lines tokenized; more is "other" whole
+MAX_TOKENIZED = 4096  # characters (both sides) tokenized per comparison; past it a run is "other" whole
+MAX_ALIGN = 64  # tokens (either side) aligned between a run's peeled ends; more is one "other" change
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +50,12 @@ class Change:
 
 @dataclass(frozen=True, slots=True)
 class Diff:
-    """The changes of ``new`` against ``old``, and how much of ``old`` they kept."""
+    """The changes of ``new`` against ``old``, how much of ``old`` they kept, and the
+    characters tokenized to find them."""
 
     changes: tuple[Change, ...]
     kept: float  # share of old's characters outside every ``other`` change (1.0: none)
+    tokenized: int = 0  # characters (both sides) tokenized: what the comparison used of its budget
 
     @property
     def values(self) -> tuple[Change, ...]:
@@ -62,81 +66,89 @@ class Diff:
         return tuple(c for c in self.changes if c.cls == "other")
 
 
-def changes(old: str, new: str, hunks: Sequence[Hunk] | None = None) -> Diff:
-    """The value changes that turn ``old`` into ``new`` (module docstring); ``hunks``:
-    their :func:`lines`, when the caller has them."""
-    if old == new:
-        return Diff((), 1.0)
-    found: list[Change] = []
-    for o1, o2, n1, n2, replaced in lines(old, new) if hunks is None else hunks:
-        if not replaced or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK:
-            found.append(Change("other", o1, o2, n1, n2))
-        else:
-            found += _tokens(old, o1, o2, new, n1, n2)
-    found = _untaint(found, new)
-    removed = sum(c.oend - c.ostart for c in found if c.cls == "other")
-    return Diff(tuple(found), 1.0 - removed / len(old) if old else 0.0)
-
-
-def lines(old: str, new: str) -> list[Hunk]:
-    """The runs of lines that differ between ``old`` and ``new``: the cheap first step
-    of :func:`changes` (no token is looked at), enough to tell which of several texts
-    ``new`` is closest to."""
+def hunks(old: str, new: str, keep: float = 0.0, budget: int = MAX_TOKENIZED) -> list[Hunk] | None:
+    """The runs of lines that differ (:func:`canonicalize.linediff.lines`); None when
+    :func:`changes` with ``keep`` and ``budget`` could not keep ``keep`` of ``old``: the
+    characters of ``old`` outside its lines that ``new`` has too, less the ``budget``
+    that tokens could keep, are more than ``1 - keep`` of it (nothing aligned)."""
     if old == new:
         return []
-    p = common_prefix(old, new)
-    s = common_suffix(old, new, min(len(old), len(new)) - p)
-    start = old.rfind("\n", 0, p) + 1  # whole lines: a value the prefix cut in two is one token again
-    end = old.find("\n", len(old) - s)
-    old_end = len(old) if end < 0 else end
-    new_end = len(new) - (len(old) - old_end)
-    return _hunks(old, _lines(old, start, old_end), old_end, new, _lines(new, start, new_end), new_end)
+    a, b = linediff.middle(old, new)
+    if keep > 0.0:
+        size = a[1][-1] - a[1][0]
+        same = linediff.shared(a, b)
+        if len(old) - size + same + min(budget, size - same) < keep * len(old):
+            return None
+    return linediff.hunks(a, b)
 
 
-def _hunks(old: str, a: Lines, old_end: int, new: str, b: Lines, new_end: int) -> list[Hunk]:
-    """The runs of lines that differ.  As many lines on both sides (values changed
-    within lines, the common case) pairs them by position: each differing pair is a
-    hunk.  Otherwise the lines are aligned (SequenceMatcher); past ``MAX_LINES`` the
-    whole middle is one hunk."""
-    (la, sa), (lb, sb) = a, b
-    if len(la) == len(lb):
-        paired = [i for i, (x, y) in enumerate(zip(la, lb, strict=True)) if x != y]
-        if len(paired) <= MAX_PAIRED:
-            return [(sa[i], sa[i + 1], sb[i], sb[i + 1], True) for i in paired]
-    if len(la) + len(lb) > MAX_LINES:
-        return [(sa[0], old_end, sb[0], new_end, False)]
-    return [
-        (sa[i1], sa[i2], sb[j1], sb[j2], tag == "replace")
-        for tag, i1, i2, j1, j2 in SequenceMatcher(None, la, lb).get_opcodes()
-        if tag != "equal"
-    ]
+def changes(
+    old: str, new: str, found: Sequence[Hunk] | None = None, *, keep: float = 0.0, budget: int = MAX_TOKENIZED
+) -> Diff:
+    """The value changes that turn ``old`` into ``new`` (module docstring); ``found``:
+    their :func:`hunks`, when the caller has them.  At most ``budget`` characters are
+    tokenized; with ``keep``, once ``new`` cannot keep that share of ``old`` the runs
+    left are ``other`` whole (the diff's ``kept`` is below ``keep`` either way)."""
+    if old == new:
+        return Diff((), 1.0)
+    runs = hunks(old, new, keep, budget) if found is None else found
+    if runs is None:
+        return Diff((Change("other", 0, len(old), 0, len(new)),), 0.0)
+    whole = [not r or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK for o1, o2, n1, n2, r in runs]
+    most = (1.0 - keep) * len(old)  # old's characters "other" may take before new cannot keep ``keep``
+    removed = sum(h[1] - h[0] for h, w in zip(runs, whole, strict=True) if w)
+    left = budget
+    out: list[Change] = []
+    for (o1, o2, n1, n2, _), w in zip(runs, whole, strict=True):
+        if not w and removed <= most and o2 - o1 + n2 - n1 <= left:
+            left -= o2 - o1 + n2 - n1
+            got = _tokens(old, o1, o2, new, n1, n2)
+            removed += sum(c.oend - c.ostart for c in got if c.cls == "other")
+            out += got
+            continue
+        removed += 0 if w else o2 - o1
+        out.append(Change("other", o1, o2, n1, n2))
+    out = _untaint(out, new)
+    removed = sum(c.oend - c.ostart for c in out if c.cls == "other")
+    return Diff(tuple(out), 1.0 - removed / len(old) if old else 0.0, budget - left)
 
 
-Token = tuple[str, int, int, str]  # (kind, start, end, text): canonicalize.values.tokens
+Token = values.Token
 
 
 def _tokens(old: str, o1: int, o2: int, new: str, n1: int, n2: int) -> list[Change]:
-    """The changes of one hunk, token by token: paired by position when both sides
-    have as many tokens and every differing pair is a value (values rendered afresh,
-    the common case), else aligned."""
+    """The changes of one run, token by token: the equal tokens and value pairs at both
+    ends peeled off (all of them, when only values were rendered afresh), what is left
+    between aligned when it is short, else one ``other`` change."""
     ot = values.token_list(old[o1:o2])
     nt = values.token_list(new[n1:n2])
-    if len(ot) == len(nt):
-        out = []
-        for o, n in zip(ot, nt, strict=True):
-            if o[3] != n[3]:
-                cls = values.pair_class(o[0], o[3], n[0], n[3])
-                if cls == "other":
-                    break
-                out.append(Change(cls, o1 + o[1], o1 + o[2], n1 + n[1], n1 + n[2]))
-        else:
-            return out
-    matcher = SequenceMatcher(None, [t[3] for t in ot], [t[3] for t in nt], autojunk=False)
-    out = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    i, head = _peel(zip(ot, nt, strict=False), o1, n1)  # (as far as the shorter side goes)
+    k, tail = _peel(zip(reversed(ot[i:]), reversed(nt[i:]), strict=False), o1, n1)
+    i2, j2 = len(ot) - k, len(nt) - k
+    if i == i2 and i == j2:
+        return head + tail[::-1]
+    if i2 - i > MAX_ALIGN or j2 - i > MAX_ALIGN:
+        return [*head, *_replaced(ot, i, i2, o1, o2, nt, i, j2, n1, n2), *tail[::-1]]
+    matcher = SequenceMatcher(None, [t[3] for t in ot[i:i2]], [t[3] for t in nt[i:j2]], autojunk=False)
+    for tag, a1, a2, b1, b2 in matcher.get_opcodes():
         if tag != "equal":
-            out += _replaced(ot, i1, i2, o1, o2, nt, j1, j2, n1, n2)
-    return out
+            head += _replaced(ot, i + a1, i + a2, o1, o2, nt, i + b1, i + b2, n1, n2)
+    return head + tail[::-1]
+
+
+def _peel(pairs: Iterable[tuple[Token, Token]], o1: int, n1: int) -> tuple[int, list[Change]]:
+    """How many of ``pairs`` (an old and a new token at one place, in order) come before
+    the first edit (each equal, or a value rendered afresh), and those values' changes."""
+    n = 0
+    out: list[Change] = []
+    for o, t in pairs:
+        if o[3] != t[3]:
+            cls = values.pair_class(o[0], o[3], t[0], t[3])
+            if cls == "other":
+                break
+            out.append(Change(cls, o1 + o[1], o1 + o[2], n1 + t[1], n1 + t[2]))
+        n += 1
+    return n, out
 
 
 def _replaced(
@@ -197,57 +209,3 @@ def _untaint(found: list[Change], new: str) -> list[Change]:
         else c
         for c in found
     ]
-
-
-def _lines(text: str, start: int, end: int) -> Lines:
-    """``text[start:end]`` cut into lines (each with its newline), and where each
-    starts; one more start: ``end``."""
-    lines = text[start:end].split("\n")
-    last = lines.pop()
-    lines = [line + "\n" for line in lines]
-    if last:
-        lines.append(last)
-    starts = [start]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-    return lines, starts
-
-
-def common_prefix(a: str, b: str) -> int:
-    """The length of the longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    lo, step = 0, 4096
-    while lo < n:
-        hi = min(lo + step, n)
-        if a[lo:hi] == b[lo:hi]:
-            lo = hi
-            step *= 2
-            continue
-        while hi - lo > 1:  # a[:lo] == b[:lo], and they differ before hi
-            mid = (lo + hi) // 2
-            if a[lo:mid] == b[lo:mid]:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-    return n
-
-
-def common_suffix(a: str, b: str, most: int) -> int:
-    """The length of the longest common suffix of ``a`` and ``b``, at most ``most``."""
-    lo, step = 0, 4096
-    la, lb = len(a), len(b)
-    while lo < most:
-        hi = min(lo + step, most)
-        if a[la - hi : la - lo] == b[lb - hi : lb - lo]:
-            lo = hi
-            step *= 2
-            continue
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if a[la - mid : la - lo] == b[lb - mid : lb - lo]:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-    return most

@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterator
 
 CLASSES = ("time", "date", "uuid", "hex_id", "counter", "other")
+Token = tuple[str, int, int, str]  # (kind, start, end, text)
 MAX_VALUE = 64  # characters: a longer changed run is content, not a value
 
 _B = r"(?<![0-9A-Za-z])"  # a value starts and ends at a word's edge
@@ -56,14 +57,20 @@ _PATTERNS = {
     "hex_id": r"(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{6,}",
     "counter": rf"{_NUM}(?: ?/ ?{_NUM})?",
 }
-# One scan: the value classes first (most specific first), then words, spaces, the rest.
+# What a value starts with: a digit, a hex digit, "~", a day's or a month's initial.
+_FIRST = r"[0-9A-Fa-f~MTWSJOND]"
+# One scan: the value classes first (most specific first; tried only where a value may
+# start: a word of other letters goes straight to "word"), then words, spaces, the rest.
 _TOKEN = re.compile(
-    "|".join(f"(?P<{name}>{_B}(?:{p}){_E})" for name, p in _PATTERNS.items())
-    + r"|(?P<word>\w+)|(?P<space>\s+)|(?P<char>.)",
+    f"(?={_FIRST})(?:"
+    + "|".join(f"(?P<{name}>{_B}(?:{p}){_E})" for name, p in _PATTERNS.items())
+    + r")|(?P<word>\w+)|(?P<space>\s+)|(?P<char>.)",
     re.DOTALL,
 )
 # A whole value of each class, for checking a rule's shape against it.
 _WHOLE = {name: re.compile(f"(?:{p})") for name, p in _PATTERNS.items()}
+# Every value holds a digit (a UUID may not: its start, then): a text without one holds none.
+_MAYBE = re.compile(r"\d|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _EPOCH = re.compile(r"1\d{9}(?:\d{3})?")
 _NAMES = re.compile(rf"{DOW}|{MON}")
@@ -85,9 +92,22 @@ def tokens(text: str) -> Iterator[tuple[str, int, int, str]]:
         yield kind, m.start(), m.end(), m.group()
 
 
-def token_list(text: str) -> list[tuple[str, int, int, str]]:
+def token_list(text: str) -> list[Token]:
     """:func:`tokens` as a list (built in one pass, no generator)."""
     return [(m.lastgroup or "char", m.start(), m.end(), m.group()) for m in _TOKEN.finditer(text)]
+
+
+def value_lines(text: str) -> Iterator[tuple[int, int]]:
+    """Where each line of ``text`` that may hold a value starts and ends (its newline
+    left out), in order: a search for a digit or a UUID's start, far cheaper than
+    :func:`tokens`, which finds no value on the other lines."""
+    pos = 0
+    while (m := _MAYBE.search(text, pos)) is not None:
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        end = len(text) if end < 0 else end
+        yield start, end
+        pos = end + 1
 
 
 def is_value(kind: str) -> bool:

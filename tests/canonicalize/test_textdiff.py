@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from canonicalize.textdiff import Diff, changes, common_prefix, common_suffix
+from canonicalize.linediff import common_prefix, common_suffix
+from canonicalize.textdiff import Diff, changes
 
 OLD = (
     "You are Agent X. Answer concisely.\n"
