@@ -143,39 +143,49 @@ def _loose(content: Any) -> Any:
 
 
 def _masked(text: str) -> str:
-    """``text`` with every value masked (on the lines that may hold one: no value spans
-    lines), past ``MAX_SCANNED`` characters of lines tokenized the rest as it is (a
-    stem that finds no lineage: the request goes as sent)."""
+    """``text`` with every value masked; past ``MAX_SCANNED`` characters of lines that
+    may hold a value, the rest as it is (a stem that finds no lineage: the request goes
+    as sent)."""
     out: list[str] = []
     pos = 0
-    for start, end, scan in _scanned([text]):
-        out += (text[pos:start], "".join(f"\x00{k}" if values.is_value(k) else t for k, _, _, t in scan))
-        pos = end
+    for _, _, found in _scanned([text]):
+        for kind, start, end, _ in found:
+            out += (text[pos:start], f"\x00{kind}")
+            pos = end
     out.append(text[pos:])
     return "".join(out)
 
 
-def _scanned(texts: Iterable[str]) -> Iterator[tuple[int, int, list[values.Token]]]:
-    """Where each line of ``texts`` that may hold a value starts and ends (in its text),
-    and its tokens, until ``MAX_SCANNED`` characters are tokenized."""
+def _scanned(texts: Iterable[str]) -> Iterator[tuple[str, int, list[values.Token]]]:
+    """Each line of ``texts`` that holds a value: its text, where it starts in it, and
+    its values (offsets in its text), until ``MAX_SCANNED`` characters of lines that
+    may hold one were scanned."""
     left = MAX_SCANNED
     for text in texts:
         for start, end in values.value_lines(text):
             left -= end - start
             if left < 0:
                 return
-            yield start, end, values.token_list(text[start:end])
+            found = values.value_tokens(text, start, end)
+            if found:
+                yield text[start:end], start, found
 
 
 # -- templates: the agent's own lines in the messages before the first reply ----------------------
 def template_link(line: str) -> bytes:
     """The link a value line of a first message is marked under (every value masked)."""
-    return _template_link(values.token_list(line))
+    return _template_link(line, 0, values.value_tokens(line))
 
 
-def _template_link(tokens: list[values.Token]) -> bytes:
-    masked = "".join("\x00" if values.is_value(k) else t for k, _, _, t in tokens)
-    return chain.link(TEMPLATE_ROOT, masked.encode("utf-8", "surrogatepass"))
+def _template_link(line: str, at: int, found: list[values.Token]) -> bytes:
+    """:func:`template_link` of ``line``, whose values (offsets ``at`` before) are ``found``."""
+    out: list[str] = []
+    pos = 0
+    for _, start, end, _ in found:
+        out += (line[pos : start - at], "\x00")
+        pos = end - at
+    out.append(line[pos:])
+    return chain.link(TEMPLATE_ROOT, "".join(out).encode("utf-8", "surrogatepass"))
 
 
 def templates(prep: Prepared) -> list[bytes]:
@@ -186,10 +196,8 @@ def templates(prep: Prepared) -> list[bytes]:
     end = len(history) if first is None else max(first - prep.offset, 0)
     ranked: list[tuple[bool, bytes]] = []
     texts = (t for item in history[:end] if prep.exchange.is_user(item) for t in _texts(item.get("content")))
-    for _, _, scan in _scanned(texts):
-        kinds = [k for k, _, _, _ in scan if values.is_value(k)]
-        if kinds:
-            ranked.append((all(k == "counter" for k in kinds), _template_link(scan)))
+    for line, at, found in _scanned(texts):
+        ranked.append((all(k == "counter" for k, _, _, _ in found), _template_link(line, at, found)))
     ranked.sort(key=lambda r: r[0])  # stable: the first lines first among equals
     return list(dict.fromkeys(link for _, link in ranked))[:MAX_TEMPLATES]
 

@@ -67,10 +67,18 @@ _TOKEN = re.compile(
     + r")|(?P<word>\w+)|(?P<space>\s+)|(?P<char>.)",
     re.DOTALL,
 )
+# The value tokens alone, in one scan of a line: what _TOKEN finds of a value class, since a
+# value starts a token exactly where no word runs on into it (or at a "~", never in a word).
+_VALUES = re.compile(
+    f"(?:(?=~)|(?<!\\w))(?={_FIRST})(?:"
+    + "|".join(f"(?P<{name}>{_B}(?:{p}){_E})" for name, p in _PATTERNS.items())
+    + ")",
+    re.DOTALL,
+)
 # A whole value of each class, for checking a rule's shape against it.
 _WHOLE = {name: re.compile(f"(?:{p})") for name, p in _PATTERNS.items()}
-# Every value holds a digit (a UUID may not: its start, then): a text without one holds none.
-_MAYBE = re.compile(r"\d|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-")
+# Every value holds a digit, but a UUID of hex letters (its "-XXXX-"): a line without either holds none.
+_MAYBE = re.compile(r"\d|-[0-9a-fA-F]{4}-")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _EPOCH = re.compile(r"1\d{9}(?:\d{3})?")
 _NAMES = re.compile(rf"{DOW}|{MON}")
@@ -97,17 +105,28 @@ def token_list(text: str) -> list[Token]:
     return [(m.lastgroup or "char", m.start(), m.end(), m.group()) for m in _TOKEN.finditer(text)]
 
 
-def value_lines(text: str) -> Iterator[tuple[int, int]]:
-    """Where each line of ``text`` that may hold a value starts and ends (its newline
-    left out), in order: a search for a digit or a UUID's start, far cheaper than
-    :func:`tokens`, which finds no value on the other lines."""
-    pos = 0
-    while (m := _MAYBE.search(text, pos)) is not None:
-        start = text.rfind("\n", 0, m.start()) + 1
-        end = text.find("\n", m.end())
-        end = len(text) if end < 0 else end
-        yield start, end
-        pos = end + 1
+def value_tokens(text: str, start: int = 0, end: int | None = None) -> list[Token]:
+    """The value tokens of ``text[start:end]`` (whole lines), as :func:`tokens` finds
+    them, without tokenizing the rest: only the lines that may hold a value
+    (:func:`value_lines`) are scanned, for values alone.  Offsets are ``text``'s."""
+    return [
+        (m.lastgroup or "", m.start(), m.end(), m.group())
+        for s, e in value_lines(text, start, len(text) if end is None else end)
+        for m in _VALUES.finditer(text, s, e)
+    ]
+
+
+def value_lines(text: str, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int]]:
+    """Where each line of ``text[start:end]`` that may hold a value starts and ends (its
+    newline left out), in order: a search for a digit or a UUID's ``-XXXX-``, far
+    cheaper than :func:`tokens`, which finds no value on the other lines."""
+    stop = len(text) if end is None else end
+    while (m := _MAYBE.search(text, start, stop)) is not None:
+        first = text.rfind("\n", start, m.start()) + 1 or start
+        last = text.find("\n", m.end(), stop)
+        last = stop if last < 0 else last
+        yield first, last
+        start = last + 1
 
 
 def is_value(kind: str) -> bool:
