@@ -57,7 +57,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize import pins, sightings, textdiff, values
+from canonicalize import linediff, pins, sightings, textdiff, values
 from canonicalize.analysis import Prepared
 from canonicalize.lineage import Decision, ForkPolicy, LineageRecord, Lookup, fork_signal
 from canonicalize.linediff import Hunk
@@ -73,7 +73,6 @@ REWRITES = (*(f"learned.{c}" for c in PINNED), "learned.history")  # (history: c
 MIN_KEPT = 0.5  # share of the lineage's text a request must keep outside its "other" changes
 MAX_SPANS = 64  # value changes in one request: more is a different prompt, not fresh values
 SEP = "\n\x1e\n"  # between a request's system texts when they are compared as one
-FAR = 1 << 62  # the score of another prompt: farther than any text that differs by lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,13 +266,11 @@ class _Lines:
     old: str  # the lineage's texts, joined by SEP
     new: str  # the request's, its pack pins restored, joined
     base: tuple[str, ...]  # the request's, its pack pins restored
-    hunks: list[Hunk] | None  # None: the request cannot keep MIN_KEPT of the text (another prompt)
+    hunks: list[Hunk]
 
     @property
     def score(self) -> tuple[int, int]:
-        """(lines that differ, characters they hold); another prompt is the farthest."""
-        if self.hunks is None:
-            return FAR, FAR
+        """(lines that differ, characters they hold)."""
         lines = chars = 0
         for o1, o2, n1, n2, _ in self.hunks:
             lines += max(self.old.count("\n", o1, o2), self.new.count("\n", n1, n2), 1)
@@ -323,14 +320,12 @@ def _lines_against(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) 
     if old is None or bool(old) != bool(base) or any("\x1e" in t for t in (*old, *base)):
         return None  # (none: another wire API's system part; links of equal messages are equal)
     old_text, new_text = SEP.join(old), SEP.join(base)
-    return _Lines(old_text, new_text, base, textdiff.hunks(old_text, new_text, MIN_KEPT))
+    return _Lines(old_text, new_text, base, linediff.lines(old_text, new_text))
 
 
 def _compare(found: _Lines) -> tuple[_Compared | None, int]:
     """The value changes of ``found`` (None when they are not one prompt rendered
     again), and the characters tokenized to find them."""
-    if found.hunks is None:
-        return None, 0
     diff = textdiff.changes(found.old, found.new, found.hunks, keep=MIN_KEPT)
     if len(diff.values) > MAX_SPANS or diff.kept < MIN_KEPT:
         return None, diff.tokenized

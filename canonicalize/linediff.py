@@ -20,6 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from difflib import SequenceMatcher
+from itertools import accumulate
 
 MAX_PAIRED = 64  # differing lines paired by position (as many lines on both sides)
 MAX_LINES = 4096  # lines of the middle (both sides) aligned; more: the whole middle is one run
@@ -129,10 +130,7 @@ def _lines(text: str, start: int, end: int) -> Lines:
     lines = [line + "\n" for line in lines]
     if last:
         lines.append(last)
-    starts = [start]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-    return lines, starts
+    return lines, list(accumulate(map(len, lines), initial=start))
 
 
 def common_prefix(a: str, b: str) -> int:

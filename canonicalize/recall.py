@@ -70,7 +70,8 @@ MAX_SCANNED = 8192  # characters of a first message's value lines tokenized (its
 # tenant by the stores, newest first, LINKS_PER_KEY per link): its id and its first message's ref.
 Marker = tuple[str, str]
 RULE = "learned.history"
-_TAG = re.compile(r"<([A-Za-z][\w:.-]*)\b[^>]*>.*?</\1>", re.DOTALL)
+_TAG = re.compile(r"<([A-Za-z][\w:.-]*)\b[^>]*>.*?</\1>", re.DOTALL)  # (whole: is_tag_block)
+_NAME = re.compile(r"[A-Za-z][\w:.-]*")
 _TAG_LINES = re.compile(r"(?m)^[ \t]*<([A-Za-z][\w:.-]*)\b[^>\n]*>[\s\S]*?</\1>[ \t]*(?:\n|$)")
 
 
@@ -134,12 +135,23 @@ def _loose(content: Any) -> Any:
         for part in content:
             text = part.get("text") if isinstance(part, dict) else None
             if isinstance(text, str):
-                if _TAG.fullmatch(text.strip()):
+                if is_tag_block(text.strip()):
                     continue
                 part = {**part, "text": _masked(_TAG_LINES.sub("", text))}
             kept.append(part)
         return kept
     return content
+
+
+def is_tag_block(text: str) -> bool:
+    """``text`` is one tag block, ``<name ...>`` ... ``</name>`` (``_TAG`` matches it
+    whole), told from its two tags: its body is not scanned."""
+    close = text.rfind("</")  # a name holds no "/": the closing tag starts at the last "</"
+    name = text[close + 2 : -1]
+    if close < 0 or not text.endswith(">") or not _NAME.fullmatch(name):
+        return False
+    opening = re.match(rf"<{re.escape(name)}\b[^>]*>", text)
+    return opening is not None and opening.end() <= close
 
 
 def _masked(text: str) -> str:

@@ -6,17 +6,17 @@ a value rendered fresh (``12:30:15`` -> ``12:31:02``) is one token replaced by
 one token of the same class; anything else (a word, a line added or removed, a
 value inside an edited line) is ``other``.
 
-Its cost is bounded whatever the texts are.  The lines that differ are found first
-(:mod:`canonicalize.linediff`: slices compared, no token looked at); only they are
-tokenized, at most ``MAX_TOKENIZED`` characters per comparison (a run of changed
-lines longer than ``MAX_HUNK``, or past that budget, is ``other`` whole,
-unexamined).  In a run, the equal tokens and the value pairs at both ends are
-peeled off (values rendered afresh: the common case is all of it); what is left
-between them is aligned token by token when it is short (``MAX_ALIGN``), else it is
-one ``other`` change.  A caller that needs ``new`` to keep a share of ``old``
-(``keep``) stops early when it cannot: :func:`hunks` says so before any token is
-looked at, when ``old``'s lines that ``new`` does not have, less what the budget
-could examine, are more than the rest.
+Its cost is bounded whatever the texts are.  The runs of lines that differ are
+found first (:mod:`canonicalize.linediff`: slices compared, no token looked at).
+Of a run only its differing part is tokenized, widened to the nearest edges no
+token spans (a line break, a quote, a bracket, ...), so that its tokens are the
+run's: at most ``MAX_TOKENIZED`` characters per comparison; a part longer than
+``MAX_HUNK``, or past that budget, is ``other`` whole, unexamined.  In a part, the
+equal tokens and the value pairs at both ends are peeled off (values rendered
+afresh: the common case is all of it); what is left between them is aligned
+token by token when it is short (``MAX_ALIGN``), else it is one ``other`` change.
+A caller that needs ``new`` to keep a share of ``old`` (``keep``) stops
+tokenizing as soon as it cannot.
 
 Safety: a value is never taken out of an edited context.  Every change on a
 line that holds an ``other`` change is ``other``: a number in a rewritten
@@ -25,16 +25,21 @@ sentence is part of the edit, not a counter.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from canonicalize import linediff, values
-from canonicalize.linediff import Hunk
+from canonicalize import values
+from canonicalize.linediff import Hunk, common_prefix, common_suffix, lines
 
-MAX_HUNK = 2048  # characters (either side) of a run of changed lines tokenized; more is "other" whole
-MAX_TOKENIZED = 4096  # characters (both sides) tokenized per comparison; past it a run is "other" whole
-MAX_ALIGN = 64  # tokens (either side) aligned between a run's peeled ends; more is one "other" change
+MAX_HUNK = 2048  # characters (either side) of a run's differing part tokenized; more is "other" whole
+MAX_TOKENIZED = 4096  # characters (both sides) tokenized per comparison; past it a part is "other" whole
+MAX_ALIGN = 64  # tokens (either side) aligned between a part's peeled ends; more is one "other" change
+
+# Where a run's differing part is widened to: a line break (runs are whole lines), or a
+# character no token spans (each is a token of its own: no value, word or space holds it).
+_EDGE = re.compile(r"[\n\"'()\[\]{}<>;=!?*#@&|`\\^$]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,40 +71,23 @@ class Diff:
         return tuple(c for c in self.changes if c.cls == "other")
 
 
-def hunks(old: str, new: str, keep: float = 0.0, budget: int = MAX_TOKENIZED) -> list[Hunk] | None:
-    """The runs of lines that differ (:func:`canonicalize.linediff.lines`); None when
-    :func:`changes` with ``keep`` and ``budget`` could not keep ``keep`` of ``old``: the
-    characters of ``old`` outside its lines that ``new`` has too, less the ``budget``
-    that tokens could keep, are more than ``1 - keep`` of it (nothing aligned)."""
-    if old == new:
-        return []
-    a, b = linediff.middle(old, new)
-    if keep > 0.0:
-        size = a[1][-1] - a[1][0]
-        same = linediff.shared(a, b)
-        if len(old) - size + same + min(budget, size - same) < keep * len(old):
-            return None
-    return linediff.hunks(a, b)
-
-
 def changes(
-    old: str, new: str, found: Sequence[Hunk] | None = None, *, keep: float = 0.0, budget: int = MAX_TOKENIZED
+    old: str, new: str, runs: Sequence[Hunk] | None = None, *, keep: float = 0.0, budget: int = MAX_TOKENIZED
 ) -> Diff:
-    """The value changes that turn ``old`` into ``new`` (module docstring); ``found``:
-    their :func:`hunks`, when the caller has them.  At most ``budget`` characters are
-    tokenized; with ``keep``, once ``new`` cannot keep that share of ``old`` the runs
-    left are ``other`` whole (the diff's ``kept`` is below ``keep`` either way)."""
+    """The value changes that turn ``old`` into ``new`` (module docstring); ``runs``:
+    their :func:`canonicalize.linediff.lines`, when the caller has them.  At most
+    ``budget`` characters are tokenized; with ``keep``, once ``new`` cannot keep that
+    share of ``old`` the parts left are ``other`` whole (``kept`` is below ``keep``
+    either way)."""
     if old == new:
         return Diff((), 1.0)
-    runs = hunks(old, new, keep, budget) if found is None else found
-    if runs is None:
-        return Diff((Change("other", 0, len(old), 0, len(new)),), 0.0)
-    whole = [not r or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK for o1, o2, n1, n2, r in runs]
+    parts = [_part(old, new, run) for run in (lines(old, new) if runs is None else runs)]
+    whole = [not r or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK for o1, o2, n1, n2, r in parts]
     most = (1.0 - keep) * len(old)  # old's characters "other" may take before new cannot keep ``keep``
-    removed = sum(h[1] - h[0] for h, w in zip(runs, whole, strict=True) if w)
+    removed = sum(p[1] - p[0] for p, w in zip(parts, whole, strict=True) if w)
     left = budget
     out: list[Change] = []
-    for (o1, o2, n1, n2, _), w in zip(runs, whole, strict=True):
+    for (o1, o2, n1, n2, _), w in zip(parts, whole, strict=True):
         if not w and removed <= most and o2 - o1 + n2 - n1 <= left:
             left -= o2 - o1 + n2 - n1
             got = _tokens(old, o1, o2, new, n1, n2)
@@ -111,6 +99,24 @@ def changes(
     out = _untaint(out, new)
     removed = sum(c.oend - c.ostart for c in out if c.cls == "other")
     return Diff(tuple(out), 1.0 - removed / len(old) if old else 0.0, budget - left)
+
+
+def _part(old: str, new: str, run: Hunk) -> Hunk:
+    """The part of a replaced run that differs, widened to the nearest edges no token
+    spans (``_EDGE``) before and after it: tokenized alone, it gives the tokens the whole
+    run would there, and the rest of the run is equal on both sides.  An inserted or
+    removed run is its own part."""
+    o1, o2, n1, n2, replaced = run
+    if not replaced:
+        return run
+    a, b = old[o1:o2], new[n1:n2]
+    p = common_prefix(a, b)
+    s = common_suffix(a, b, min(len(a), len(b)) - p)
+    edge = _EDGE.search(a[p - 1 :: -1]) if p else None  # the nearest edge before, read backwards
+    start = p - edge.start() if edge else 0
+    edge = _EDGE.search(a, len(a) - s)
+    end = len(a) if edge is None else edge.end() if edge.group() == "\n" else edge.start()  # (whole lines)
+    return o1 + start, o1 + end, n1 + start, n2 - (len(a) - end), True
 
 
 Token = values.Token

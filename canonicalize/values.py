@@ -78,7 +78,9 @@ _VALUES = re.compile(
 # A whole value of each class, for checking a rule's shape against it.
 _WHOLE = {name: re.compile(f"(?:{p})") for name, p in _PATTERNS.items()}
 # Every value holds a digit, but a UUID of hex letters (its "-XXXX-"): a line without either holds none.
-_MAYBE = re.compile(r"\d|-[0-9a-fA-F]{4}-")
+_DIGIT = re.compile(r"\d")
+_UUID_PART = re.compile(r"-[0-9a-fA-F]{4}-")
+_MAYBE = (_DIGIT, _UUID_PART)
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _EPOCH = re.compile(r"1\d{9}(?:\d{3})?")
 _NAMES = re.compile(rf"{DOW}|{MON}")
@@ -118,15 +120,25 @@ def value_tokens(text: str, start: int = 0, end: int | None = None) -> list[Toke
 
 def value_lines(text: str, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int]]:
     """Where each line of ``text[start:end]`` that may hold a value starts and ends (its
-    newline left out), in order: a search for a digit or a UUID's ``-XXXX-``, far
-    cheaper than :func:`tokens`, which finds no value on the other lines."""
+    newline left out), in order: a search for a digit and one for a UUID's ``-XXXX-``
+    (each a fast scan), far cheaper than :func:`tokens`, which finds no value on the
+    other lines."""
     stop = len(text) if end is None else end
-    while (m := _MAYBE.search(text, start, stop)) is not None:
-        first = text.rfind("\n", start, m.start()) + 1 or start
-        last = text.find("\n", m.end(), stop)
+    found = [_DIGIT.search(text, start, stop), _UUID_PART.search(text, start, stop)]
+    while True:
+        hits = [m for m in found if m is not None]
+        if not hits:
+            return
+        at = min(m.start() for m in hits)
+        first = text.rfind("\n", start, at) + 1 or start
+        last = text.find("\n", at, stop)
         last = stop if last < 0 else last
         yield first, last
         start = last + 1
+        found = [
+            m if m is None or m.start() >= start else rx.search(text, start, stop)
+            for m, rx in zip(found, _MAYBE, strict=True)
+        ]
 
 
 def is_value(kind: str) -> bool:
