@@ -45,8 +45,8 @@ def middle(old: str, new: str) -> tuple[Lines, Lines]:
     p = common_prefix(old, new)
     s = common_suffix(old, new, min(len(old), len(new)) - p)
     start = old.rfind("\n", 0, p) + 1
-    end = old.find("\n", len(old) - s)
-    old_end = len(old) if end < 0 else end
+    end = old.find("\n", len(old) - s)  # the suffix's first line break: the middle's last one
+    old_end = len(old) if end < 0 else end + 1
     new_end = len(new) - (len(old) - old_end)
     return _lines(old, start, old_end), _lines(new, start, new_end)
 
