@@ -201,11 +201,11 @@ def test_a_first_messages_values_are_compared_within_one_budget(monkeypatch: Any
     # reaches the upstream as sent.
     for budget, learned in ((textdiff.MAX_TOKENIZED, True), (10, False)):
         monkeypatch.setattr(textdiff, "MAX_TOKENIZED", budget)
-        h = harness()
-        h.send(chat(env("Friday", "What does app.py do?")), reply=reply("It greets."))
-        h.send(chat(env("Friday", "Fix the tests.")), reply=reply("Fixed."))
+        h, tenant = harness(), {"authorization": f"Bearer sk-budget-{budget}"}  # (its own tenant: a cluster is shared)
+        h.send(chat(env("Friday", "What does app.py do?")), reply=reply("It greets."), headers=tenant)
+        h.send(chat(env("Friday", "Fix the tests.")), reply=reply("Fixed."), headers=tenant)
         body = chat(env("Saturday", "What does app.py do?"), reply("It greets."), user("Thanks."))
-        out = h.send(body)
+        out = h.send(body, headers=tenant)
         assert (out.rewrites == ["learned.date"]) is learned
         assert (out.raw == orjson.dumps(body)) is not learned
 
