@@ -46,7 +46,10 @@ history, are :mod:`canonicalize.recall`'s.
 Cost: an agent whose system text comes back as the lineage forwarded it (the
 packs' spans masked) never reaches this module; a request that does costs one
 store call for the recorded texts, a line-level comparison with each candidate
-lineage (at most the lookup's ``CANDIDATES``) and a token-level one with the closest.
+lineage (at most the lookup's ``CANDIDATES``: :mod:`canonicalize.linediff`, bounded)
+and a token-level one with the closest, which with its tool descriptions tokenizes
+at most ``textdiff.MAX_TOKENIZED`` characters and stops as soon as the request
+cannot keep ``MIN_KEPT`` of the lineage's text.
 """
 
 from __future__ import annotations

@@ -39,7 +39,11 @@ first messages of another conversation of the tenant (each root marks its
 value lines' ``template`` links, at most ``MAX_TEMPLATES``).  What a user typed
 there (a task with a deadline, a version) is in no other conversation's first
 message: it reaches the upstream as sent.  Bounds: ``MAX_RESTORES`` restores per
-lineage (past them a new one is not kept: that message is forwarded as sent).
+lineage (past them a new one is not kept: that message is forwarded as sent); a
+first message compared with a recorded one tokenizes at most
+``textdiff.MAX_TOKENIZED`` characters, all its parts together; a root scans at most
+``MAX_SCANNED`` characters of its first messages' value lines (its stem, its
+templates: the lines past them are left as they are).
 """
 
 from __future__ import annotations
