@@ -47,9 +47,10 @@ Cost: an agent whose system text comes back as the lineage forwarded it (the
 packs' spans masked) never reaches this module; a request that does costs one
 store call for the recorded texts, a line-level comparison with each candidate
 lineage (at most the lookup's ``CANDIDATES``: :mod:`canonicalize.linediff`, bounded)
-and a token-level one with the closest, which with its tool descriptions tokenizes
-at most ``textdiff.MAX_TOKENIZED`` characters and stops as soon as the request
-cannot keep ``MIN_KEPT`` of the lineage's text.
+and a token-level one with the closest, which with its tool descriptions spends at
+most one budget (:func:`canonicalize.textdiff.fresh`: characters tokenized, pairs
+aligned) and stops as soon as the request cannot keep ``MIN_KEPT`` of the
+lineage's text.
 """
 
 from __future__ import annotations
@@ -227,11 +228,12 @@ def learn_spans(
     scored.sort(key=lambda x: (x[0][0], -x[1], x[0][1]))  # stable: the lookup's order among equals
     _, depth, rec, first = scored[0]
     ambiguous = len(scored) > 1 and scored[1][0][0] == scored[0][0][0] and scored[1][1] == depth
-    compared, used = _compare(first) if first is not None else (None, 0)
+    budget = textdiff.fresh()  # the request's, for its system texts and tool descriptions
+    compared, spent = _compare(first, budget) if first is not None else (None, textdiff.NOTHING)
     if compared is None and not plan.decided:
         return None  # the closest is not the same prompt rendered again: nothing to learn from
     system = compared.spans() if compared is not None else ()
-    tools = _tools(prep, rec, blobs, textdiff.MAX_TOKENIZED - used)
+    tools = _tools(prep, rec, blobs, budget.less(spent))
     spans = system + (tools[0] if tools is not None else ())
     if not spans:
         return None
@@ -326,13 +328,13 @@ def _lines_against(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) 
     return _Lines(old_text, new_text, base, linediff.lines(old_text, new_text))
 
 
-def _compare(found: _Lines) -> tuple[_Compared | None, int]:
+def _compare(found: _Lines, budget: textdiff.Budget) -> tuple[_Compared | None, textdiff.Budget]:
     """The value changes of ``found`` (None when they are not one prompt rendered
-    again), and the characters tokenized to find them."""
-    diff = textdiff.changes(found.old, found.new, found.hunks, keep=MIN_KEPT)
+    again), and what finding them spent of ``budget``."""
+    diff = textdiff.changes(found.old, found.new, found.hunks, keep=MIN_KEPT, budget=budget)
     if len(diff.values) > MAX_SPANS or diff.kept < MIN_KEPT:
-        return None, diff.tokenized
-    return _Compared(diff, found.old, found.new, found.base), diff.tokenized
+        return None, diff.spent
+    return _Compared(diff, found.old, found.new, found.base), diff.spent
 
 
 def recorded_texts(exchange: Exchange, blob: bytes) -> tuple[str, ...] | None:
@@ -355,11 +357,11 @@ def restored(prep: Prepared, recorded: dict[str, str]) -> tuple[str, ...]:
 
 
 def _tools(
-    prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes], budget: int
+    prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes], budget: textdiff.Budget
 ) -> tuple[tuple[Span, ...], bytes | None] | None:
     """The tool descriptions' spans against ``rec``'s tools[], and its bytes when every
     difference between the two lists is a value in a description (then pinned whole);
-    ``budget``: the characters all the descriptions' comparisons may tokenize."""
+    ``budget``: what all the descriptions' comparisons may spend."""
     if not _tools_changed(prep, rec) or rec.tools_ref not in blobs:
         return None
     blob = blobs[rec.tools_ref or ""]
@@ -374,7 +376,7 @@ def _tools(
     whole = True
     for o, n in pairs:
         diff = textdiff.changes(o, n, budget=budget)
-        budget -= diff.tokenized
+        budget = budget.less(diff.spent)
         if diff.others or len(diff.values) > MAX_SPANS:
             whole = False
         found += spans_of(diff.changes, o, n, "tools")

@@ -7,9 +7,10 @@ many lines on both sides (values changed within lines, the common case) they are
 paired by position.  Otherwise the lines are anchored on the lines each side has
 exactly once, in the same order (the longest such run: a patience alignment,
 ``O(n log n)``); between two anchors, the equal lines at both ends are trimmed, then
-as many lines on both sides are paired, a few (``MAX_SEGMENT``) are aligned by
-:class:`difflib.SequenceMatcher`, and more are one run.  Past ``MAX_LINES`` lines the
-whole middle is one run, unaligned.
+as many lines on both sides are paired, and the others aligned one by one
+(:class:`difflib.SequenceMatcher`) while the comparison has pairs of lines left to
+align (``MAX_ALIGNED``), else they are one run.  Past ``MAX_LINES`` lines the whole
+middle is one run, unaligned.
 
 A run is a :data:`Hunk`: its old and new character offsets, and whether lines were
 replaced (else only inserted or removed).
@@ -24,7 +25,7 @@ from itertools import accumulate
 
 MAX_PAIRED = 64  # differing lines paired by position (as many lines on both sides)
 MAX_LINES = 4096  # lines of the middle (both sides) aligned; more: the whole middle is one run
-MAX_SEGMENT = 32  # lines (each side) between two anchors aligned by SequenceMatcher; more: one run
+MAX_ALIGNED = 4096  # pairs of lines (one side's times the other's) aligned one by one, by default
 
 Hunk = tuple[int, int, int, int, bool]  # old start, end, new start, end; True: replaced (else inserted/removed)
 Lines = tuple[list[str], list[int]]  # the lines (with their newline) and where each starts, then the end
@@ -34,50 +35,70 @@ Run = tuple[int, int, int, int]  # line indices: old i1:i2 became new j1:j2
 def lines(old: str, new: str) -> list[Hunk]:
     """The runs of lines that differ between ``old`` and ``new`` (module docstring):
     no token is looked at, enough to tell which of several texts ``new`` is closest to."""
+    return runs(old, new)[0]
+
+
+def runs(old: str, new: str, pairs: int = MAX_ALIGNED) -> tuple[list[Hunk], int]:
+    """:func:`lines`, aligning at most ``pairs`` pairs of lines one by one, and how many
+    it did."""
     if old == new:
-        return []
-    return hunks(*middle(old, new))
+        return [], 0
+    start, old_end, new_end = _middle(old, new)
+    n_old, n_new = old.count("\n", start, old_end), new.count("\n", start, new_end)
+    if n_old == n_new:
+        found = _paired(old, start, old_end, new, new_end)
+        if found is not None:
+            return found, 0
+    if n_old + n_new > MAX_LINES:
+        return [(start, old_end, start, new_end, False)], 0
+    (la, sa), (lb, sb) = _lines(old, start, old_end), _lines(new, start, new_end)
+    aligned, left = align(la, lb, pairs)
+    return [(sa[i1], sa[i2], sb[j1], sb[j2], i1 < i2 and j1 < j2) for i1, i2, j1, j2 in aligned], pairs - left
 
 
-def middle(old: str, new: str) -> tuple[Lines, Lines]:
-    """The lines of ``old`` and ``new`` between their common prefix and suffix (whole
-    lines: a value the prefix cut in two is one token again), with their offsets."""
+def _middle(old: str, new: str) -> tuple[int, int, int]:
+    """Where the lines between ``old``'s and ``new``'s common prefix and suffix start (on
+    both sides) and end (on each): whole lines, so that a value the prefix cut in two
+    is one token again."""
     p = common_prefix(old, new)
     s = common_suffix(old, new, min(len(old), len(new)) - p)
     start = old.rfind("\n", 0, p) + 1
     end = old.find("\n", len(old) - s)  # the suffix's first line break: the middle's last one
     old_end = len(old) if end < 0 else end + 1
-    new_end = len(new) - (len(old) - old_end)
-    return _lines(old, start, old_end), _lines(new, start, new_end)
+    return start, old_end, len(new) - (len(old) - old_end)
 
 
-def shared(a: Lines, b: Lines) -> int:
-    """Characters of ``a``'s lines that ``b`` has too (anywhere): at most what an
-    alignment of the two finds equal."""
-    mine = set(b[0])
-    return sum(len(line) for line in a[0] if line in mine)
+def _paired(old: str, o: int, old_end: int, new: str, new_end: int) -> list[Hunk] | None:
+    """With as many lines on both sides, the lines that differ, paired by position: from
+    one difference to the next, found by comparing slices (no line is cut out of the
+    rest); None past ``MAX_PAIRED`` of them (lines were added or removed)."""
+    out: list[Hunk] = []
+    n = o
+    while o < old_end or n < new_end:
+        p = common_prefix(old, new, o, n, min(old_end - o, new_end - n))
+        if o + p == old_end and n + p == new_end:
+            break
+        first = old.rfind("\n", o, o + p) + 1 or o  # the line holding the difference, on both sides
+        last, new_last = old.find("\n", o + p, old_end), new.find("\n", n + p, new_end)
+        end = old_end if last < 0 else last + 1
+        nend = new_end if new_last < 0 else new_last + 1
+        if len(out) == MAX_PAIRED or (end == old_end) != (nend == new_end) or first == end or n + first - o == nend:
+            return None  # (or one side has a line more: its last, without a line break)
+        out.append((first, end, n + first - o, nend, True))
+        o, n = end, nend
+    return out
 
 
-def hunks(a: Lines, b: Lines) -> list[Hunk]:
-    """The runs of ``a``'s and ``b``'s lines that differ, as character offsets."""
-    (la, sa), (lb, sb) = a, b
-    if len(la) == len(lb):
-        paired = [i for i, (x, y) in enumerate(zip(la, lb, strict=True)) if x != y]
-        if len(paired) <= MAX_PAIRED:
-            return [(sa[i], sa[i + 1], sb[i], sb[i + 1], True) for i in paired]
-    if len(la) + len(lb) > MAX_LINES:
-        return [(sa[0], sa[-1], sb[0], sb[-1], False)]
-    return [(sa[i1], sa[i2], sb[j1], sb[j2], i1 < i2 and j1 < j2) for i1, i2, j1, j2 in align(la, lb)]
-
-
-def align(la: list[str], lb: list[str]) -> list[Run]:
-    """The runs of ``la`` and ``lb`` that differ, anchored on the lines each has once."""
+def align(la: list[str], lb: list[str], pairs: int = MAX_ALIGNED) -> tuple[list[Run], int]:
+    """The runs of ``la`` and ``lb`` that differ, anchored on the lines each has once,
+    and the pairs of lines left of ``pairs`` to align one by one."""
     out: list[Run] = []
     i0 = j0 = 0
     for i, j in (*_anchors(la, lb), (len(la), len(lb))):
-        out += _segment(la, i0, i, lb, j0, j)
+        found, pairs = _segment(la, i0, i, lb, j0, j, pairs)
+        out += found
         i0, j0 = i + 1, j + 1
-    return out
+    return out, pairs
 
 
 def _anchors(la: list[str], lb: list[str]) -> list[tuple[int, int]]:
@@ -106,20 +127,23 @@ def _anchors(la: list[str], lb: list[str]) -> list[tuple[int, int]]:
     return out[::-1]
 
 
-def _segment(la: list[str], i1: int, i2: int, lb: list[str], j1: int, j2: int) -> list[Run]:
-    """The runs between two anchors: equal ends trimmed, then paired, aligned or one run."""
+def _segment(la: list[str], i1: int, i2: int, lb: list[str], j1: int, j2: int, left: int) -> tuple[list[Run], int]:
+    """The runs between two anchors (equal ends trimmed, then paired, aligned or one
+    run), and the pairs of lines still ``left`` to align one by one."""
     while i1 < i2 and j1 < j2 and la[i1] == lb[j1]:
         i1, j1 = i1 + 1, j1 + 1
     while i1 < i2 and j1 < j2 and la[i2 - 1] == lb[j2 - 1]:
         i2, j2 = i2 - 1, j2 - 1
     if i1 == i2 and j1 == j2:
-        return []
+        return [], left
     if i2 - i1 == j2 - j1:
-        return [(i, i + 1, j1 + i - i1, j1 + i - i1 + 1) for i in range(i1, i2) if la[i] != lb[j1 + i - i1]]
-    if i1 == i2 or j1 == j2 or i2 - i1 > MAX_SEGMENT or j2 - j1 > MAX_SEGMENT:
-        return [(i1, i2, j1, j2)]
+        return [(i, i + 1, j1 + i - i1, j1 + i - i1 + 1) for i in range(i1, i2) if la[i] != lb[j1 + i - i1]], left
+    cells = (i2 - i1) * (j2 - j1)
+    if not cells or cells > left:
+        return [(i1, i2, j1, j2)], left
     matcher = SequenceMatcher(None, la[i1:i2], lb[j1:j2], autojunk=False)
-    return [(i1 + a1, i1 + a2, j1 + b1, j1 + b2) for tag, a1, a2, b1, b2 in matcher.get_opcodes() if tag != "equal"]
+    found = [(i1 + a1, i1 + a2, j1 + b1, j1 + b2) for tag, a1, a2, b1, b2 in matcher.get_opcodes() if tag != "equal"]
+    return found, left - cells
 
 
 def _lines(text: str, start: int, end: int) -> Lines:
@@ -133,19 +157,19 @@ def _lines(text: str, start: int, end: int) -> Lines:
     return lines, list(accumulate(map(len, lines), initial=start))
 
 
-def common_prefix(a: str, b: str) -> int:
-    """The length of the longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
+def common_prefix(a: str, b: str, i: int = 0, j: int = 0, most: int | None = None) -> int:
+    """The length of the longest common prefix of ``a[i:]`` and ``b[j:]``, at most ``most``."""
+    n = min(len(a) - i, len(b) - j) if most is None else most
     lo, step = 0, 4096
     while lo < n:
         hi = min(lo + step, n)
-        if a[lo:hi] == b[lo:hi]:
+        if a[i + lo : i + hi] == b[j + lo : j + hi]:
             lo = hi
             step *= 2
             continue
-        while hi - lo > 1:  # a[:lo] == b[:lo], and they differ before hi
+        while hi - lo > 1:  # a[i:i + lo] == b[j:j + lo], and they differ before hi
             mid = (lo + hi) // 2
-            if a[lo:mid] == b[lo:mid]:
+            if a[i + lo : i + mid] == b[j + lo : j + mid]:
                 lo = mid
             else:
                 hi = mid

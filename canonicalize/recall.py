@@ -40,8 +40,8 @@ value lines' ``template`` links, at most ``MAX_TEMPLATES``).  What a user typed
 there (a task with a deadline, a version) is in no other conversation's first
 message: it reaches the upstream as sent.  Bounds: ``MAX_RESTORES`` restores per
 lineage (past them a new one is not kept: that message is forwarded as sent); a
-first message compared with a recorded one tokenizes at most
-``textdiff.MAX_TOKENIZED`` characters, all its parts together; a root scans at most
+first message compared with a recorded one spends at most one request's budget
+(:func:`canonicalize.textdiff.fresh`), all its parts together; a root scans at most
 ``MAX_SCANNED`` characters of its first messages' value lines (its stem, its
 templates: the lines past them are left as they are).
 """
@@ -266,11 +266,11 @@ def match_head(prep: Prepared, rec: LineageRecord, blobs: Mapping[str, bytes]) -
 def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[list[Span], bool] | None:
     """The value changes that turn ``recorded``'s content into ``item``'s (parts dropped
     too, for list contents), and whether a part was dropped; None: anything else changed.
-    The texts compared share one budget of characters tokenized (``textdiff.MAX_TOKENIZED``)."""
+    The texts compared share one budget (:func:`canonicalize.textdiff.fresh`)."""
     if {k: v for k, v in recorded.items() if k != "content"} != {k: v for k, v in item.items() if k != "content"}:
         return None
     old, new = recorded.get("content"), item.get("content")
-    budget = textdiff.MAX_TOKENIZED
+    budget = textdiff.fresh()
     if isinstance(old, str) and isinstance(new, str):
         spans, _ = _text_values(old, new, budget)
         return (spans, False) if spans else None
@@ -282,8 +282,8 @@ def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[lis
         if j < len(new) and part == new[j]:
             j += 1
         elif j < len(new) and _is_text(part) and _is_text(new[j]) and _same_but_text(part, new[j]):
-            spans, used = _text_values(part["text"], new[j]["text"], budget)
-            budget -= used
+            spans, spent = _text_values(part["text"], new[j]["text"], budget)
+            budget = budget.less(spent)
             if spans:
                 out += spans
                 j += 1
@@ -299,14 +299,14 @@ def _same_but_text(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "text"} == {k: v for k, v in b.items() if k != "text"}
 
 
-def _text_values(old: str, new: str, budget: int) -> tuple[list[Span], int]:
+def _text_values(old: str, new: str, budget: textdiff.Budget) -> tuple[list[Span], textdiff.Budget]:
     """The value changes from ``old`` to ``new`` (scope ``messages``), [] when anything
-    else changed (the comparison stops as soon as it is sure), and the characters it
-    tokenized of its ``budget``."""
+    else changed (the comparison stops as soon as it is sure), and what it spent of
+    ``budget``."""
     diff = textdiff.changes(old, new, keep=1.0, budget=budget)
     if diff.others or not diff.values:
-        return [], diff.tokenized
-    return list(spans_of(diff.changes, old, new, "messages")), diff.tokenized
+        return [], diff.spent
+    return list(spans_of(diff.changes, old, new, "messages")), diff.spent
 
 
 def is_template(prep: Prepared, rec: LineageRecord, markers: Sequence[Marker]) -> bool:

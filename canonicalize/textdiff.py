@@ -14,7 +14,8 @@ run's: at most ``MAX_TOKENIZED`` characters per comparison; a part longer than
 ``MAX_HUNK``, or past that budget, is ``other`` whole, unexamined.  In a part, the
 equal tokens and the value pairs at both ends are peeled off (values rendered
 afresh: the common case is all of it); what is left between them is aligned
-token by token when it is short (``MAX_ALIGN``), else it is one ``other`` change.
+token by token while the comparison has pairs of tokens left to align
+(``MAX_ALIGNED``), else it is one ``other`` change.
 A caller that needs ``new`` to keep a share of ``old`` (``keep``) stops
 tokenizing as soon as it cannot.
 
@@ -26,19 +27,21 @@ sentence is part of the edit, not a counter.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from canonicalize import values
-from canonicalize.linediff import Hunk, common_prefix, common_suffix, lines
+from canonicalize import linediff, values
+from canonicalize.linediff import Hunk, common_prefix, common_suffix
 
 MAX_HUNK = 2048  # characters (either side) of a run's differing part tokenized; more is "other" whole
 MAX_TOKENIZED = 4096  # characters (both sides) tokenized per comparison; past it a part is "other" whole
-MAX_ALIGN = 64  # tokens (either side) aligned between a part's peeled ends; more is one "other" change
+MAX_ALIGNED = 4096  # pairs of lines or tokens (one side's times the other's) aligned one by one per request
 
 # Where a run's differing part is widened to: a line break (runs are whole lines), or a
 # character no token spans (each is a token of its own: no value, word or space holds it).
+_TEXT = re.compile(r"[^\n]")
 _EDGE = re.compile(r"[\n\"'()\[\]{}<>;=!?*#@&|`\\^$]")
 
 
@@ -54,13 +57,35 @@ class Change:
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """What comparisons may still spend (one budget per request, passed along from one
+    comparison to the next): characters tokenized, and pairs of lines or of tokens (one
+    side's times the other's) aligned one by one."""
+
+    chars: int
+    pairs: int
+
+    def less(self, spent: Budget) -> Budget:
+        """What is left once ``spent`` is spent."""
+        return Budget(self.chars - spent.chars, self.pairs - spent.pairs)
+
+
+NOTHING = Budget(0, 0)
+
+
+def fresh() -> Budget:
+    """A request's whole budget: ``MAX_TOKENIZED`` characters, ``MAX_ALIGNED`` pairs."""
+    return Budget(MAX_TOKENIZED, MAX_ALIGNED)
+
+
+@dataclass(frozen=True, slots=True)
 class Diff:
-    """The changes of ``new`` against ``old``, how much of ``old`` they kept, and the
-    characters tokenized to find them."""
+    """The changes of ``new`` against ``old``, how much of ``old`` they kept, and what
+    finding them spent of the budget."""
 
     changes: tuple[Change, ...]
     kept: float  # share of old's characters outside every ``other`` change (1.0: none)
-    tokenized: int = 0  # characters (both sides) tokenized: what the comparison used of its budget
+    spent: Budget = NOTHING
 
     @property
     def values(self) -> tuple[Change, ...]:
@@ -72,25 +97,32 @@ class Diff:
 
 
 def changes(
-    old: str, new: str, runs: Sequence[Hunk] | None = None, *, keep: float = 0.0, budget: int = MAX_TOKENIZED
+    old: str, new: str, runs: Sequence[Hunk] | None = None, *, keep: float = 0.0, budget: Budget | None = None
 ) -> Diff:
     """The value changes that turn ``old`` into ``new`` (module docstring); ``runs``:
-    their :func:`canonicalize.linediff.lines`, when the caller has them.  At most
-    ``budget`` characters are tokenized; with ``keep``, once ``new`` cannot keep that
-    share of ``old`` the parts left are ``other`` whole (``kept`` is below ``keep``
-    either way)."""
+    their :func:`canonicalize.linediff.lines`, when the caller has them.  It spends at
+    most ``budget`` (default: a :func:`fresh` one); with ``keep``, once ``new`` cannot keep that share of ``old`` the
+    parts left are ``other`` whole (``kept`` is below ``keep`` either way).  With no
+    character left to tokenize, every difference is ``other``: one change, unexamined."""
     if old == new:
         return Diff((), 1.0)
-    parts = [_part(old, new, run) for run in (lines(old, new) if runs is None else runs)]
+    budget = fresh() if budget is None else budget
+    if budget.chars <= 0:
+        return Diff((Change("other", 0, len(old), 0, len(new)),), 0.0)
+    pairs = budget.pairs
+    if runs is None:
+        runs, aligned = linediff.runs(old, new, max(pairs, 0))
+        pairs -= aligned
+    parts = [_part(old, new, run) for run in runs]
     whole = [not r or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK for o1, o2, n1, n2, r in parts]
     most = (1.0 - keep) * len(old)  # old's characters "other" may take before new cannot keep ``keep``
     removed = sum(p[1] - p[0] for p, w in zip(parts, whole, strict=True) if w)
-    left = budget
+    chars = budget.chars
     out: list[Change] = []
     for (o1, o2, n1, n2, _), w in zip(parts, whole, strict=True):
-        if not w and removed <= most and o2 - o1 + n2 - n1 <= left:
-            left -= o2 - o1 + n2 - n1
-            got = _tokens(old, o1, o2, new, n1, n2)
+        if not w and removed <= most and o2 - o1 + n2 - n1 <= chars:
+            chars -= o2 - o1 + n2 - n1
+            got, pairs = _tokens(old, o1, o2, new, n1, n2, pairs)
             removed += sum(c.oend - c.ostart for c in got if c.cls == "other")
             out += got
             continue
@@ -98,7 +130,8 @@ def changes(
         out.append(Change("other", o1, o2, n1, n2))
     out = _untaint(out, new)
     removed = sum(c.oend - c.ostart for c in out if c.cls == "other")
-    return Diff(tuple(out), 1.0 - removed / len(old) if old else 0.0, budget - left)
+    spent = Budget(budget.chars - chars, budget.pairs - pairs)
+    return Diff(tuple(out), 1.0 - removed / len(old) if old else 0.0, spent)
 
 
 def _part(old: str, new: str, run: Hunk) -> Hunk:
@@ -122,24 +155,26 @@ def _part(old: str, new: str, run: Hunk) -> Hunk:
 Token = values.Token
 
 
-def _tokens(old: str, o1: int, o2: int, new: str, n1: int, n2: int) -> list[Change]:
-    """The changes of one run, token by token: the equal tokens and value pairs at both
+def _tokens(old: str, o1: int, o2: int, new: str, n1: int, n2: int, pairs: int) -> tuple[list[Change], int]:
+    """The changes of one part, token by token: the equal tokens and value pairs at both
     ends peeled off (all of them, when only values were rendered afresh), what is left
-    between aligned when it is short, else one ``other`` change."""
+    between aligned one by one while ``pairs`` allow, else one ``other`` change; and the
+    pairs of tokens left."""
     ot = values.token_list(old[o1:o2])
     nt = values.token_list(new[n1:n2])
     i, head = _peel(zip(ot, nt, strict=False), o1, n1)  # (as far as the shorter side goes)
     k, tail = _peel(zip(reversed(ot[i:]), reversed(nt[i:]), strict=False), o1, n1)
     i2, j2 = len(ot) - k, len(nt) - k
     if i == i2 and i == j2:
-        return head + tail[::-1]
-    if i2 - i > MAX_ALIGN or j2 - i > MAX_ALIGN:
-        return [*head, *_replaced(ot, i, i2, o1, o2, nt, i, j2, n1, n2), *tail[::-1]]
+        return head + tail[::-1], pairs
+    cells = (i2 - i) * (j2 - i)
+    if not cells or cells > pairs:
+        return [*head, *_replaced(ot, i, i2, o1, o2, nt, i, j2, n1, n2), *tail[::-1]], pairs
     matcher = SequenceMatcher(None, [t[3] for t in ot[i:i2]], [t[3] for t in nt[i:j2]], autojunk=False)
     for tag, a1, a2, b1, b2 in matcher.get_opcodes():
         if tag != "equal":
             head += _replaced(ot, i + a1, i + a2, o1, o2, nt, i + b1, i + b2, n1, n2)
-    return head + tail[::-1]
+    return head + tail[::-1], pairs - cells
 
 
 def _peel(pairs: Iterable[tuple[Token, Token]], o1: int, n1: int) -> tuple[int, list[Change]]:
@@ -189,29 +224,31 @@ def _untaint(found: list[Change], new: str) -> list[Change]:
     """Every change on a line (of ``new``) that an ``other`` change touches is
     ``other``: a value inside an edited line is part of the edit.  A line added or
     removed whole touches no other line."""
-    tainted: set[int] = set()  # start offsets of the tainted lines
+    edits: list[tuple[int, int]] = []  # each edit's first line start and end: the lines starting in it
     for c in found:
         if c.cls != "other":
             continue
-        start, end = c.nstart, c.nend
-        while start < end and new[start] == "\n":
-            start += 1
-        while end > start and new[end - 1] == "\n":
-            end -= 1
+        first = _TEXT.search(new, c.nstart, c.nend)  # line breaks at either end edit no line
+        start = c.nend if first is None else first.start()
+        end = start + len(new[start : c.nend].rstrip("\n"))
         if start == end and (start == 0 or start == len(new) or "\n" in (new[start - 1], new[start])):
             continue  # whole lines went (or only newlines came): no line of new was edited
-        pos = new.rfind("\n", 0, start) + 1
-        while True:
-            tainted.add(pos)
-            nl = new.find("\n", pos, end)
-            if nl < 0:
-                break
-            pos = nl + 1
-    if not tainted:
+        edits.append((new.rfind("\n", 0, start) + 1, end))
+    if not edits:
         return found
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(edits):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    starts = [lo for lo, _ in merged]
+
+    def tainted(c: Change) -> bool:
+        line = new.rfind("\n", 0, c.nstart) + 1
+        k = bisect_right(starts, line) - 1
+        return k >= 0 and line <= merged[k][1]
+
     return [
-        Change("other", c.ostart, c.oend, c.nstart, c.nend)
-        if c.cls != "other" and new.rfind("\n", 0, c.nstart) + 1 in tainted
-        else c
-        for c in found
+        Change("other", c.ostart, c.oend, c.nstart, c.nend) if c.cls != "other" and tainted(c) else c for c in found
     ]

@@ -81,7 +81,7 @@ def test_qwen_codes_side_requests_are_told_apart_without_tokenizing() -> None:
     assert sides
     for side in sides:
         diff = textdiff.changes(main, side, keep=learn.MIN_KEPT)
-        assert diff.kept < learn.MIN_KEPT and diff.tokenized == 0
+        assert diff.kept < learn.MIN_KEPT and diff.spent.chars == 0
 
 
 def _main(line: dict[str, Any]) -> bool:

@@ -3,6 +3,7 @@ bounded cost: paired, anchored on the lines each side has once, or one run."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -40,17 +41,25 @@ def test_lines_added_are_found_between_the_lines_both_sides_have_once() -> None:
     ]
 
 
-def test_a_long_run_without_a_line_both_sides_have_once_is_one_run() -> None:
-    # Between two anchors, past MAX_SEGMENT lines on a side the lines are not aligned: one run.
-    def listing(n: int, other: bool) -> list[str]:
-        return text(
-            "Top", *(row for _ in range(n) for row in (("- item", "- other") if other else ("- item",))), "Bottom"
-        )
+def listing(n: int, other: bool) -> list[str]:
+    rows = (("- item", "- other") if other else ("- item",)) * n
+    return text("Top", *rows, "Bottom")
 
-    many = linediff.MAX_SEGMENT + 2
+
+def test_lines_without_one_both_sides_have_once_are_aligned_while_pairs_last() -> None:
+    # Between two anchors the lines are aligned one by one (SequenceMatcher) while the
+    # comparison has pairs of lines left (MAX_ALIGNED); past them they are one run.
+    many = math.isqrt(linediff.MAX_ALIGNED) + 2
     found = runs(listing(many, False), listing(many, True))
     assert [(len(o), len(n)) for o, n in found] == [(many - 1, 2 * many - 1)]
     assert runs(listing(3, False), listing(3, True)) == [([], ["- other\n"])] * 3  # under it: aligned
+    # The pairs are counted across the comparison: two sections, the second past what is left.
+    half = math.isqrt(linediff.MAX_ALIGNED // 2) + 1
+    old = listing(half, False) + text("Middle") + listing(half, False)
+    new = listing(half, True) + text("Middle") + listing(half, True)
+    found, aligned = linediff.runs("".join(old), "".join(new))
+    assert 0 < aligned <= linediff.MAX_ALIGNED
+    assert len(found) == half + 1  # the first section aligned line by line, the second one run
 
 
 def test_a_middle_past_max_lines_is_one_run_unaligned() -> None:
