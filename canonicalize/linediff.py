@@ -25,7 +25,7 @@ from itertools import accumulate
 
 MAX_PAIRED = 64  # differing lines paired by position (as many lines on both sides)
 MAX_LINES = 4096  # lines of the middle (both sides) aligned; more: the whole middle is one run
-MAX_ALIGNED = 4096  # pairs of lines (one side's times the other's) aligned one by one, by default
+MAX_ALIGNED = 256  # pairs of lines (one side's times the other's) aligned one by one per comparison
 
 Hunk = tuple[int, int, int, int, bool]  # old start, end, new start, end; True: replaced (else inserted/removed)
 Lines = tuple[list[str], list[int]]  # the lines (with their newline) and where each starts, then the end

@@ -37,7 +37,7 @@ from canonicalize.linediff import Hunk, common_prefix, common_suffix
 
 MAX_HUNK = 2048  # characters (either side) of a run's differing part tokenized; more is "other" whole
 MAX_TOKENIZED = 4096  # characters (both sides) tokenized per comparison; past it a part is "other" whole
-MAX_ALIGNED = 4096  # pairs of lines or tokens (one side's times the other's) aligned one by one per request
+MAX_ALIGNED = 4096  # pairs of tokens (one side's times the other's; lines too) aligned one by one per request
 
 # Where a run's differing part is widened to: a line break (runs are whole lines), or a
 # character no token spans (each is a token of its own: no value, word or space holds it).
@@ -111,7 +111,7 @@ def changes(
         return Diff((Change("other", 0, len(old), 0, len(new)),), 0.0)
     pairs = budget.pairs
     if runs is None:
-        runs, aligned = linediff.runs(old, new, max(pairs, 0))
+        runs, aligned = linediff.runs(old, new, max(min(pairs, linediff.MAX_ALIGNED), 0))
         pairs -= aligned
     parts = [_part(old, new, run) for run in runs]
     whole = [not r or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK for o1, o2, n1, n2, r in parts]
