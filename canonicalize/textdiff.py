@@ -10,12 +10,12 @@ Its cost is bounded whatever the texts are.  The runs of lines that differ are
 found first (:mod:`canonicalize.linediff`: slices compared, no token looked at).
 Of a run only its differing part is tokenized, widened to the nearest edges no
 token spans (a line break, a quote, a bracket, ...), so that its tokens are the
-run's: at most ``MAX_TOKENIZED`` characters per comparison; a part longer than
-``MAX_HUNK``, or past that budget, is ``other`` whole, unexamined.  In a part, the
-equal tokens and the value pairs at both ends are peeled off (values rendered
-afresh: the common case is all of it); what is left between them is aligned
-token by token while the comparison has pairs of tokens left to align
-(``MAX_ALIGNED``), else it is one ``other`` change.
+run's.  A request's comparisons share one :class:`Budget` (:func:`fresh`): at most
+``MAX_TOKENIZED`` characters tokenized; a part longer than ``MAX_HUNK``, or past
+that budget, is ``other`` whole, unexamined.  In a part, the equal tokens and the
+value pairs at both ends are peeled off (values rendered afresh: the common case is
+all of it); what is left between them is aligned token by token while the budget
+has pairs of tokens left (``MAX_ALIGNED``), else it is one ``other`` change.
 A caller that needs ``new`` to keep a share of ``old`` (``keep``) stops
 tokenizing as soon as it cannot.
 
@@ -36,12 +36,12 @@ from canonicalize import linediff, values
 from canonicalize.linediff import Hunk, common_prefix, common_suffix
 
 MAX_HUNK = 2048  # characters (either side) of a run's differing part tokenized; more is "other" whole
-MAX_TOKENIZED = 4096  # characters (both sides) tokenized per comparison; past it a part is "other" whole
+MAX_TOKENIZED = 4096  # characters (both sides) tokenized per request; past it a part is "other" whole
 MAX_ALIGNED = 4096  # pairs of tokens (one side's times the other's; lines too) aligned one by one per request
 
+_TEXT = re.compile(r"[^\n]")  # (where an edit's text starts, past its line breaks)
 # Where a run's differing part is widened to: a line break (runs are whole lines), or a
 # character no token spans (each is a token of its own: no value, word or space holds it).
-_TEXT = re.compile(r"[^\n]")
 _EDGE = re.compile(r"[\n\"'()\[\]{}<>;=!?*#@&|`\\^$]")
 
 
@@ -101,9 +101,10 @@ def changes(
 ) -> Diff:
     """The value changes that turn ``old`` into ``new`` (module docstring); ``runs``:
     their :func:`canonicalize.linediff.lines`, when the caller has them.  It spends at
-    most ``budget`` (default: a :func:`fresh` one); with ``keep``, once ``new`` cannot keep that share of ``old`` the
-    parts left are ``other`` whole (``kept`` is below ``keep`` either way).  With no
-    character left to tokenize, every difference is ``other``: one change, unexamined."""
+    most ``budget`` (default: a :func:`fresh` one); with ``keep``, once ``new`` cannot
+    keep that share of ``old`` the parts left are ``other`` whole (``kept`` is below
+    ``keep`` either way).  With no character left to tokenize, every difference is
+    ``other``: one change, unexamined."""
     if old == new:
         return Diff((), 1.0)
     budget = fresh() if budget is None else budget
