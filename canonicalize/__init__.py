@@ -26,7 +26,7 @@ from canonicalize.lineage import (
 )
 from canonicalize.memo import Memos
 from canonicalize.packs import PACKS, Pack
-from canonicalize.pipeline import Canonicalizer
+from canonicalize.pipeline import Canonicalized, Canonicalizer, Machine, Request
 from canonicalize.predict import UNCACHED_CAUSES, Parent, Prediction, parent_of, predict, split_uncached
 from canonicalize.rules import Rule, RuleError, compile_rule
 from canonicalize.ruleset import Settings
@@ -46,6 +46,7 @@ __all__ = [
     "SCAN_UP",
     "UNCACHED_CAUSES",
     "AddMember",
+    "Canonicalized",
     "Canonicalizer",
     "Decision",
     "Event",
@@ -59,6 +60,7 @@ __all__ = [
     "LearnedSpan",
     "LineageRecord",
     "Lookup",
+    "Machine",
     "Memos",
     "Op",
     "Outcome",
@@ -68,6 +70,7 @@ __all__ = [
     "Prediction",
     "Prepared",
     "Reply",
+    "Request",
     "Rule",
     "RuleError",
     "SSESplitter",

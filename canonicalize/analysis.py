@@ -31,7 +31,7 @@ from canonicalize.bodies import Kept, shared_prefix
 from canonicalize.histories import Histories
 from canonicalize.identity import ToolsId, hash_text
 from canonicalize.jsonspan import JsonDoc, Path
-from canonicalize.lineage import Signals
+from canonicalize.lineage import Origin, Signals, origin_of
 from canonicalize.memo import Memos
 from canonicalize.rules import Rule
 from canonicalize.ruleset import RuleSet
@@ -62,6 +62,12 @@ class Prepared:
     continues: str | None = None  # the lineage a previous response belongs to (it continues it)
     tool_list: list[Any] | None = None  # the parsed tools[] ``tools`` identifies (finalize reuses its ref)
     scope: str = ""  # the tenant: the memos finalize uses are its own
+
+    @property
+    def origin(self) -> Origin:
+        """The request's conversation (its home in the store): the lineage a previous
+        response continues, else its first link."""
+        return origin_of(self.links, self.continues if self.offset else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
 RESTORED_PER_TEXT = 8  # sets of pinned values remembered restored per system text
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """The result: what to forward, what to record, what to count."""
 
@@ -161,12 +161,10 @@ def finalize(
             _keep_history(prep, lookup, parent, blobs, applied, rewrites, head)
     if keep_history and applied.role != "fork":
         _keep_tail(prep, lookup, applied)
-    outcome = _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
-    if learned is not None:
-        outcome.learned = learned.spans
+    spans = learned.spans if learned is not None else ()
     if head is not None and applied.restored is not None:
-        outcome.learned += head.spans
-    return outcome
+        spans += head.spans
+    return _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites, spans)
 
 
 def _keep_history(
@@ -349,6 +347,7 @@ def _outcome(
     decision: Decision,
     applied: _Applied,
     rewrites: list[str],
+    learned: tuple[Span, ...],
 ) -> Outcome:
     """The edits, the refs and fingerprint of what is forwarded, and the record."""
     body, exchange, record = prep.body, prep.exchange, applied.record
@@ -388,8 +387,31 @@ def _outcome(
     record = record.evolve(
         **changes, system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
     )
-    repaired_now = applied.fork_action == "repaired"
-    if repaired_now:
+    start, depth = _recorded_from(prep, lookup, applied)
+    return Outcome(
+        ops=ops,
+        role=applied.role,
+        rewrites=rewrites,
+        record=record,
+        links=prep.links[start:],
+        touch=touch,
+        new_blobs=tuple(new_blobs),
+        offered=applied.offered,
+        fork_action=applied.fork_action,
+        parent_fp=applied.parent_fp,
+        fork_signal=decision.signal if applied.fork_action == "repaired" else None,
+        depth=depth,
+        learned=learned,
+        shared_blobs=applied.shared_blobs,
+        marks=tuple(applied.marks),
+        keep_items=tuple(applied.keep_items),
+    )
+
+
+def _recorded_from(prep: Prepared, lookup: Lookup, applied: _Applied) -> tuple[int, int]:
+    """The first of the request's links its lineage now owns, and how much of the
+    request its parent had (``Outcome.depth``)."""
+    if applied.fork_action == "repaired":
         start = branch(prep, lookup)
     elif applied.role == "root":
         # A root owns its whole history, replayed or not: a later request of it that
@@ -403,23 +425,7 @@ def _outcome(
         # finds it), and the prefix shared is the lineage's whole history.
         start = min(start, applied.restored.new)
         depth = max(depth, applied.parent_fp.n_messages if applied.parent_fp is not None else depth)
-    return Outcome(
-        ops=ops,
-        role=applied.role,
-        rewrites=rewrites,
-        record=record,
-        links=prep.links[start:],
-        touch=touch,
-        new_blobs=tuple(new_blobs),
-        offered=applied.offered,
-        fork_action=applied.fork_action,
-        parent_fp=applied.parent_fp,
-        fork_signal=decision.signal if repaired_now else None,
-        depth=depth,
-        shared_blobs=applied.shared_blobs,
-        marks=tuple(applied.marks),
-        keep_items=tuple(applied.keep_items),
-    )
+    return start, depth
 
 
 def _restore(texts: Texts, prep: Prepared, recorded: dict[str, str]) -> list[str]:

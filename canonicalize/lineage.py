@@ -278,6 +278,18 @@ class Lookup:
 EMPTY_LOOKUP = Lookup()
 MAX_LOOKUP_BLOBS = 4  # blobs a lookup returns at most (two lineages' system part and tools[])
 
+# A conversation's origin: its first link, or the id of the lineage it continues.  It
+# names the conversation's home (where a store keeps it: proxy.store).
+Origin = bytes | str
+
+
+def origin_of(links: Sequence[bytes], continues: str | None = None) -> Origin:
+    """A request's origin: the lineage it continues when its chain starts at a
+    previous response's tip, else its first link (b"": no history)."""
+    if continues is not None:
+        return continues
+    return links[0] if links else b""
+
 
 def wants_blobs(rec: LineageRecord, skeleton: str, tools_ref: str) -> bool:
     """Whether a request whose system skeleton and tools[] ref (as sent) are these may

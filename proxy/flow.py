@@ -14,12 +14,14 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from canonicalize import Exchange, JsonDoc, Kept, Lookup, Op, Outcome, Prepared, Reply
+from canonicalize import Canonicalized, Exchange, JsonDoc, Lookup, Op, Outcome, Prepared, Reply
+from proxy.cpu import is_big
 from proxy.upstream.policy import NO_ROUTE, Route
 
-# Bodies from 1 MiB up are parsed, hashed, spliced and recorded on a worker thread,
-# so one huge request never stalls the event loop (and /healthz) for the others.
-OFFLOAD_BYTES = 1 << 20
+
+def bypassed(headers: Headers) -> bool:
+    """``x-prefixpin-bypass: 1``: the client asks for its request to go untouched."""
+    return headers.get("x-prefixpin-bypass", "").strip() == "1"
 
 
 @dataclass(slots=True)
@@ -32,7 +34,6 @@ class Flow:
     path: str = ""  # the request target's path, as the client sent it (no query)
     body: dict[str, Any] | None = None  # its parse; None when it is not a JSON object
     doc: JsonDoc | None = None
-    kept: Kept | None = None  # what canonicalize.bodies kept of this body (prepare reuses its session's links)
     role: str = "root"  # x-prefixpin-role and the ``role`` label
     skip: bool = False  # bypass, or a body that is not ours to judge: forward untouched
     failed: bool = False  # an addon failed: forward what the client sent, edit nothing more
@@ -40,6 +41,7 @@ class Flow:
     prep: Prepared | None = None
     lookup: Lookup | None = None  # what the store found for the request's chain (its parent: canonicalize.predict)
     outcome: Outcome | None = None
+    done: Canonicalized | None = None  # the core's outcome
     store_ok: bool = True
     ops: list[Op] = field(default_factory=list)
     rewrites: list[str] = field(default_factory=list)
@@ -62,7 +64,7 @@ class Flow:
 
     @property
     def big(self) -> bool:
-        return len(self.raw) >= OFFLOAD_BYTES
+        return is_big(len(self.raw))
 
     @property
     def editable(self) -> bool:

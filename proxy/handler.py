@@ -30,6 +30,7 @@ from canonicalize import Exchange, Reply
 from canonicalize.sse import dumps, read
 from proxy import access, responses
 from proxy.addons import Runner
+from proxy.cpu import on_cpu
 from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamEncoding, UpstreamError
 from proxy.flow import Flow
 from proxy.relay import AsSent, HeldHead, relay
@@ -102,10 +103,7 @@ class Handler:
         path = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
         flow = Flow(exchange, Headers(scope=scope), scope["query_string"], raw, started, path)
         await self.runner.request(flow)
-        if flow.big:
-            await asyncio.to_thread(self.runner.render, flow)
-        else:
-            self.runner.render(flow)
+        await on_cpu(flow.big, self.runner.render, flow)
         if not flow.skip:
             flow.reply = exchange.reply(offered=flow.offered, drop_usage_chunk=flow.drop_usage_chunk)
         self.s.metrics.overhead.observe(time.perf_counter() - started)

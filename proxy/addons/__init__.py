@@ -43,6 +43,7 @@ from proxy.addons.record import Record
 from proxy.addons.stream_usage import StreamUsage
 from proxy.addons.tenancy import Tenancy
 from proxy.addons.trace import Trace
+from proxy.drive import Driver
 from proxy.flow import Flow
 from proxy.metrics import Metrics
 from proxy.services import Services
@@ -74,23 +75,20 @@ class DoneHook(Protocol):
 Addon = RequestHook | DoneHook
 
 
-def build(s: Services, *, new_id: Callable[[], str] | None = None, offline: bool = False) -> tuple[Addon, ...]:
-    """The addons of one app, in execution order.  ``offline`` (``prefixpin audit``,
-    proxy.offline: no upstream): without the ones that place a request on the
-    upstream, count or record a live one (affinity, measure, trace).  ``new_id``: lineage ids."""
+def build(s: Services, *, new_id: Callable[[], str] | None = None) -> tuple[Addon, ...]:
+    """The addons of one app, in execution order.  ``new_id``: lineage ids."""
+    driver = Driver(s.canon, s.store, s.guard, s.metrics, new_id=new_id)
     addons: tuple[Addon, ...] = (
         Bypass(),
         Tenancy(s.config.tenancy),
-        Canonicalize(s, new_id=new_id),
+        Canonicalize(s, driver),
         StreamUsage(),
         ProviderCache(s),
         ForkGuard(),
         Affinity(s.config.affinity, s.slots),
         Measure(s.metrics),
-        Record(s),
+        Record(s, driver),
     )
-    if offline:
-        return tuple(a for a in addons if not isinstance(a, Affinity | Measure))
     return addons if s.recorder is None else (*addons, Trace(s.recorder))
 
 

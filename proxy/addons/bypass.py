@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from proxy.flow import Flow
+from proxy.flow import Flow, bypassed
 
 
 class Bypass:
     name = "bypass"
 
     async def request(self, flow: Flow) -> None:
-        if flow.headers.get("x-prefixpin-bypass", "").strip() == "1":
+        if bypassed(flow.headers):
             flow.skip = True
             flow.role = "bypass"

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from dataclasses import replace
 
 import orjson
 
@@ -133,7 +134,7 @@ class ProviderCache:
             return "5m"
         now, record = self.s.clock(), outcome.record
         kept = ttl.pauses(record.pauses, record.at, now)
-        outcome.record = record.evolve(at=now, pauses=kept)
+        flow.outcome = replace(outcome, record=record.evolve(at=now, pauses=kept))
         return ttl.choose(kept, self._cache_prices(flow.model))
 
     def _cache_prices(self, model: object) -> ttl.CachePrices:

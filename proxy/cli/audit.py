@@ -79,8 +79,7 @@ from proxy.cli import gate, report_html, suggest
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Config, Tenancy
-from proxy.flow import Flow
-from proxy.offline import Offline
+from proxy.offline import Offline, Replayed
 from proxy.pricing import Pricing, saved
 from proxy.tenancy import tenant_of
 
@@ -170,7 +169,7 @@ def _usage_of(line: TraceLine) -> Usage | None:
     return parse_usage(resp) if isinstance(resp, dict) else None
 
 
-def _forwarded(flow: Flow, body: dict[str, Any]) -> dict[str, Any]:
+def _forwarded(flow: Replayed, body: dict[str, Any]) -> dict[str, Any]:
     if not flow.out or flow.out == flow.raw:
         return body
     parsed = orjson.loads(flow.out)
@@ -204,11 +203,9 @@ def _headers(line: TraceLine, tenant: str) -> dict[str, str]:
 async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
     # Each line's tenant is found first (_tenant) and named to the flow by a trusted
     # header; a line without one shares nothing, as the proxy's isolated tenant.
-    # Its time is the trace's (``t``): a lineage's pauses are the ones it recorded.
-    now = [0.0]
     policy = replace(config.tenancy, anonymous="shared")
     tenancy = replace(config.tenancy, trust_header=True, anonymous="isolated")
-    offline = Offline(replace(config, tenancy=tenancy), clock=lambda: now[0])
+    offline = Offline(replace(config, tenancy=tenancy))
     params = (*offline.s.canon.fork.inherit_params, *PROMPT_PARAMS)
     lineages: dict[str, Lineage] = {}
     last: dict[str, Seen] = {}  # lineage id -> its last request
@@ -218,7 +215,6 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
     skipped: list[dict[str, Any]] = []
     for line in lines:
         progress.advance()
-        now[0] = line.t
         exchange = line.exchange
         try:
             raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
@@ -302,7 +298,7 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
 
 def _judge(
     entry: dict[str, Any],
-    flow: Flow,
+    flow: Replayed,
     parent: Parent | None,
     seen: Seen | None,
     line: TraceLine,

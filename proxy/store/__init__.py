@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Protocol
 import xxhash
 
 from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
+from canonicalize.lineage import Origin, origin_of
 from canonicalize.recall import Marker  # a lineage that marked a tenant-wide link: its id, its first message's ref
 
 if TYPE_CHECKING:  # the config section the factory reads (only its fields: no import cycle)
     from proxy.config import Store as StoreConfig
 
 Links = Sequence[bytes]
-Origin = bytes | str  # a conversation's first link, or one of its lineages' ids
 
 MAX_RESPONSE_ID = 256  # a response id is the client's string: longer ones are not stored
 TENANT_WIDE_MAX = 4096  # tenant-wide fields (marked links, evidence) per tenant, at most tenant_max_entries
@@ -187,14 +187,6 @@ def homed(fresh: str, tenant: str, origin: Origin) -> str:
     if not _LINEAGE_ID.fullmatch(fresh):
         return fresh
     return home(tenant, origin) + fresh[4:]
-
-
-def origin_of(links: Sequence[bytes], continues: str | None = None) -> Origin:
-    """A request's origin: the lineage it continues when its chain starts at a
-    previous response's tip, else its first link (b"": no history)."""
-    if continues is not None:
-        return continues
-    return links[0] if links else b""
 
 
 def newest(links: Sequence[bytes], bounds: Bounds) -> int:
