@@ -123,7 +123,7 @@ def create_app(
         finally:
             if slots is not None:
                 await slots.aclose()
-            state["handler"].runner.drain()
+            await state["handler"].runner.counting.close()  # what is left to count
             await s.drain(timeout=5)  # let pending records land
             if s.recorder is not None:  # the trace lines still queued
                 await asyncio.to_thread(s.recorder.close, 5.0)
@@ -167,7 +167,7 @@ def create_app(
     async def metrics_endpoint(request: Request) -> Response:
         if not config.metrics.enabled:
             return responses.error(None, 404, "metrics are disabled", "not_found", "metrics_disabled")
-        state["handler"].runner.drain()  # the counting of the last responses, if it waits
+        await state["handler"].runner.counting.flushed()  # the counting of the last responses, if it waits
         return Response(generate_latest(exposed), media_type=CONTENT_TYPE_LATEST)
 
     async def other(scope: Scope, receive: Receive, send: Send) -> None:

@@ -38,9 +38,9 @@ from canonicalize import (
     render,
 )
 from proxy.config import Config
-from proxy.cpu import is_big, on_cpu
+from proxy.cpu import on_cpu
 from proxy.drive import Driver
-from proxy.flow import bypassed
+from proxy.flow import Inbound
 from proxy.metrics import Metrics
 from proxy.services import Services
 from proxy.store import ISOLATED, Bounds, Store
@@ -137,10 +137,11 @@ class Offline:
         says the upstream failed."""
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
         head = Headers({k.lower(): v for k, v in (headers or {}).items()})
-        if bypassed(head):
+        inbound = Inbound(exchange, "", query.encode("utf-8", "surrogateescape"), head, raw, 0.0)
+        if inbound.bypassed:
             return Replayed(raw, raw, "bypass")
-        tenant = tenant_of(head.raw, query.encode("utf-8", "surrogateescape"), self.s.config.tenancy)
-        big = is_big(len(raw))
+        tenant = tenant_of(head.raw, inbound.query, self.s.config.tenancy)
+        big = inbound.big
         try:
             request = Request(raw, exchange, tenant, head, remember=tenant != ISOLATED and not big)
             done = await self.driver.canonicalize(request, big=big)

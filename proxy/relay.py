@@ -1,6 +1,6 @@
-"""Relaying an upstream body to the client as it arrives: the one loop every
-streamed response goes through (the wire APIs' streams through their reply
-machine, every other route's bytes as they come).
+"""The one body writer: an upstream body to the client as it arrives, whole or
+streamed (the wire APIs' streams through their reply machine, a whole answer as
+:class:`One` piece, every other route's bytes as they come).
 
 The body is read to its end even when the client's response has ended (the
 stream's last event sent), since reading it to the end is what returns the
@@ -18,7 +18,7 @@ the answer must go as the upstream sent it instead.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from starlette.types import Message, Send
@@ -53,6 +53,26 @@ class HeldHead:
                 self._on_sent()
             await self.send(self._start)
         await self.send(message)
+
+
+class One:
+    """A body of one piece: an answer read whole, written as the rest of the response."""
+
+    __slots__ = ("_read", "content")
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+        self._read = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self._read = True
+        yield self.content
+
+    def at_end(self) -> bool:
+        return self._read
+
+    async def aclose(self) -> None:
+        return None
 
 
 class Pieces(Protocol):
@@ -106,4 +126,4 @@ async def relay(
         await send({"type": "http.response.body", "body": tail})
 
 
-__all__ = ["AsSent", "HeldHead", "Pieces", "relay"]
+__all__ = ["AsSent", "HeldHead", "One", "Pieces", "relay"]

@@ -17,11 +17,12 @@ from typing import Any, Protocol
 import orjson
 from starlette.datastructures import Headers
 
-from canonicalize import CHAT, Canonicalizer, Exchange, LineageRecord, Memos, Outcome, Settings
+from canonicalize import CHAT, Canonicalizer, Exchange, LineageRecord, Lookup, Memos, Outcome, Prepared, Settings
 from proxy import addons
 from proxy.addons import Runner
 from proxy.config import Config, load
-from proxy.flow import Flow
+from proxy.flow import Flow, Guarded, Inbound
+from proxy.handler import splice
 from proxy.metrics import Metrics
 from proxy.services import Services
 from proxy.store import Bounds, Store
@@ -87,11 +88,12 @@ class Hooks:
     ) -> Flow:
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
         head = Headers({k.lower(): v for k, v in (headers or {}).items()})
-        flow = Flow(exchange, head, query.encode("utf-8", "surrogateescape"), raw, 0.0)
+        flow = Flow(Inbound(exchange, "", query.encode("utf-8", "surrogateescape"), head, raw, 0.0))
         await self.runner.request(flow)
-        self.runner.render(flow)
-        flow.message, flow.status = reply, status
-        self.runner.done(flow)
+        flow.outbound.body = splice(flow, self.runner)
+        flow.answer.message, flow.answer.status = reply, status
+        await self.runner.after_last(flow)
+        await self.runner.counting.flushed()
         await self.s.drain()
         return flow
 
@@ -121,6 +123,20 @@ class Sent:
         return self.flow.role
 
     @property
+    def prep(self) -> Prepared:
+        """The core's analysis of the request."""
+        done = self.flow.done
+        assert done is not None, f"not judged (role {self.flow.role})"
+        return done.prep
+
+    @property
+    def lookup(self) -> Lookup:
+        """What the store found for the request's chain."""
+        done = self.flow.done
+        assert done is not None, f"not judged (role {self.flow.role})"
+        return done.lookup
+
+    @property
     def rewrites(self) -> list[str]:
         return self.flow.rewrites
 
@@ -138,7 +154,12 @@ class Sent:
 
     @property
     def offered(self) -> frozenset[str] | None:
-        return self.flow.offered
+        """The tools the fork guard lets the reply call (None: no guard)."""
+        if isinstance(self.flow, Flow):
+            guard = self.flow.get(Guarded)
+            return guard.offered if guard is not None else None
+        offered: frozenset[str] | None = self.flow.offered
+        return offered
 
 
 KEY = {"authorization": "Bearer sk-test"}  # one tenant: a request without a key shares nothing

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from proxy.flow import Flow, bypassed
+from proxy.flow import SKIP, Flow, Skip
 
 
 class Bypass:
     name = "bypass"
+    needs: tuple[type, ...] = ()
+    provides = (Skip,)
 
     async def request(self, flow: Flow) -> None:
-        if bypassed(flow.headers):
-            flow.skip = True
-            flow.role = "bypass"
+        if flow.inbound.bypassed:
+            flow.decide(SKIP)

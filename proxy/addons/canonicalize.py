@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import logging
 
-from canonicalize import Request
+from canonicalize import Canonicalized, Request
 from proxy.drive import Driver
-from proxy.flow import Flow
-from proxy.services import Services
+from proxy.flow import SKIP, Edits, Flow, Parsed, Skip, Tenant
 from proxy.store import ISOLATED
 
 log = logging.getLogger("prefixpin")
@@ -26,29 +25,32 @@ log = logging.getLogger("prefixpin")
 
 class Canonicalize:
     name = "canonicalize"
+    needs = (Skip, Tenant)
+    provides = (Skip, Parsed, Canonicalized, Edits)
 
-    def __init__(self, s: Services, driver: Driver) -> None:
-        self.max_bytes = s.config.limits.canonicalize_max_bytes
+    def __init__(self, driver: Driver, *, max_bytes: int) -> None:
+        """``max_bytes``: ``limits.canonicalize_max_bytes``."""
         self.driver = driver
+        self.max_bytes = max_bytes
 
     async def request(self, flow: Flow) -> None:
-        if flow.skip:
+        if flow.get(Skip) is not None:
             return
-        if len(flow.raw) > self.max_bytes:
-            log.info("a %d-byte body is over limits.canonicalize_max_bytes: forwarded as sent", len(flow.raw))
-            flow.skip, flow.role = True, "bypass"
+        inbound = flow.inbound
+        if len(inbound.raw) > self.max_bytes:
+            log.info("a %d-byte body is over limits.canonicalize_max_bytes: forwarded as sent", len(inbound.raw))
+            flow.decide(SKIP)
             return
         # An isolated request (no credential) is no one's: nothing of it is kept for another;
         # nor is a big body, parsed whole on a worker thread.
-        remember = flow.tenant != ISOLATED and not flow.big
-        request = Request(flow.raw, flow.exchange, flow.tenant, flow.headers, remember)
-        done = await self.driver.canonicalize(request, big=flow.big)
+        tenant, big = flow.tenant, inbound.big
+        request = Request(
+            inbound.raw, inbound.exchange, tenant, inbound.headers, remember=tenant != ISOLATED and not big
+        )
+        done = await self.driver.canonicalize(request, big=big)
         if done is None:
-            flow.skip, flow.role = True, "bypass"
+            flow.decide(SKIP)
             return
-        flow.body, flow.doc, flow.prep, flow.lookup = done.body, done.doc, done.prep, done.lookup
-        flow.ops.extend(done.ops)
-        flow.rewrites = done.rewrites
-        flow.outcome, flow.role = done.outcome, done.role
-        flow.store_ok = done.outcome is not None
-        flow.done = done
+        flow.decide(Parsed(done.body, done.doc))
+        flow.decide(done)
+        flow.outbound.ops.extend(done.ops)

@@ -4,11 +4,11 @@ forwarded), in one store write with the Responses API response id and what
 learning leaves to the tenant's other conversations (its evidence, a new root's
 marked links).
 
-When: ``store.shared`` says (proxy.store.Store).  The memory store's writes
-never wait: the turn is recorded right after the response's last byte, before
-the event loop can read the client's next request.  A shared store's (Redis) go
-over the network in a task (``flow.recording``), which the handler awaits before
-the response's last bytes.
+When: the store says (``Store.records_at``, proxy.store).  The memory store's
+writes never wait: the turn is recorded right after the response's last byte,
+before the event loop can read the client's next request.  A shared store's
+(Redis: other processes read it) go over the network just before the response's
+last bytes, so whichever process gets the next turn finds it.
 A request the upstream failed is recorded too, so a retry finds its lineage.
 The record names the pool replica that answered (section 2c: every process
 sharing the store routes the lineage's next request there) and, when
@@ -25,47 +25,39 @@ credential) records nothing at all."""
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import Any
-
+from canonicalize import Canonicalized
 from proxy.drive import Driver
-from proxy.flow import Flow
+from proxy.flow import CacheControls, Flow, Tenant
 from proxy.services import Services
 from proxy.store import ISOLATED
 
 
 class Record:
     name = "record"
-    counts_only = False  # the next turn's lookup needs it: right at the response's end
+    needs = (Tenant, Canonicalized, CacheControls)
 
     def __init__(self, s: Services, driver: Driver) -> None:
         self.s = s
         self.driver = driver
+        self.when = s.store.records_at  # the next turn's lookup needs it: at the response's end
 
-    def done(self, flow: Flow) -> None:
-        if flow.outcome is None or flow.done is None or flow.failed or flow.tenant == ISOLATED:
+    async def done(self, flow: Flow) -> None:
+        done, tenant = flow.done, flow.tenant
+        outcome = done.outcome if done is not None else None
+        if done is None or outcome is None or tenant == ISOLATED:
             return
-        if not self.s.store.shared and not flow.big:
-            _run_inline(self._record(flow))
+        answer, controls = flow.answer, flow.get(CacheControls)
+        record = controls.record if controls is not None and controls.record is not None else outcome.record
+        if answer.replica is not None:
+            record = record.evolve(replica=answer.replica)
+        if controls is not None and controls.keep_message_id and answer.reply is not None and answer.status < 400:
+            message_id = answer.reply.usage.message_id  # the next turn's diagnostics.previous_message_id
+            if message_id is not None:
+                record = record.evolve(message_id=message_id)
+        reply = answer.message if answer.status < 400 else None
+        big = flow.inbound.big
+        write = self.driver.record(tenant, done, flow.out, reply, record, big=big)
+        if big and self.when == "after_last_byte":
+            self.s.spawn(write)  # its blobs are cut on a worker thread: the response is not held for it
         else:
-            flow.recording = self.s.spawn(self._record(flow))
-
-    async def _record(self, flow: Flow) -> None:
-        outcome, done = flow.outcome, flow.done
-        assert outcome is not None and done is not None
-        record = outcome.record if flow.replica is None else outcome.record.evolve(replica=flow.replica)
-        message_id = flow.reply.usage.message_id if flow.keep_message_id and flow.reply is not None else None
-        if message_id is not None and flow.status < 400:  # the next turn's diagnostics.previous_message_id
-            record = record.evolve(message_id=message_id)
-        reply = flow.message if flow.status < 400 else None
-        await self.driver.record(flow.tenant, done, flow.out, reply, record, big=flow.big)
-
-
-def _run_inline(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a coroutine that never suspends (the memory store's calls) to its end, now."""
-    try:
-        coro.send(None)
-    except StopIteration:
-        return
-    coro.close()
-    raise RuntimeError("a store that records inline waited")
+            await write

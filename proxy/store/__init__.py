@@ -77,11 +77,12 @@ NOTHING_WIDE = TenantWide()
 class Store(Protocol):
     """The storage contract; backends raise :class:`proxy.errors.StoreError`."""
 
-    # When a turn is recorded.  False (the memory store, whose writes never wait): right
-    # after its response's last byte, before this process reads the client's next
-    # request.  True (Redis: other processes read it): before the response's last bytes
-    # go out, so whichever process gets the next turn finds it (proxy.handler).
-    shared: bool
+    # The moment a turn is recorded (proxy.addons.runner).  "after_last_byte" (the memory
+    # store, whose writes never wait): right after its response's last byte, before this
+    # process reads the client's next request.  "before_last_byte" (Redis: other
+    # processes read it): before the response's last bytes go out, so whichever process
+    # gets the next turn finds it.
+    records_at: str
 
     async def lookup(
         self,

@@ -47,7 +47,7 @@ class MemoryStore:
     ``bounds.tenant_max_entries`` and ``bounds.tenant_max_bytes`` per tenant (least
     recently used go first) and by ``ttl_s``."""
 
-    shared = False  # this process's own: record() never waits (see Store.shared)
+    records_at = "after_last_byte"  # this process's own: record() never waits (see Store.records_at)
 
     def __init__(
         self,
