@@ -62,7 +62,6 @@ import orjson
 from canonicalize import (
     UNCACHED_CAUSES,
     Evidence,
-    Exchange,
     Fingerprint,
     Parent,
     Prediction,
@@ -135,23 +134,6 @@ class Seen:
     raw_fp: Fingerprint  # as received (no rule applied)
     sent: dict[str, Any]  # the body as the trace has it
     forwarded: dict[str, Any]  # the body as prefixpin forwards it
-
-
-def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
-    resp = line.extra.get("response")
-    if not isinstance(resp, dict):
-        return None
-    if isinstance(resp.get("choices"), list) and resp["choices"]:  # a whole chat completion
-        msg = resp["choices"][0].get("message")
-        return msg if isinstance(msg, dict) else None
-    if resp.get("type") == "message" and "content" in resp:  # a whole Anthropic message
-        return {"role": "assistant", "content": resp["content"]}
-    if isinstance(resp.get("output"), list):  # a whole Responses response (its id: previous_response_id)
-        out: dict[str, Any] = {"role": "assistant", "output": resp["output"]}
-        if isinstance(resp.get("id"), str):
-            out["id"] = resp["id"]
-        return out
-    return resp if resp.get("role") == "assistant" else None
 
 
 def _usage_of(line: TraceLine) -> Usage | None:
@@ -227,7 +209,7 @@ async def audit(lines: list[TraceLine], config: Config, progress: Progress, erro
             exchange=exchange,
             headers=_headers(line, _tenant(line, policy)),
             query=urlsplit(line.path).query,
-            reply=_reply_of(line, exchange),
+            reply=line.reply,
             status=_status(line),
         )
         total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
