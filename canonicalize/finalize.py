@@ -280,21 +280,37 @@ def _continuation(
         "notes": kept + tuple(added),
     }
     _apply_notes(prep, added, rewrites, learned=learned is not None)
-    structural: list[Op] = []
-    if settled is not None and settled.tools is not None:  # descriptions pinned: the lineage's tools[]
-        structural.append(SetValue(prep.exchange.tools_path(prep.body), settled.tools))
-        set_tools(prep.exchange, prep.body, orjson.loads(settled.tools))
-    elif _recorded_tools(prep, parent) and parent.tools_ref in blobs:
-        blob = blobs[parent.tools_ref]
-        structural.append(SetValue(prep.exchange.tools_path(prep.body), blob))
-        set_tools(prep.exchange, prep.body, orjson.loads(blob))
-        rewrites.append(TOOLS_RULE)
-    elif tools is not None and tools.meaning != parent.tools_meaning:
-        changes.update(tools_meaning=tools.meaning, tool_order=own_tools)
+    structural = _lineage_tools(prep, parent, blobs, settled, rewrites, changes)
     applied = _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
     if settled is not None:
         applied.shared_blobs = settled.writes
     return applied
+
+
+def _lineage_tools(
+    prep: Prepared,
+    parent: LineageRecord,
+    blobs: dict[str, bytes],
+    settled: Settled | None,
+    rewrites: list[str],
+    changes: dict[str, Any],
+) -> list[Op]:
+    """A continuation's tools[]: the lineage's recorded bytes when learning pinned
+    their descriptions, or when the request's mean the same but are written
+    otherwise; else the request's own, their meaning recorded when it changed."""
+    tools = prep.tools
+    if settled is not None and settled.tools is not None:  # descriptions pinned: the lineage's tools[]
+        set_tools(prep.exchange, prep.body, orjson.loads(settled.tools))
+        return [SetValue(prep.exchange.tools_path(prep.body), settled.tools)]
+    if _recorded_tools(prep, parent) and parent.tools_ref in blobs:
+        blob = blobs[parent.tools_ref]
+        op = SetValue(prep.exchange.tools_path(prep.body), blob)
+        set_tools(prep.exchange, prep.body, orjson.loads(blob))
+        rewrites.append(TOOLS_RULE)
+        return [op]
+    if tools is not None and tools.meaning != parent.tools_meaning:
+        changes.update(tools_meaning=tools.meaning, tool_order=tools.names)
+    return []
 
 
 def _fork(
@@ -361,26 +377,9 @@ def _outcome(
     # What the lineage forwarded: refs by the parse, bytes stored after sending.
     system_ref = identity.system_ref(texts, exchange.system_value(body), prep.scope)
     tools_ref = _forwarded_tools_ref(rules, prep)
-    new_blobs: list[str] = []
-    touch: list[str] = []
-    for name, ref, had in (("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)):
-        if ref == had:
-            touch.append(ref)
-        else:
-            new_blobs.append(name)
-    fingerprint = identity.fingerprint(
-        texts,
-        rules.fork.inherit_params,
-        body,
-        exchange,
-        tools_ref=tools_ref,
-        tools_len=prep.tools.size if prep.tools else 0,
-        n_messages=len(prep.links),
-        # A repaired fork forwards its parent's system messages; otherwise they are the
-        # request's own, found once by prepare (their texts as edited since).
-        system_slots=exchange.system_slots(body) if applied.repaired else prep.system_slots,
-        scope=prep.scope,
-    )
+    new_blobs = tuple(n for n, ref, had in _parts(system_ref, tools_ref, record) if ref != had)
+    touch = [ref for _, ref, had in _parts(system_ref, tools_ref, record) if ref == had]
+    fingerprint = _fingerprint(rules, texts, prep, tools_ref, repaired=applied.repaired)
     changes = applied.changes
     if applied.role != "fork":
         changes["params"] = _params(rules.fork.inherit_params, prep)
@@ -395,7 +394,7 @@ def _outcome(
         record=record,
         links=prep.links[start:],
         touch=touch,
-        new_blobs=tuple(new_blobs),
+        new_blobs=new_blobs,
         offered=applied.offered,
         fork_action=applied.fork_action,
         parent_fp=applied.parent_fp,
@@ -406,6 +405,30 @@ def _outcome(
         marks=tuple(applied.marks),
         keep_items=tuple(applied.keep_items),
     )
+
+
+def _fingerprint(rules: RuleSet, texts: Texts, prep: Prepared, tools_ref: str, *, repaired: bool) -> Fingerprint:
+    """What prefix prediction compares of the request as forwarded."""
+    body, exchange = prep.body, prep.exchange
+    return identity.fingerprint(
+        texts,
+        rules.fork.inherit_params,
+        body,
+        exchange,
+        tools_ref=tools_ref,
+        tools_len=prep.tools.size if prep.tools else 0,
+        n_messages=len(prep.links),
+        # A repaired fork forwards its parent's system messages; otherwise they are the
+        # request's own, found once by prepare (their texts as edited since).
+        system_slots=exchange.system_slots(body) if repaired else prep.system_slots,
+        scope=prep.scope,
+    )
+
+
+def _parts(system_ref: str, tools_ref: str, record: LineageRecord) -> tuple[tuple[str, str, str | None], ...]:
+    """The system part and tools[] as forwarded, by name: (name, ref, the ref the
+    lineage recorded before)."""
+    return ("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)
 
 
 def _recorded_from(prep: Prepared, lookup: Lookup, applied: _Applied) -> tuple[int, int]:

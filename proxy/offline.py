@@ -131,16 +131,19 @@ class Offline:
         query: str = "",
         reply: dict[str, Any] | None = None,
         status: int = 200,
+        tenant: str | None = None,
     ) -> Replayed:
         """One request: what would be forwarded, its role and outcome; ``reply`` (the
         assistant message the client received) is recorded with it, unless ``status``
-        says the upstream failed."""
+        says the upstream failed.  ``tenant``: whose it is (None: what its credentials
+        make, as ``tenancy`` says; "" shares nothing)."""
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
         head = Headers({k.lower(): v for k, v in (headers or {}).items()})
         inbound = Inbound(exchange, "", query.encode("utf-8", "surrogateescape"), head, raw, 0.0)
         if inbound.bypassed:
             return Replayed(raw, raw, "bypass")
-        tenant = tenant_of(head.raw, inbound.query, self.s.config.tenancy)
+        if tenant is None:
+            tenant = tenant_of(head.raw, inbound.query, self.s.config.tenancy)
         big = inbound.big
         try:
             request = Request(raw, exchange, tenant, head, remember=tenant != ISOLATED and not big)
