@@ -38,7 +38,6 @@ from starlette.datastructures import Headers
 
 from benchmarks.overhead.body import hermes_body
 from canonicalize import CHAT, Canonicalized, Canonicalizer, JsonDoc, Lookup, Request, analysis, render
-from canonicalize.needs import NewId
 from proxy.config import load
 from proxy.offline import Offline
 from proxy.tenancy import tenant_of
@@ -89,10 +88,10 @@ class Case:
 
     def root(self) -> bytes:
         """A new conversation: the core's machine with a store that holds nothing."""
-        machine = self.canon.start(Request(self.raw, CHAT, TENANT, HEADERS, remember=False))
+        machine = self.canon.start(Request(self.raw, CHAT, TENANT, HEADERS, "x", remember=False))
         need = machine.send()
         while need is not None:
-            need = machine.send("x" if isinstance(need, NewId) else Lookup())
+            need = machine.send(Lookup())
         done = machine.result
         assert done is not None
         return render(done.doc, done.ops)
@@ -105,7 +104,7 @@ class Case:
 
     def continuation(self, offline: Offline) -> tuple[Canonicalized, bytes]:
         """The next turn through the proxy's driver of the core: its outcome and bytes."""
-        done = run_sync(offline.driver.canonicalize(Request(self.raw, CHAT, TENANT, HEADERS), big=False))
+        done = run_sync(offline.driver.canonicalize(self.raw, CHAT, TENANT, HEADERS, remember=True, big=False))
         assert done is not None
         return done, render(done.doc, done.ops) if done.ops else self.raw
 

@@ -1,7 +1,7 @@
 """What the request machine asks of the shell (:mod:`canonicalize.pipeline`).
 
-The core does no I/O: where it needs something only the store (or the OS's
-randomness) has, the machine stops and returns a :class:`Need`.  The shell
+The core does no I/O: where it needs something only the store has, the machine
+stops and returns a :class:`Need`.  The shell
 answers it (``proxy.steps``) and feeds the answer back.  Each need names the type
 of its answer (``Need[T]``); an answer may also be :data:`UNAVAILABLE`: the store
 failed, and the machine goes on without it (the request keeps its static rules,
@@ -17,7 +17,6 @@ need               answered with                                the store's call
 :class:`Marked`    the lineages that marked each link           ``tenant_wide(tenant, links, ())``
 :class:`Evidence`  the tenant's evidence blobs                  ``tenant_wide(tenant, (), refs)``
 :class:`Together`  each of its needs' answers, asked at once    (one round trip)
-:class:`NewId`     a new lineage id, in its conversation's home (no store call: randomness)
 =================  ===========================================  =======================================
 """
 
@@ -106,13 +105,6 @@ class Together(Need[tuple[Any, ...]]):
     needs: tuple[Need[Any], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class NewId(Need[str]):
-    """A new lineage id, for a lineage of the conversation named by ``origin``."""
-
-    origin: Origin
-
-
 __all__ = [
     "UNAVAILABLE",
     "Blobs",
@@ -122,7 +114,6 @@ __all__ = [
     "Marked",
     "Marker",
     "Need",
-    "NewId",
     "Previous",
     "Together",
     "Unavailable",

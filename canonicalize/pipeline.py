@@ -33,8 +33,8 @@ finalize        pins, notes, the lineage's tools[] and fork repair as edits, and
 A store that fails answers :data:`~canonicalize.needs.UNAVAILABLE`: the request
 goes on as a root with its static rules, and nothing of it is recorded (role
 ``fail-open``).  The machine runs no I/O, reads no clock, draws no random number
-(a new lineage's id is a need too); which thread runs each step is the shell's
-choice.
+(a new lineage's id comes with the request); which thread runs each step is the
+shell's choice.
 
 :class:`Canonicalizer` is the core's long-lived state, one per app: the compiled
 rule set (:mod:`canonicalize.ruleset`) and the memos (:mod:`canonicalize.memo`).
@@ -47,8 +47,7 @@ the two).  The memos are safe to share between threads.
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar
 
 from canonicalize import analysis, chain, finalize, identity, recall
 from canonicalize.analysis import Prepared
@@ -56,48 +55,52 @@ from canonicalize.edits import Op
 from canonicalize.finalize import Outcome
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.learn import Learned, Plan, learn_plan, learn_spans
-from canonicalize.lineage import CANDIDATES, Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, classify
+from canonicalize.lineage import CANDIDATES, Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, classify, homed
 from canonicalize.lineage import origin_of as _origin_of
 from canonicalize.memo import Memos
 from canonicalize.needs import (
+    UNAVAILABLE,
     Blobs,
     Chain,
     Declared,
     Evidence,
     Marked,
     Need,
-    NewId,
     Previous,
     Together,
-    Unavailable,
 )
 from canonicalize.ruleset import RuleSet, Settings
 from canonicalize.wire.base import Exchange
 
 T = TypeVar("T")
-Steps = Generator[Need[Any], object, T]
+# The answers the shell sends back are the types the needs name (canonicalize.needs).
+Steps = Generator[Need[Any], Any, T]
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """A request as the core sees it: the client's bytes, its wire API and tenant
     (the scope of every memo and need), its headers (a session header, a declared
-    parent).  ``remember`` False: the body is parsed whole and nothing of it is kept
-    for the tenant's next one (a body no one owns, or one too big to keep)."""
+    parent), and ``fresh``, a new random lineage id (randomness is the shell's), the
+    request's if it starts a lineage, made to start with its conversation's home
+    (:func:`~canonicalize.lineage.homed`).  ``remember`` False: the body is parsed
+    whole and nothing of it is kept for the tenant's next one (a body no one owns,
+    or one too big to keep)."""
 
     raw: bytes
     exchange: Exchange
     tenant: str
     headers: Mapping[str, str]
+    fresh: str
     remember: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Canonicalized:
+class Canonicalized(NamedTuple):
     """The core's outcome for one request: its parse, analysis and lookup, the edits
     and rule names to forward it with, its role, and (None when the store failed:
-    nothing is recorded) the :class:`~canonicalize.finalize.Outcome` to record."""
+    nothing is recorded) the :class:`~canonicalize.finalize.Outcome` to record.
+    Immutable, like :class:`Request` (NamedTuples: made per request, they cost a
+    quarter of a frozen dataclass)."""
 
     body: dict[str, Any]
     doc: JsonDoc
@@ -183,23 +186,29 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
     if found is None or not isinstance(found[0], dict):
         return None
     body, doc, kept = found
-    previous = yield from _previous(body)
+    previous = None
+    response_id = body.get("previous_response_id")  # Responses: the lineage and tip link it continues
+    if isinstance(response_id, str) and response_id:
+        previous = yield Previous(response_id)
+        previous = None if previous is UNAVAILABLE else previous
+    headers = req.headers
     prep = analysis.prepare(
         rules,
         memos,
         doc,
         body,
         req.exchange,
-        declared_parent=req.headers.get("x-prefixpin-parent") or None,
-        headers=req.headers,
+        declared_parent=headers.get("x-prefixpin-parent") or None,
+        headers=headers,
         previous=previous,
         scope=req.tenant,
         kept=kept,
     )
     sent = prep.signals.skeleton, finalize.sent_tools_ref(rules, prep)
-    first = yield from _lookup(prep.links, prep.signals.declared_parent, prep.origin, sent)
-    store_ok = not isinstance(first, Unavailable)
-    lookup = first if not isinstance(first, Unavailable) else Lookup()
+    need, offset = _chain(prep.links, prep.signals.declared_parent, prep.origin, sent)
+    first = yield need
+    store_ok = first is not UNAVAILABLE
+    lookup = _deepened(first, offset) if store_ok else Lookup()
     decision, final, learned, head, got = yield from _decide(canon, prep, lookup, store_ok)
     keep = canon.keeps_history
     needed = finalize.blobs_needed(prep, decision, learned, lookup=final, keep_history=keep)
@@ -211,7 +220,7 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
         read = yield from _blobs(refs, owner, evidence)
         store_ok = read is not None
         blobs.update(read or {})
-    new_id = cast(str, (yield NewId(prep.origin)))
+    new_id = homed(req.fresh, req.tenant, prep.origin)
     outcome = finalize.finalize(
         rules, memos, prep, final, decision, new_id=new_id, blobs=blobs, learned=learned, keep_history=keep, head=head
     )
@@ -230,7 +239,7 @@ def _decide(canon: Canonicalizer, prep: Prepared, lookup: Lookup, store_ok: bool
     on the way (``got``)."""
     decision = _classify(canon.rules, prep, lookup)
     final, head, got = lookup, None, lookup.blobs
-    if store_ok and decision.role == "root" and not lookup.depth:
+    if store_ok and decision.role == "root" and not lookup.depth and canon.keeps_history:
         recalled = yield from _recall(canon, prep)
         if recalled is not None:
             decision, final, head, got = recalled
@@ -243,29 +252,13 @@ def _decide(canon: Canonicalizer, prep: Prepared, lookup: Lookup, store_ok: bool
     return decision, final, learned, head, got
 
 
-def _ask(need: Need[T]) -> Steps[T | Unavailable]:
-    """``need``'s answer (typed as the need names it)."""
-    return cast("T | Unavailable", (yield need))
-
-
-def _previous(body: dict[str, Any]) -> Steps[tuple[str, bytes] | None]:
-    """The lineage and tip link the response named by ``previous_response_id``
-    (Responses API) left: the request continues there.  Unknown, or the store down:
-    None (the request is judged on its own)."""
-    response_id = body.get("previous_response_id")
-    if not isinstance(response_id, str) or not response_id:
-        return None
-    found = yield from _ask(Previous(response_id))
-    return None if isinstance(found, Unavailable) else found
-
-
-def _lookup(
+def _chain(
     links: Sequence[bytes], declared: str | None, origin: bytes | str, sent: tuple[str, str] | None = None
-) -> Steps[Lookup | Unavailable]:
-    """The store's answer for the newest LOOKUP_LINKS of ``links`` (depths stay absolute)."""
+) -> tuple[Chain, int]:
+    """The lookup of the newest LOOKUP_LINKS of ``links``, and how many older ones it
+    leaves out (its depths are made absolute again: :func:`_deepened`)."""
     offset = max(len(links) - LOOKUP_LINKS, 0)
-    found = yield from _ask(Chain(links[offset:] if offset else links, declared, origin, sent))
-    return found if isinstance(found, Unavailable) else _deepened(found, offset)
+    return Chain(links[offset:] if offset else links, declared, origin, sent), offset
 
 
 def _deepened(found: Lookup, offset: int) -> Lookup:
@@ -310,8 +303,8 @@ def _learn(
     refs = tuple(ref for ref in plan.refs if ref not in got)
     if refs:
         owner = plan.candidates[0][0].id if plan.candidates else None  # all found in this conversation's home
-        found = yield from _ask(Blobs(refs, owner))
-        if isinstance(found, Unavailable):
+        found = yield Blobs(refs, owner)
+        if found is UNAVAILABLE:
             return None
         blobs.update((ref, raw) for ref, raw in zip(refs, found, strict=True) if raw is not None)
     return learn_spans(prep, lookup, decision, plan, blobs, canon.settings.learn, canon.rules.fork)
@@ -322,18 +315,18 @@ def _blobs(refs: tuple[str, ...], owner: str | None, evidence: tuple[str, ...]) 
     ``evidence``, read at once (on Redis: the conversation's home, the tenant's slot)."""
     found: list[bytes | None]
     if not evidence:
-        one = yield from _ask(Blobs(refs, owner))
-        if isinstance(one, Unavailable):
+        one = yield Blobs(refs, owner)
+        if one is UNAVAILABLE:
             return None
         found = one
     elif not refs:
-        wide = yield from _ask(Evidence(evidence))
-        if isinstance(wide, Unavailable):
+        wide = yield Evidence(evidence)
+        if wide is UNAVAILABLE:
             return None
         found = wide
     else:
-        both = yield from _ask(Together((Blobs(refs, owner), Evidence(evidence))))
-        if isinstance(both, Unavailable):
+        both = yield Together((Blobs(refs, owner), Evidence(evidence)))
+        if both is UNAVAILABLE:
             return None
         found = [*both[0], *both[1]]
     return {ref: raw for ref, raw in zip((*refs, *evidence), found, strict=True) if raw is not None}
@@ -356,8 +349,8 @@ def _recall(canon: Canonicalizer, prep: Prepared) -> Steps[Recalled | None]:
     stem = recall.stem(prep)
     if stem is None:
         return None
-    marked = yield from _ask(Marked((stem,)))
-    if isinstance(marked, Unavailable) or not marked[0]:
+    marked = yield Marked((stem,))
+    if marked is UNAVAILABLE or not marked[0]:
         return None
     found = yield from _lineages(marked[0][:CANDIDATES])
     if found is None:
@@ -367,12 +360,11 @@ def _recall(canon: Canonicalizer, prep: Prepared) -> Steps[Recalled | None]:
         head = recall.match_head(prep, rec, blobs)
         if head is None or rec.fingerprint is None:
             continue
-        offset = max(len(head.links) - LOOKUP_LINKS, 0)
-        chain_need = Chain(head.links[offset:], None, _origin_of(head.links))
-        both = yield from _ask(Together((Marked(head.lines), chain_need)))
-        if isinstance(both, Unavailable):
+        chain_need, offset = _chain(head.links, None, _origin_of(head.links))
+        both = yield Together((Marked(head.lines), chain_need))
+        if both is UNAVAILABLE:
             return None
-        lines, check = cast(list[tuple[recall.Marker, ...]], both[0]), _deepened(cast(Lookup, both[1]), offset)
+        lines, check = both[0], _deepened(both[1], offset)
         if not all(recall.is_template(prep, rec, m) for m in lines):
             continue
         owners = {r.id for i, r in enumerate(check.candidates) if check.depth_of(i) == check.depth}
@@ -386,12 +378,12 @@ def _lineages(markers: Sequence[recall.Marker]) -> Steps[tuple[list[LineageRecor
     messages, read at once (on Redis: each from its home)."""
     needs: list[Need[Any]] = [Declared(lineage) for lineage, _ in markers]
     needs += [Blobs((first,), lineage) for lineage, first in markers]
-    found = yield from _ask(Together(tuple(needs)))
-    if isinstance(found, Unavailable):
+    found = yield Together(tuple(needs))
+    if found is UNAVAILABLE:
         return None
     n = len(markers)
-    recs = [r for r in cast(tuple[LineageRecord | None, ...], found[:n]) if r is not None]
-    raws = cast(tuple[list[bytes | None], ...], found[n:])
+    recs = [r for r in found[:n] if r is not None]
+    raws = found[n:]
     blobs = {first: raw[0] for (_, first), raw in zip(markers, raws, strict=True) if raw[0] is not None}
     return recs, blobs
 

@@ -13,8 +13,7 @@ as they went.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from canonicalize import chain
 from canonicalize.jsonspan import JsonDoc
@@ -22,8 +21,7 @@ from canonicalize.lineage import LineageRecord, Origin
 from canonicalize.pipeline import Canonicalized
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(NamedTuple):
     """One store write (``Store.record``): the record, the links it owns from now on,
     new blobs by ref, refs to keep alive, the conversation's origin, what the tenant's
     other conversations get (links marked, evidence blobs) and a Responses API

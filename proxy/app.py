@@ -54,10 +54,11 @@ EXCHANGE = "prefixpin.exchange"  # scope key: the wire API the exchange route ma
 
 class ExchangeRoute(BaseRoute):
     """A POST to a wire API's path (``canonicalize.match``), served by ``endpoint``
-    with the ASGI call and the exchange: no Request object, no framework middleware."""
+    (the handler, once the lifespan has made it) with the ASGI call and the exchange:
+    no Request object, no framework middleware."""
 
-    def __init__(self, endpoint: Callable[[Scope, Receive, Send, Exchange], Awaitable[None]]) -> None:
-        self.endpoint = endpoint
+    def __init__(self) -> None:
+        self.endpoint: Callable[[Scope, Receive, Send, Exchange], Awaitable[None]] = _not_started
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -71,6 +72,10 @@ class ExchangeRoute(BaseRoute):
 
     def url_path_for(self, name: str, /, **path_params: Any) -> Any:
         raise NoMatchFound(name, path_params)
+
+
+async def _not_started(scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
+    raise RuntimeError("the app's lifespan has not started")
 
 
 class _Endpoint:
@@ -101,9 +106,10 @@ class App:
         self.state = State()
         self.handler: Handler | None = None  # from the lifespan on
         self.passthrough: Passthrough | None = None
+        self.exchanges = ExchangeRoute()
         self.router = Router(
             routes=[
-                ExchangeRoute(self._exchange),
+                self.exchanges,
                 Route("/healthz", self._healthz, methods=["GET", "HEAD"]),
                 Route("/readyz", self._readyz, methods=["GET", "HEAD"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
@@ -127,7 +133,7 @@ class App:
         s.recorder = open_recorder(config, metrics)
         if self._clock is not None:
             s.clock = self._clock
-        self.handler = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
+        self.handler = self.exchanges.endpoint = Handler(s, upstream, addons.Runner(addons.build(s), metrics))
         self.passthrough = Passthrough(upstream, metrics, config.limits.max_body_bytes, slots)
         self.state.services = s
         if slots is not None:
@@ -148,9 +154,6 @@ class App:
     def _live(self) -> Handler:
         assert self.handler is not None, "the app's lifespan has not started"
         return self.handler
-
-    async def _exchange(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
-        await self._live()(scope, receive, send, exchange)
 
     async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.passthrough is not None, "the app's lifespan has not started"

@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from canonicalize import Canonicalized, Canonicalizer, LineageRecord, Request
+from canonicalize import Canonicalized, Canonicalizer, Exchange, LineageRecord, Request
 from canonicalize.needs import (
     UNAVAILABLE,
     Blobs,
@@ -36,7 +36,6 @@ from canonicalize.needs import (
     Evidence,
     Marked,
     Need,
-    NewId,
     Previous,
     Together,
 )
@@ -45,7 +44,7 @@ from proxy.cpu import on_cpu
 from proxy.errors import StoreError
 from proxy.learned import Suggestions
 from proxy.metrics import Metrics
-from proxy.store import Store, TenantWide, homed
+from proxy.store import Store, TenantWide
 from proxy.store.guard import StoreGuard
 
 log = logging.getLogger("prefixpin")
@@ -71,24 +70,27 @@ class Driver:
         self.new_id = new_id or Ids()
         self.suggestions = Suggestions(metrics, canon.settings.learn)
 
-    async def canonicalize(self, request: Request, *, big: bool) -> Canonicalized | None:
-        """The core's outcome for ``request``; None: its body is not a JSON object."""
-        machine = self.canon.start(request)
+    async def canonicalize(
+        self, raw: bytes, exchange: Exchange, tenant: str, headers: Mapping[str, str], *, remember: bool, big: bool
+    ) -> Canonicalized | None:
+        """The core's outcome for the request (module docstring); None: its body is not
+        a JSON object.  ``remember`` False: nothing of it is kept for the tenant's next
+        request; ``big``: its steps run on a worker thread."""
+        machine = self.canon.start(Request(raw, exchange, tenant, headers, self.new_id(), remember))
         need = await on_cpu(big, machine.send)
         while need is not None:
-            answer = await self._answer(need, request.tenant)
+            answer = await self._answer(need, tenant)
             need = await on_cpu(big, machine.send, answer)
         done = machine.result
         if done is not None:
             if done.learned is not None:
-                self.suggestions.note(request.tenant, done.learned)
+                self.suggestions.note(tenant, done.learned)
             if done.outcome is None:
                 self.metrics.fail_open.labels("store").inc()
         return done
 
     async def _answer(self, need: Need[Any], tenant: str) -> object:
-        if isinstance(need, NewId):  # an id of prefixpin's shape starts with its conversation's home
-            return homed(self.new_id(), tenant, need.origin)
+        """``need``'s answer from the store, or UNAVAILABLE."""
         try:
             return await self.guard.call(lambda: self._ask(need, tenant))
         except StoreError:
@@ -131,43 +133,32 @@ class Driver:
         back (None: nothing to replay).  The blobs the store answers it lost are written
         again at once, so later forks find them.  A failure costs the record only
         (``fail_open{stage="record"}``)."""
+        store, guard = self.store, self.guard
         try:
-            await self._record(tenant, done, forwarded, reply, record, big)
+            written = await on_cpu(big, turn, done, forwarded, reply, record)
+            wide = TenantWide(written.marks, record.first, written.shared_blobs)
+            missing = await guard.call(
+                lambda: store.record(
+                    tenant,
+                    record,
+                    written.links,
+                    written.blobs,
+                    written.touch,
+                    origin=written.origin,
+                    wide=wide,
+                    response=written.response,
+                )
+            )
+            if missing:  # touched blobs the store lost: written again now, for the next fork
+                blobs = await on_cpu(big, again, done, forwarded, missing)
+                if blobs:
+                    await guard.call(lambda: store.record(tenant, record, (), blobs, ()))
         except StoreError as exc:
             log.debug("store record failed: %s", exc)
             self.metrics.fail_open.labels("record").inc()
         except Exception:
             log.exception("recording failed")
             self.metrics.fail_open.labels("record").inc()
-
-    async def _record(
-        self,
-        tenant: str,
-        done: Canonicalized,
-        forwarded: bytes,
-        reply: dict[str, Any] | None,
-        record: LineageRecord,
-        big: bool,
-    ) -> None:
-        written = await on_cpu(big, turn, done, forwarded, reply, record)
-        wide = TenantWide(written.marks, record.first, written.shared_blobs)
-        store = self.store
-        missing = await self.guard.call(
-            lambda: store.record(
-                tenant,
-                record,
-                written.links,
-                written.blobs,
-                written.touch,
-                origin=written.origin,
-                wide=wide,
-                response=written.response,
-            )
-        )
-        if missing:  # touched blobs the store lost: written again now, for the next fork
-            blobs = await on_cpu(big, again, done, forwarded, missing)
-            if blobs:
-                await self.guard.call(lambda: store.record(tenant, record, (), blobs, ()))
 
 
 class Ids:

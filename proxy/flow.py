@@ -22,21 +22,21 @@ describe the request (its tenant and its parse, for the metrics and the trace).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from starlette.datastructures import Headers
 
-from canonicalize import Canonicalized, Exchange, JsonDoc, LineageRecord, Op, Reply
+from canonicalize import Canonicalized, Exchange, JsonDoc, LineageRecord, Op, Outcome, Reply
 from proxy.cpu import is_big
 from proxy.upstream.policy import NO_ROUTE, Route
 
 D = TypeVar("D")
 
 
-@dataclass(frozen=True, slots=True)
-class Inbound:
+class Inbound(NamedTuple):
     """The request as the client sent it, its whole body read (at ``started``,
-    ``perf_counter()``)."""
+    ``perf_counter()``).  Immutable (a NamedTuple: made per request, it costs a
+    quarter of a frozen dataclass)."""
 
     exchange: Exchange
     path: str  # the request target's path, as the client sent it (no query)
@@ -158,11 +158,12 @@ class Answer:
 class Flow:
     """One request (module docstring)."""
 
-    __slots__ = ("_decided", "answer", "failed", "inbound", "outbound")
+    __slots__ = ("_decided", "answer", "done", "failed", "inbound", "outbound")
 
     def __init__(self, inbound: Inbound) -> None:
         self.inbound = inbound
         self._decided: dict[type, Any] = {}
+        self.done: Canonicalized | None = None  # the core's outcome, the decision most read
         self.outbound = Outbound()
         self.answer = Answer()
         self.failed = False  # an addon failed: forwarded as the client sent it
@@ -175,11 +176,14 @@ class Flow:
     def decide(self, decision: object) -> None:
         """Add an addon's decision (one of each type)."""
         self._decided[type(decision)] = decision
+        if isinstance(decision, Canonicalized):
+            self.done = decision
 
     def fail_open(self) -> None:
         """Forward what the client sent: no decision, no edit, nothing recorded."""
         self.failed = True
         self._decided = {k: v for k, v in self._decided.items() if k in FACTS}
+        self.done = None
         self.outbound = Outbound()
 
     # -- what the decisions say, read by many ------------------------------------------
@@ -188,16 +192,10 @@ class Flow:
         """``x-prefixpin-role`` and the ``role`` label."""
         if self.failed:
             return "fail-open"
-        done = self._decided.get(Canonicalized)
+        done = self.done
         if done is not None:
-            role: str = done.role
-            return role
+            return done.role
         return Skip.role if Skip in self._decided else "root"
-
-    @property
-    def editable(self) -> bool:
-        """The core judged it (a JSON object, not skipped) and nothing failed."""
-        return not self.failed and Canonicalized in self._decided
 
     @property
     def tenant(self) -> str:
@@ -210,20 +208,14 @@ class Flow:
         return parsed.model if parsed is not None else None
 
     @property
-    def done(self) -> Canonicalized | None:
-        """The core's outcome (None: not judged, or failed open)."""
-        found: Canonicalized | None = self._decided.get(Canonicalized)
-        return found
-
-    @property
-    def outcome(self) -> Any:
-        """What is recorded of it (:class:`~canonicalize.Outcome`; None: nothing)."""
-        done = self._decided.get(Canonicalized)
+    def outcome(self) -> Outcome | None:
+        """What is recorded of it (None: nothing)."""
+        done = self.done
         return done.outcome if done is not None else None
 
     @property
     def rewrites(self) -> list[str]:
-        done = self._decided.get(Canonicalized)
+        done = self.done
         return done.rewrites if done is not None else []
 
     @property

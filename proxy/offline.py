@@ -33,7 +33,6 @@ from canonicalize import (
     Op,
     Outcome,
     Prepared,
-    Request,
     Settings,
     render,
 )
@@ -146,8 +145,8 @@ class Offline:
             tenant = tenant_of(head.raw, inbound.query, self.s.config.tenancy)
         big = inbound.big
         try:
-            request = Request(raw, exchange, tenant, head, remember=tenant != ISOLATED and not big)
-            done = await self.driver.canonicalize(request, big=big)
+            remember = tenant != ISOLATED and not big
+            done = await self.driver.canonicalize(raw, exchange, tenant, head, remember=remember, big=big)
             if done is None:
                 return Replayed(raw, raw, "bypass")
             out = await on_cpu(big, render, done.doc, done.ops) if done.ops else raw

@@ -18,7 +18,7 @@ the answer must go as the upstream sent it instead.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from starlette.types import Message, Send
@@ -56,7 +56,8 @@ class HeldHead:
 
 
 class One:
-    """A body of one piece: an answer read whole, written as the rest of the response."""
+    """A body of one piece: an answer read whole, written as the rest of the response.
+    Its own iterator (an async generator would cost the loop's bookkeeping of one)."""
 
     __slots__ = ("_read", "content")
 
@@ -64,9 +65,14 @@ class One:
         self.content = content
         self._read = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> One:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._read:
+            raise StopAsyncIteration
         self._read = True
-        yield self.content
+        return self.content
 
     def at_end(self) -> bool:
         return self._read

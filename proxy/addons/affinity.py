@@ -118,6 +118,6 @@ class Affinity:
                 return None
         return table.slot(root)
 
-    async def done(self, flow: Flow) -> None:
+    def done(self, flow: Flow) -> None:
         if self.watch is not None:
             self.watch.poke()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from canonicalize import Canonicalized, Request
+from canonicalize import Canonicalized
 from proxy.drive import Driver
 from proxy.flow import SKIP, Edits, Flow, Parsed, Skip, Tenant
 from proxy.store import ISOLATED
@@ -44,10 +44,10 @@ class Canonicalize:
         # An isolated request (no credential) is no one's: nothing of it is kept for another;
         # nor is a big body, parsed whole on a worker thread.
         tenant, big = flow.tenant, inbound.big
-        request = Request(
-            inbound.raw, inbound.exchange, tenant, inbound.headers, remember=tenant != ISOLATED and not big
+        remember = tenant != ISOLATED and not big
+        done = await self.driver.canonicalize(
+            inbound.raw, inbound.exchange, tenant, inbound.headers, remember=remember, big=big
         )
-        done = await self.driver.canonicalize(request, big=big)
         if done is None:
             flow.decide(SKIP)
             return

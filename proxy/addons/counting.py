@@ -23,14 +23,14 @@ DRAIN_S = 0.005  # the longest the counting waits when no request goes upstream 
 
 
 class Counting:
-    """One queue, one task (module docstring).  ``run(hook, flow)`` runs one hook, failing
-    open."""
+    """One queue, one task (module docstring).  ``run(hooks, flow)`` runs the hooks, each
+    failing open."""
 
-    def __init__(self, hooks: tuple[Any, ...], run: Callable[[Any, Flow], Awaitable[None]]) -> None:
+    def __init__(self, hooks: tuple[Any, ...], run: Callable[[tuple[Any, ...], Flow], Awaitable[None]]) -> None:
         self.hooks = hooks
         self._run = run
         self.pending: list[Flow] = []
-        self._go: asyncio.Event | None = None
+        self._go: asyncio.Future[None] | None = None  # set to wake the task
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the task's (an app served again runs on another)
@@ -52,14 +52,17 @@ class Counting:
             return
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._consume())
-        assert self._go is not None
-        self._go.set()
+        go = self._go
+        if go is None:
+            self._go = go = loop.create_future()
+        if not go.done():
+            go.set_result(None)
 
     def _here(self) -> asyncio.AbstractEventLoop:
         """The running loop; on another than before (an app served again), afresh."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._timer, self._task, self._go = loop, None, None, asyncio.Event()
+            self._loop, self._timer, self._task, self._go = loop, None, None, None
         return loop
 
     async def flushed(self) -> None:
@@ -83,19 +86,21 @@ class Counting:
             self._task = None
 
     async def _consume(self) -> None:
-        go = self._go
-        assert go is not None
+        loop = asyncio.get_running_loop()
         while True:
-            await go.wait()
-            go.clear()
+            go = self._go
+            if go is None:  # (one set already, by a kick before this task ran, wakes it at once)
+                go = self._go = loop.create_future()
+            await go
+            self._go = None
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            hooks, run = self.hooks, self._run
             while self.pending:
                 pending, self.pending = self.pending, []
                 for flow in pending:
-                    for hook in self.hooks:
-                        await self._run(hook, flow)
+                    await run(hooks, flow)
             waiting, self._waiting = self._waiting, []
             for waiter in waiting:
                 if not waiter.done():

@@ -29,7 +29,7 @@ class Measure:
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
 
-    async def done(self, flow: Flow) -> None:
+    def done(self, flow: Flow) -> None:
         m, answer, route = self.m, flow.answer, flow.inbound.exchange.name
         role = flow.role
         m.requests.labels(route, role, str(answer.status)).inc()

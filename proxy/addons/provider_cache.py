@@ -193,7 +193,7 @@ class ProviderCache:
             flow.outbound.ops.append(op)
         return True
 
-    async def done(self, flow: Flow) -> None:
+    def done(self, flow: Flow) -> None:
         reply = flow.answer.reply
         if reply is None or not 200 <= flow.answer.status < 300:
             return

@@ -25,6 +25,8 @@ credential) records nothing at all."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from canonicalize import Canonicalized
 from proxy.drive import Driver
 from proxy.flow import CacheControls, Flow, Tenant
@@ -41,11 +43,13 @@ class Record:
         self.driver = driver
         self.when = s.store.records_at  # the next turn's lookup needs it: at the response's end
 
-    async def done(self, flow: Flow) -> None:
+    def done(self, flow: Flow) -> Awaitable[None] | None:
+        """The turn's write, to await (None: nothing to record, or written off the
+        request's end)."""
         done, tenant = flow.done, flow.tenant
         outcome = done.outcome if done is not None else None
         if done is None or outcome is None or tenant == ISOLATED:
-            return
+            return None
         answer, controls = flow.answer, flow.get(CacheControls)
         record = controls.record if controls is not None and controls.record is not None else outcome.record
         if answer.replica is not None:
@@ -59,5 +63,5 @@ class Record:
         write = self.driver.record(tenant, done, flow.out, reply, record, big=big)
         if big and self.when == "after_last_byte":
             self.s.spawn(write)  # its blobs are cut on a worker thread: the response is not held for it
-        else:
-            await write
+            return None
+        return write

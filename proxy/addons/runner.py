@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.addons.counting import Counting
@@ -52,7 +53,8 @@ class DoneHook(Protocol):
     def when(self) -> str:
         """``before_last_byte``, ``after_last_byte`` or ``counted`` (module docstring)."""
 
-    async def done(self, flow: Flow) -> None: ...
+    def done(self, flow: Flow) -> Awaitable[None] | None:
+        """Its work, or what to await for it (a record written before the next moment)."""
 
 
 Addon = RequestHook | DoneHook
@@ -68,7 +70,7 @@ class Runner:
         done = tuple(a for a in addons if isinstance(a, DoneHook))
         self._before = tuple(a for a in done if a.when == "before_last_byte")
         self._after = tuple(a for a in done if a.when == "after_last_byte")
-        self.counting = Counting(tuple(a for a in done if a.when == "counted"), self._done)
+        self.counting = Counting(tuple(a for a in done if a.when == "counted"), self.done)
 
     @property
     def before_last_hooks(self) -> bool:
@@ -84,23 +86,25 @@ class Runner:
 
     async def before_last(self, flow: Flow) -> None:
         """The hooks of the moment before the client's last bytes go out."""
-        for addon in self._before:
-            await self._done(addon, flow)
+        await self.done(self._before, flow)
 
     async def after_last(self, flow: Flow) -> None:
         """The hooks of the moment right after the response ended; then its counting is
         queued."""
         flow.answer.ended = time.perf_counter()
-        for addon in self._after:
-            await self._done(addon, flow)
+        await self.done(self._after, flow)
         self.counting.put(flow)
 
-    async def _done(self, addon: DoneHook, flow: Flow) -> None:
-        try:
-            await addon.done(flow)
-        except Exception:
-            log.exception("addon %s failed after the response", addon.name)
-            self.metrics.fail_open.labels(addon.name).inc()
+    async def done(self, hooks: tuple[DoneHook, ...], flow: Flow) -> None:
+        """Each of ``hooks``' done hook, in order; one that raises costs its own work only."""
+        for addon in hooks:
+            try:
+                pending = addon.done(flow)
+                if pending is not None:
+                    await pending
+            except Exception:
+                log.exception("addon %s failed after the response", addon.name)
+                self.metrics.fail_open.labels(addon.name).inc()
 
     def failed(self, flow: Flow, stage: str, exc: Any = None) -> None:
         """``stage`` failed: the flow is forwarded as the client sent it, and counted."""

@@ -21,7 +21,7 @@ class Trace:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
 
-    async def done(self, flow: Flow) -> None:
+    def done(self, flow: Flow) -> None:
         inbound, answer, outcome = flow.inbound, flow.answer, flow.outcome
         usage = answer.reply.usage if answer.reply is not None else None
         self.recorder.put(

@@ -34,15 +34,12 @@ nothing: its lookups find nothing and its records are dropped.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-import xxhash
-
 from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
-from canonicalize.lineage import Origin, origin_of
+from canonicalize.lineage import Origin, home, homed, origin_of
 from canonicalize.recall import Marker  # a lineage that marked a tenant-wide link: its id, its first message's ref
 
 if TYPE_CHECKING:  # the config section the factory reads (only its fields: no import cycle)
@@ -166,28 +163,6 @@ class Bounds:
 
 
 DEFAULT_BOUNDS = Bounds()
-
-
-_LINEAGE_ID = re.compile(r"[0-9a-f]{16}")
-
-
-def home(tenant: str, origin: Origin) -> str:
-    """The four hex digits naming a conversation's home: hashed from the tenant and
-    its first link, or read from one of its lineage ids (hashed from an id of
-    another shape)."""
-    if isinstance(origin, str):
-        if _LINEAGE_ID.fullmatch(origin):
-            return origin[:4]
-        return xxhash.xxh3_64_hexdigest(origin.encode("utf-8", "surrogatepass"))[:4]
-    return xxhash.xxh3_64_hexdigest(tenant.encode("utf-8", "surrogatepass") + b"\0" + origin)[:4]
-
-
-def homed(fresh: str, tenant: str, origin: Origin) -> str:
-    """``fresh`` (16 hex digits) made to start with its conversation's home; an id of
-    another shape is returned as it is."""
-    if not _LINEAGE_ID.fullmatch(fresh):
-        return fresh
-    return home(tenant, origin) + fresh[4:]
 
 
 def newest(links: Sequence[bytes], bounds: Bounds) -> int:

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable
 
 from canonicalize import CHAT, Canonicalizer, Lookup, Request, Settings
-from canonicalize.needs import NewId
 from tests.arrivals import VARIANTS, Arrivals, switching_often
 
 REQUESTS = 20 * VARIANTS
@@ -19,10 +18,10 @@ def _run(canon: Canonicalizer, raw: bytes, scope: str, *, worker: bool) -> str:
     """One request the way ``proxy.drive`` runs it: parsed whole on a worker thread
     (remembered nowhere), by pieces of the tenant's previous bodies on the loop; the
     store has nothing."""
-    machine = canon.start(Request(raw, CHAT, scope, {}, remember=not worker))
+    machine = canon.start(Request(raw, CHAT, scope, {}, "L1", remember=not worker))
     need = machine.send()
     while need is not None:
-        need = machine.send("L1" if isinstance(need, NewId) else Lookup())
+        need = machine.send(Lookup())
     assert machine.result is not None
     return machine.result.role
 

@@ -5,7 +5,6 @@ from what the upstream answered."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
@@ -567,7 +566,7 @@ def test_the_lineages_said_below_the_minimum_are_bounded(caplog: pytest.LogCaptu
         flow.answer.reply = CHAT.reply(offered=None, drop_usage_chunk=False)
         flow.answer.reply.complete(_chat_usage(20))
         flow.answer.status = 200
-        asyncio.run(addon.done(flow))
+        addon.done(flow)
     said = [r for r in caplog.records if "below the" in r.getMessage()]
     assert len(said) == 6  # the forgotten lineage is said again, the remembered one not
     assert len(addon._said) == 3
