@@ -26,6 +26,7 @@ from canonicalize import Exchange, render
 from proxy import access, responses
 from proxy.addons import Runner
 from proxy.answer import Answering, tag
+from proxy.body import read_body
 from proxy.cpu import on_cpu
 from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamError
 from proxy.flow import Flow, Guarded, Inbound, Parsed, Placement, Skip, UsageAsked
@@ -37,33 +38,6 @@ from proxy.upstream.pool import Pool
 from proxy.watch import ClientGone, ClientWatch
 
 log = logging.getLogger("prefixpin")
-
-
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to pass ``limit``;
-    ClientDisconnect when the client leaves before it is in."""
-    for k, v in scope["headers"]:
-        if k == b"content-length":
-            if v.isdigit() and int(v) > limit:
-                declared = v.decode("latin-1")
-                raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
-            break
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
-        if not message.get("more_body", False):
-            if not chunks:
-                return chunk  # the usual case: one piece
-            chunks.append(chunk)
-            return b"".join(chunks)
-        chunks.append(chunk)
 
 
 def splice(flow: Flow, runner: Runner) -> bytes:

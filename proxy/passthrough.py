@@ -14,8 +14,8 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from proxy import responses
+from proxy.body import read_body
 from proxy.errors import PrefixpinError, UpstreamError
-from proxy.handler import read_body
 from proxy.metrics import Metrics
 from proxy.relay import relay
 from proxy.upstream.headers import has_header, raw_request_headers, raw_response_headers
