@@ -239,6 +239,12 @@ class Head:
     dropped: bool  # a block was dropped too
 
 
+def stem_heads(prep: Prepared, found: Sequence[LineageRecord]) -> tuple[LineageRecord, ...]:
+    """Of the lineages that marked the request's stem (newest first), those ``prep``
+    may continue: roots of its session identity that recorded their first message."""
+    return tuple(r for r in found if r.kind == "root" and r.first is not None and r.identity == prep.signals.identity)
+
+
 def match_head(prep: Prepared, rec: LineageRecord, blobs: Mapping[str, bytes]) -> Head | None:
     """How the request's first message relates to ``rec``'s recorded one; None: it is not
     that message with blocks dropped and values changed."""
