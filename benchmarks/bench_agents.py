@@ -3,8 +3,8 @@ prefixpin with ``learn: pin``, and ideal.
 
 Each captured trace (tests/agents/data/<agent>.jsonl.gz, see tests/agents/capture.py:
 two sessions of one tenant, several invocations each, a change of day) is run
-through prefixpin's own request flow (``proxy.offline``: the serve's addons on a
-memory store, each request's reply recorded as the upstream gave it), and every
+through prefixpin's core as the proxy drives it (``proxy.offline``: the request
+machine on a memory store, each request's reply recorded as the upstream gave it), and every
 request's prompt is rendered the way a chat template lays it out (system, tools,
 then each message's role and text).  The cached share is predicted from prefix
 bytes: a request's cached bytes are the longest prefix it shares with any prompt

@@ -4,12 +4,13 @@
     python -m benchmarks.bench_inprocess --profile mix    # and where the mix's time goes (cProfile)
 
 Sends the same requests as ``bench_overhead`` (``overhead/workloads.py``, in wrk's
-order) through the proxy's own request hooks, render and record
-(``proxy.offline``: the addons on an embedded store, one tenant), each answered
-with the instant upstream's reply.  The first quarter warms the memos and the
+order) through the core as the proxy drives it, the splice and the record
+(``proxy.offline``: the request machine on an embedded store, one tenant), each
+answered with the instant upstream's reply.  The first quarter warms the memos and the
 store up; the rest is timed by this thread's CPU time, so other jobs on a shared
 machine do not count.  What is left between this and ``bench_overhead``'s CPU
-per request is the HTTP shell, the sockets and the cold caches of a live server.
+per request is the HTTP shell, the addons, the sockets and the cold caches of a
+live server.
 """
 
 from __future__ import annotations

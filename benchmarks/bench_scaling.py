@@ -37,11 +37,10 @@ import orjson
 from starlette.datastructures import Headers
 
 from benchmarks.overhead.body import hermes_body
-from canonicalize import CHAT, Canonicalizer, JsonDoc, Lookup, render
-from proxy.addons import DoneHook
+from canonicalize import CHAT, Canonicalized, Canonicalizer, JsonDoc, Lookup, Request, analysis, render
 from proxy.config import load
-from proxy.flow import Flow
 from proxy.offline import Offline
+from proxy.tenancy import tenant_of
 
 T = TypeVar("T")
 KEY = {"authorization": "Bearer sk-bench"}
@@ -88,11 +87,14 @@ class Case:
         self.messages = len(body["messages"])
 
     def root(self) -> bytes:
-        body = orjson.loads(self.raw)
-        prep = self.canon.prepare(JsonDoc(self.raw), body, CHAT)
-        decision = self.canon.classify(prep, Lookup())
-        out = self.canon.finalize(prep, Lookup(), decision, new_id="x", blobs={})
-        return render(prep.doc, out.ops)
+        """A new conversation: the core's machine with a store that holds nothing."""
+        machine = self.canon.start(Request(self.raw, CHAT, TENANT, HEADERS, "x", remember=False))
+        need = machine.send()
+        while need is not None:
+            need = machine.send(Lookup())
+        done = machine.result
+        assert done is not None
+        return render(done.doc, done.ops)
 
     def seeded(self) -> Offline:
         """The proxy's offline flow holding the previous turn as it records it (request + reply link)."""
@@ -100,14 +102,15 @@ class Case:
         asyncio.run(offline.send(self.prev_raw, reply=self.reply, headers=KEY))  # recording needs a loop
         return offline
 
-    def continuation(self, offline: Offline) -> Flow:
-        flow = Flow(CHAT, HEADERS, b"", self.raw, 0.0)
-        run_sync(offline.runner.request(flow))
-        offline.runner.render(flow)
-        return flow
+    def continuation(self, offline: Offline) -> tuple[Canonicalized, bytes]:
+        """The next turn through the proxy's driver of the core: its outcome and bytes."""
+        done = run_sync(offline.driver.canonicalize(self.raw, CHAT, TENANT, HEADERS, remember=True, big=False))
+        assert done is not None
+        return done, render(done.doc, done.ops) if done.ops else self.raw
 
 
 HEADERS = Headers(KEY)
+TENANT = tenant_of(HEADERS.raw, b"", load(None, env={}).tenancy)
 
 
 def measure(n: int, budget_s: float) -> dict[str, Any]:
@@ -115,21 +118,24 @@ def measure(n: int, budget_s: float) -> dict[str, Any]:
     canon: Canonicalizer = offline.s.canon
     case = Case(canon, n)
     seeded = case.seeded()
-    role = case.continuation(seeded).role
+    role = case.continuation(seeded)[0].role
     parts = {
         "parse": lambda: orjson.loads(case.raw),
-        "prepare": lambda: canon.prepare(JsonDoc(case.raw), orjson.loads(case.raw), CHAT),
+        "prepare": lambda: analysis.prepare(canon.rules, canon.memos, JsonDoc(case.raw), orjson.loads(case.raw), CHAT),
         "root": case.root,
         "continuation": lambda: case.continuation(seeded),
     }
     out: dict[str, Any] = {"messages": case.messages, "body_kb": round(len(case.raw) / 1024, 1), "role": role}
     for name, fn in parts.items():
         out[f"{name}_us"], out[f"{name}_n"] = median_us(fn, budget_s)
-    flow = case.continuation(seeded)
-    flow.message, flow.status = REPLY, 200
-    record = seeded.runner.addons[-1]
-    assert isinstance(record, DoneHook)
-    out["record_us"], out["record_n"] = median_us(lambda: record.done(flow), budget_s / 2)
+    done, sent = case.continuation(seeded)
+    assert done.outcome is not None
+    rec = done.outcome.record
+
+    def record() -> None:
+        run_sync(seeded.driver.record(TENANT, done, sent, REPLY, rec, big=False))
+
+    out["record_us"], out["record_n"] = median_us(record, budget_s / 2)
     for key in ("parse_us", "prepare_us", "root_us", "continuation_us", "record_us"):
         out[key] = round(out[key], 1)
     return out

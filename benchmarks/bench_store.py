@@ -152,7 +152,7 @@ class _Capture:
         from proxy.store.memory import MemoryStore
 
         self.inner = MemoryStore()
-        self.shared = False
+        self.records_at = "after_last_byte"
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def __getattr__(self, name: str) -> Any:

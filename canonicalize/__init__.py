@@ -1,7 +1,16 @@
-"""Pure request canonicalization: rules, packs, the hash chain, lineage decisions,
+"""Request canonicalization: rules, packs, the hash chain, lineage decisions,
 edits spliced into the raw bytes, and one exchange per wire API with its
-response state machine.  No I/O, no asyncio, no clock reads: time and randomness
-come in as arguments.  Nothing here imports from ``proxy``.
+response state machine.
+
+No I/O, no asyncio, no clock reads: the request machine (:mod:`canonicalize.pipeline`)
+asks the shell for what only the store has (:mod:`canonicalize.needs`), and time
+and randomness come in as arguments or answers.  The core's functions are pure
+over explicit state that the caller creates and passes in: the compiled rule set,
+and the memos (:mod:`canonicalize.memo`), long-lived objects that remember what
+earlier requests cost so that the next one pays only for what is new.  A memo
+changes as requests pass, but no answer depends on it: each one is verified
+against the content it stands for and is the answer ``Memos.off()`` (no memo)
+computes.  Nothing here imports from ``proxy``.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from canonicalize.lineage import (
 )
 from canonicalize.memo import Memos
 from canonicalize.packs import PACKS, Pack
-from canonicalize.pipeline import Canonicalizer
+from canonicalize.pipeline import Canonicalized, Canonicalizer, Machine, Request
 from canonicalize.predict import UNCACHED_CAUSES, Parent, Prediction, parent_of, predict, split_uncached
 from canonicalize.rules import Rule, RuleError, compile_rule
 from canonicalize.ruleset import Settings
@@ -46,6 +55,7 @@ __all__ = [
     "SCAN_UP",
     "UNCACHED_CAUSES",
     "AddMember",
+    "Canonicalized",
     "Canonicalizer",
     "Decision",
     "Event",
@@ -59,6 +69,7 @@ __all__ = [
     "LearnedSpan",
     "LineageRecord",
     "Lookup",
+    "Machine",
     "Memos",
     "Op",
     "Outcome",
@@ -68,6 +79,7 @@ __all__ = [
     "Prediction",
     "Prepared",
     "Reply",
+    "Request",
     "Rule",
     "RuleError",
     "SSESplitter",

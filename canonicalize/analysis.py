@@ -31,7 +31,7 @@ from canonicalize.bodies import Kept, shared_prefix
 from canonicalize.histories import Histories
 from canonicalize.identity import ToolsId, hash_text
 from canonicalize.jsonspan import JsonDoc, Path
-from canonicalize.lineage import Signals
+from canonicalize.lineage import Origin, Signals, origin_of
 from canonicalize.memo import Memos
 from canonicalize.rules import Rule
 from canonicalize.ruleset import RuleSet
@@ -62,6 +62,12 @@ class Prepared:
     continues: str | None = None  # the lineage a previous response belongs to (it continues it)
     tool_list: list[Any] | None = None  # the parsed tools[] ``tools`` identifies (finalize reuses its ref)
     scope: str = ""  # the tenant: the memos finalize uses are its own
+
+    @property
+    def origin(self) -> Origin:
+        """The request's conversation (its home in the store): the lineage a previous
+        response continues, else its first link."""
+        return origin_of(self.links, self.continues if self.offset else None)
 
 
 def prepare(
@@ -104,19 +110,8 @@ def prepare(
     offset = 0
     if tip is not None:
         links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
-    first_assistant, last_assistant, last_user = _turns(exchange, history)
-    signals = Signals(
-        depth=0,
-        first_assistant=first_assistant,
-        last_assistant=last_assistant,
-        identity=tuple(s.value for s in spans if s.rule.identity) + rules.session(body, headers),
-        skeleton=skeleton,
-        head=head,
-        tools=tools.names if tools else (),
-        last_user_index=last_user,
-        last_user_text=exchange.last_user_text(body) if last_user is not None else "",
-        declared_parent=declared_parent,
-    )
+    identity = tuple(s.value for s in spans if s.rule.identity) + rules.session(body, headers)
+    signals = _signals(exchange, body, history, identity, (skeleton, head), tools, declared_parent)
     return Prepared(
         doc,
         body,
@@ -134,6 +129,32 @@ def prepare(
         previous[0] if previous is not None else None,
         tool_list if tools is not None else None,
         scope,
+    )
+
+
+def _signals(
+    exchange: Exchange,
+    body: dict[str, Any],
+    history: list[Any],
+    identity: tuple[str, ...],
+    shape: tuple[str, str],
+    tools: ToolsId | None,
+    declared_parent: str | None,
+) -> Signals:
+    """What the request says of itself (at depth 0): its turns, session identity,
+    system ``shape`` (skeleton, head), tools and declared parent."""
+    first_assistant, last_assistant, last_user = _turns(exchange, history)
+    return Signals(
+        depth=0,
+        first_assistant=first_assistant,
+        last_assistant=last_assistant,
+        identity=identity,
+        skeleton=shape[0],
+        head=shape[1],
+        tools=tools.names if tools else (),
+        last_user_index=last_user,
+        last_user_text=exchange.last_user_text(body) if last_user is not None else "",
+        declared_parent=declared_parent,
     )
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize.textdiff import lines
+from canonicalize.linediff import lines
 from canonicalize.wire.base import Exchange
 
 EVIDENCE_CHARS = 80

@@ -18,9 +18,9 @@ fingerprint, and the record evolved once with all of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -38,11 +38,12 @@ from canonicalize.texts import Texts
 
 TOOLS_RULE = "lineage.tools"  # forwarded the lineage's recorded tools[] bytes
 RESTORED_PER_TEXT = 8  # sets of pinned values remembered restored per system text
+_NOTHING: Mapping[str, bytes] = {}
 
 
-@dataclass(slots=True)
-class Outcome:
-    """The result: what to forward, what to record, what to count."""
+class Outcome(NamedTuple):
+    """The result: what to forward, what to record, what to count.  Immutable (a
+    NamedTuple: made per request, it costs a quarter of a frozen dataclass)."""
 
     ops: list[Op]
     role: Role
@@ -62,7 +63,7 @@ class Outcome:
     # (canonicalize.sightings), stored under these refs as is; and the links a new root
     # marks (its first message's stem and template lines: canonicalize.recall), each
     # kept with the lineage's id and its first message's ref.
-    shared_blobs: dict[str, bytes] = field(default_factory=dict)
+    shared_blobs: Mapping[str, bytes] = _NOTHING
     marks: tuple[bytes, ...] = ()
     # Forwarded values to store as blobs after the request, each under its ref: the
     # lineage's newest user message as forwarded (canonicalize.recall).
@@ -161,12 +162,10 @@ def finalize(
             _keep_history(prep, lookup, parent, blobs, applied, rewrites, head)
     if keep_history and applied.role != "fork":
         _keep_tail(prep, lookup, applied)
-    outcome = _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites)
-    if learned is not None:
-        outcome.learned = learned.spans
+    spans = learned.spans if learned is not None else ()
     if head is not None and applied.restored is not None:
-        outcome.learned += head.spans
-    return outcome
+        spans += head.spans
+    return _outcome(rules, memos.texts, prep, lookup, decision, applied, rewrites, spans)
 
 
 def _keep_history(
@@ -282,21 +281,37 @@ def _continuation(
         "notes": kept + tuple(added),
     }
     _apply_notes(prep, added, rewrites, learned=learned is not None)
-    structural: list[Op] = []
-    if settled is not None and settled.tools is not None:  # descriptions pinned: the lineage's tools[]
-        structural.append(SetValue(prep.exchange.tools_path(prep.body), settled.tools))
-        set_tools(prep.exchange, prep.body, orjson.loads(settled.tools))
-    elif _recorded_tools(prep, parent) and parent.tools_ref in blobs:
-        blob = blobs[parent.tools_ref]
-        structural.append(SetValue(prep.exchange.tools_path(prep.body), blob))
-        set_tools(prep.exchange, prep.body, orjson.loads(blob))
-        rewrites.append(TOOLS_RULE)
-    elif tools is not None and tools.meaning != parent.tools_meaning:
-        changes.update(tools_meaning=tools.meaning, tool_order=own_tools)
+    structural = _lineage_tools(prep, parent, blobs, settled, rewrites, changes)
     applied = _Applied("continuation", parent, changes, structural, fork_action, parent_fp=parent.fingerprint)
     if settled is not None:
         applied.shared_blobs = settled.writes
     return applied
+
+
+def _lineage_tools(
+    prep: Prepared,
+    parent: LineageRecord,
+    blobs: dict[str, bytes],
+    settled: Settled | None,
+    rewrites: list[str],
+    changes: dict[str, Any],
+) -> list[Op]:
+    """A continuation's tools[]: the lineage's recorded bytes when learning pinned
+    their descriptions, or when the request's mean the same but are written
+    otherwise; else the request's own, their meaning recorded when it changed."""
+    tools = prep.tools
+    if settled is not None and settled.tools is not None:  # descriptions pinned: the lineage's tools[]
+        set_tools(prep.exchange, prep.body, orjson.loads(settled.tools))
+        return [SetValue(prep.exchange.tools_path(prep.body), settled.tools)]
+    if _recorded_tools(prep, parent) and parent.tools_ref in blobs:
+        blob = blobs[parent.tools_ref]
+        op = SetValue(prep.exchange.tools_path(prep.body), blob)
+        set_tools(prep.exchange, prep.body, orjson.loads(blob))
+        rewrites.append(TOOLS_RULE)
+        return [op]
+    if tools is not None and tools.meaning != parent.tools_meaning:
+        changes.update(tools_meaning=tools.meaning, tool_order=tools.names)
+    return []
 
 
 def _fork(
@@ -349,6 +364,7 @@ def _outcome(
     decision: Decision,
     applied: _Applied,
     rewrites: list[str],
+    learned: tuple[Span, ...],
 ) -> Outcome:
     """The edits, the refs and fingerprint of what is forwarded, and the record."""
     body, exchange, record = prep.body, prep.exchange, applied.record
@@ -362,14 +378,40 @@ def _outcome(
     # What the lineage forwarded: refs by the parse, bytes stored after sending.
     system_ref = identity.system_ref(texts, exchange.system_value(body), prep.scope)
     tools_ref = _forwarded_tools_ref(rules, prep)
-    new_blobs: list[str] = []
-    touch: list[str] = []
-    for name, ref, had in (("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)):
-        if ref == had:
-            touch.append(ref)
-        else:
-            new_blobs.append(name)
-    fingerprint = identity.fingerprint(
+    new_blobs = tuple(n for n, ref, had in _parts(system_ref, tools_ref, record) if ref != had)
+    touch = [ref for _, ref, had in _parts(system_ref, tools_ref, record) if ref == had]
+    fingerprint = _fingerprint(rules, texts, prep, tools_ref, repaired=applied.repaired)
+    changes = applied.changes
+    if applied.role != "fork":
+        changes["params"] = _params(rules.fork.inherit_params, prep)
+    record = record.evolve(
+        **changes, system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
+    )
+    start, depth = _recorded_from(prep, lookup, applied)
+    return Outcome(
+        ops=ops,
+        role=applied.role,
+        rewrites=rewrites,
+        record=record,
+        links=prep.links[start:],
+        touch=touch,
+        new_blobs=new_blobs,
+        offered=applied.offered,
+        fork_action=applied.fork_action,
+        parent_fp=applied.parent_fp,
+        fork_signal=decision.signal if applied.fork_action == "repaired" else None,
+        depth=depth,
+        learned=learned,
+        shared_blobs=applied.shared_blobs,
+        marks=tuple(applied.marks),
+        keep_items=tuple(applied.keep_items),
+    )
+
+
+def _fingerprint(rules: RuleSet, texts: Texts, prep: Prepared, tools_ref: str, *, repaired: bool) -> Fingerprint:
+    """What prefix prediction compares of the request as forwarded."""
+    body, exchange = prep.body, prep.exchange
+    return identity.fingerprint(
         texts,
         rules.fork.inherit_params,
         body,
@@ -379,17 +421,21 @@ def _outcome(
         n_messages=len(prep.links),
         # A repaired fork forwards its parent's system messages; otherwise they are the
         # request's own, found once by prepare (their texts as edited since).
-        system_slots=exchange.system_slots(body) if applied.repaired else prep.system_slots,
+        system_slots=exchange.system_slots(body) if repaired else prep.system_slots,
         scope=prep.scope,
     )
-    changes = applied.changes
-    if applied.role != "fork":
-        changes["params"] = _params(rules.fork.inherit_params, prep)
-    record = record.evolve(
-        **changes, system_ref=system_ref, tools_ref=tools_ref, fingerprint=fingerprint, requests=record.requests + 1
-    )
-    repaired_now = applied.fork_action == "repaired"
-    if repaired_now:
+
+
+def _parts(system_ref: str, tools_ref: str, record: LineageRecord) -> tuple[tuple[str, str, str | None], ...]:
+    """The system part and tools[] as forwarded, by name: (name, ref, the ref the
+    lineage recorded before)."""
+    return ("system", system_ref, record.system_ref), ("tools", tools_ref, record.tools_ref)
+
+
+def _recorded_from(prep: Prepared, lookup: Lookup, applied: _Applied) -> tuple[int, int]:
+    """The first of the request's links its lineage now owns, and how much of the
+    request its parent had (``Outcome.depth``)."""
+    if applied.fork_action == "repaired":
         start = branch(prep, lookup)
     elif applied.role == "root":
         # A root owns its whole history, replayed or not: a later request of it that
@@ -403,23 +449,7 @@ def _outcome(
         # finds it), and the prefix shared is the lineage's whole history.
         start = min(start, applied.restored.new)
         depth = max(depth, applied.parent_fp.n_messages if applied.parent_fp is not None else depth)
-    return Outcome(
-        ops=ops,
-        role=applied.role,
-        rewrites=rewrites,
-        record=record,
-        links=prep.links[start:],
-        touch=touch,
-        new_blobs=tuple(new_blobs),
-        offered=applied.offered,
-        fork_action=applied.fork_action,
-        parent_fp=applied.parent_fp,
-        fork_signal=decision.signal if repaired_now else None,
-        depth=depth,
-        shared_blobs=applied.shared_blobs,
-        marks=tuple(applied.marks),
-        keep_items=tuple(applied.keep_items),
-    )
+    return start, depth
 
 
 def _restore(texts: Texts, prep: Prepared, recorded: dict[str, str]) -> list[str]:

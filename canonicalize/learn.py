@@ -46,7 +46,11 @@ history, are :mod:`canonicalize.recall`'s.
 Cost: an agent whose system text comes back as the lineage forwarded it (the
 packs' spans masked) never reaches this module; a request that does costs one
 store call for the recorded texts, a line-level comparison with each candidate
-lineage (at most the lookup's ``CANDIDATES``) and a token-level one with the closest.
+lineage (at most the lookup's ``CANDIDATES``: :mod:`canonicalize.linediff`, bounded)
+and a token-level one with the closest, which with its tool descriptions spends at
+most one budget (:func:`canonicalize.textdiff.fresh`: characters tokenized, pairs
+aligned) and stops as soon as the request cannot keep ``MIN_KEPT`` of the
+lineage's text.
 """
 
 from __future__ import annotations
@@ -57,9 +61,10 @@ from typing import Any
 
 import orjson
 
-from canonicalize import pins, sightings, textdiff, values
+from canonicalize import linediff, pins, sightings, textdiff, values
 from canonicalize.analysis import Prepared
 from canonicalize.lineage import Decision, ForkPolicy, LineageRecord, Lookup, fork_signal
+from canonicalize.linediff import Hunk
 from canonicalize.ruleset import LearnMode
 from canonicalize.spans import TOLD, Span, spans_of
 from canonicalize.wire.base import Exchange, Slot
@@ -223,11 +228,12 @@ def learn_spans(
     scored.sort(key=lambda x: (x[0][0], -x[1], x[0][1]))  # stable: the lookup's order among equals
     _, depth, rec, first = scored[0]
     ambiguous = len(scored) > 1 and scored[1][0][0] == scored[0][0][0] and scored[1][1] == depth
-    compared = _compare(first) if first is not None else None
+    budget = textdiff.fresh()  # the request's, for its system texts and tool descriptions
+    compared, spent = _compare(first, budget) if first is not None else (None, textdiff.NOTHING)
     if compared is None and not plan.decided:
         return None  # the closest is not the same prompt rendered again: nothing to learn from
     system = compared.spans() if compared is not None else ()
-    tools = _tools(prep, rec, blobs)
+    tools = _tools(prep, rec, blobs, budget.less(spent))
     spans = system + (tools[0] if tools is not None else ())
     if not spans:
         return None
@@ -265,7 +271,7 @@ class _Lines:
     old: str  # the lineage's texts, joined by SEP
     new: str  # the request's, its pack pins restored, joined
     base: tuple[str, ...]  # the request's, its pack pins restored
-    hunks: list[textdiff.Hunk]
+    hunks: list[Hunk]
 
     @property
     def score(self) -> tuple[int, int]:
@@ -319,15 +325,16 @@ def _lines_against(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) 
     if old is None or bool(old) != bool(base) or any("\x1e" in t for t in (*old, *base)):
         return None  # (none: another wire API's system part; links of equal messages are equal)
     old_text, new_text = SEP.join(old), SEP.join(base)
-    return _Lines(old_text, new_text, base, textdiff.lines(old_text, new_text))
+    return _Lines(old_text, new_text, base, linediff.lines(old_text, new_text))
 
 
-def _compare(found: _Lines) -> _Compared | None:
-    """The value changes of ``found``; None when they are not one prompt rendered again."""
-    diff = textdiff.changes(found.old, found.new, found.hunks)
+def _compare(found: _Lines, budget: textdiff.Budget) -> tuple[_Compared | None, textdiff.Budget]:
+    """The value changes of ``found`` (None when they are not one prompt rendered
+    again), and what finding them spent of ``budget``."""
+    diff = textdiff.changes(found.old, found.new, found.hunks, keep=MIN_KEPT, budget=budget)
     if len(diff.values) > MAX_SPANS or diff.kept < MIN_KEPT:
-        return None
-    return _Compared(diff, found.old, found.new, found.base)
+        return None, diff.spent
+    return _Compared(diff, found.old, found.new, found.base), diff.spent
 
 
 def recorded_texts(exchange: Exchange, blob: bytes) -> tuple[str, ...] | None:
@@ -349,9 +356,12 @@ def restored(prep: Prepared, recorded: dict[str, str]) -> tuple[str, ...]:
     return tuple(c.get() for c in copies)
 
 
-def _tools(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> tuple[tuple[Span, ...], bytes | None] | None:
+def _tools(
+    prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes], budget: textdiff.Budget
+) -> tuple[tuple[Span, ...], bytes | None] | None:
     """The tool descriptions' spans against ``rec``'s tools[], and its bytes when every
-    difference between the two lists is a value in a description (then pinned whole)."""
+    difference between the two lists is a value in a description (then pinned whole);
+    ``budget``: what all the descriptions' comparisons may spend."""
     if not _tools_changed(prep, rec) or rec.tools_ref not in blobs:
         return None
     blob = blobs[rec.tools_ref or ""]
@@ -365,7 +375,8 @@ def _tools(prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> tuple
     found: list[Span] = []
     whole = True
     for o, n in pairs:
-        diff = textdiff.changes(o, n)
+        diff = textdiff.changes(o, n, budget=budget)
+        budget = budget.less(diff.spent)
         if diff.others or len(diff.values) > MAX_SPANS:
             whole = False
         found += spans_of(diff.changes, o, n, "tools")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import orjson
+import xxhash
 
 Role = Literal["root", "continuation", "fork"]
 Kind = Literal["root", "fork"]
@@ -277,6 +278,39 @@ class Lookup:
 
 EMPTY_LOOKUP = Lookup()
 MAX_LOOKUP_BLOBS = 4  # blobs a lookup returns at most (two lineages' system part and tools[])
+
+# A conversation's origin: its first link, or the id of the lineage it continues.  It
+# names the conversation's home (where a store keeps it: proxy.store), with which every
+# new lineage id of prefixpin's shape starts.
+Origin = bytes | str
+_LINEAGE_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def home(tenant: str, origin: Origin) -> str:
+    """The four hex digits naming a conversation's home: hashed from the tenant and
+    its first link, or read from one of its lineage ids (hashed from an id of
+    another shape)."""
+    if isinstance(origin, str):
+        if _LINEAGE_ID.fullmatch(origin):
+            return origin[:4]
+        return xxhash.xxh3_64_hexdigest(origin.encode("utf-8", "surrogatepass"))[:4]
+    return xxhash.xxh3_64_hexdigest(tenant.encode("utf-8", "surrogatepass") + b"\0" + origin)[:4]
+
+
+def homed(fresh: str, tenant: str, origin: Origin) -> str:
+    """``fresh`` (16 hex digits) made to start with its conversation's home; an id of
+    another shape is returned as it is."""
+    if not _LINEAGE_ID.fullmatch(fresh):
+        return fresh
+    return home(tenant, origin) + fresh[4:]
+
+
+def origin_of(links: Sequence[bytes], continues: str | None = None) -> Origin:
+    """A request's origin: the lineage it continues when its chain starts at a
+    previous response's tip, else its first link (b"": no history)."""
+    if continues is not None:
+        return continues
+    return links[0] if links else b""
 
 
 def wants_blobs(rec: LineageRecord, skeleton: str, tools_ref: str) -> bool:

@@ -21,12 +21,16 @@ memo           remembers                                             bound
                body's list (:class:`ToolIds`)
 =============  ====================================================  =========================================
 
-Every memo is a pure function of content: an answer found is verified against
-the content it stands for (compared whole, byte for byte, or by the identity of
-an object the memo holds), and is the answer computed afresh.  Every memo is
-keyed by scope (the tenant) where what it holds came from a request, so one
-tenant's requests never find, nor can time, another's.  :meth:`Memos.off` is the
-no-memo form: every answer computed afresh; the tests compare the two.
+The memos are the core's long-lived state: one :class:`Memos` per canonicalizer,
+passed explicitly to the functions that use it (``analysis.prepare(rules, memos,
+...)``, ``finalize.finalize(rules, memos, ...)``), changed by every request that
+passes.  What the functions return does not depend on it: an answer found is
+verified against the content it stands for (compared whole, byte for byte, or by
+the identity of an object the memo holds), and is the answer computed afresh.
+Every memo is keyed by scope (the tenant) where what it holds came from a
+request, so one tenant's requests never find, nor can time, another's.
+:meth:`Memos.off` is the no-memo form: every answer computed afresh; the tests
+compare the two.
 
 Every memo is safe to share between threads: big bodies are prepared and
 finalized on worker threads while the event loop serves the others.  What one

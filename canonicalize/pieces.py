@@ -134,14 +134,25 @@ def reuse(
     as ``old``'s items where the bytes are equal, or None."""
     if old.key != key or not _same_end(old.raw, raw) or not old.layout():
         return None
-    head, tail, spans = old.head, old.tail, old.spans
-    assert spans is not None
+    head, tail = old.head, old.tail
     if len(raw) < len(head) + len(tail) or not raw.startswith(head) or not raw.endswith(tail):
         return None
     close = len(raw) - len(tail)  # the new ']'
+    return _assemble(old, raw, _runs(old, raw, close), close)
+
+
+Run = tuple[int, int, int]  # a run of old items reused: its first item, its start in the new body, its count
+
+
+def _runs(old: Kept, raw: bytes, close: int) -> list[Run]:
+    """The runs of ``old``'s items ``raw``'s array has as they were, in order: those
+    it starts with, those it ends with, and one more in the middle (after the first
+    changed item); none: another conversation's body (its head and tail still reused)."""
+    spans = old.spans
+    assert spans is not None
     n = len(spans)
     src = memoryview(old.raw)
-    lo = len(head)  # where the items start, in both
+    lo = len(old.head)  # where the items start, in both
 
     def starts(k: int) -> bool:  # the first k old items start the new array, at the same offsets
         return k == 0 or raw.startswith(src[lo : spans[k - 1][1]], lo)
@@ -162,7 +173,7 @@ def reuse(
 
     m = _largest(n - k, ends) if k < n and ends(1) else 0
     tail_at = close - (old.close - spans[n - m][0]) if m else close
-    runs: list[tuple[int, int, int]] = []  # (old first item, new start, count) of reused runs, in order
+    runs: list[Run] = []
     if k:
         runs.append((0, lo, k))
     # One more run in the middle: the old items after the first changed one, found
@@ -182,12 +193,22 @@ def reuse(
             break
     if m:
         runs.append((n - m, tail_at, m))
-    # The gaps between reused runs hold whole new items, parsed on their own (with no run:
-    # another conversation's body, whose head and tail, its model and tools, are reused).
+    return runs
+
+
+def _assemble(
+    old: Kept, raw: bytes, runs: list[Run], close: int
+) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int]] | None:
+    """``raw``'s parse, doc and layout: ``old``'s items of ``runs``, the gaps between
+    them (whole new items) parsed on their own (with no run: another conversation's
+    body, whose head and tail, its model and tools, are reused); None when a gap is
+    not items."""
+    spans = old.spans
+    assert spans is not None
     items: list[Any] = []
     new_spans: list[Span] = []
     moves: list[tuple[int, int, int, int, int]] = []  # old start, old end, shift, old first, new first
-    pos, after_item = lo, False
+    pos, after_item = len(old.head), False
     old_items, old_writable = old.items, old.writable
     copies: list[int] = []
     try:

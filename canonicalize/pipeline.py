@@ -1,58 +1,140 @@
-"""The canonicalization pipeline, one request at a time: parse -> prepare ->
-(the proxy's store lookup) -> classify -> (the blobs it needs) -> finalize.
+"""The request machine: one request's canonicalization, its steps in the order
+the core decides them, stepped by the shell (sans-IO, as h11 is).
 
-:class:`Canonicalizer` is what the proxy holds: the compiled rule set
-(:mod:`canonicalize.ruleset`) and the memos (:mod:`canonicalize.memo`), one per
-app, shared by every request.  Each of its methods is one step, done by the
-module that owns it:
+    parse -> previous -> prepare -> lookup -> classify -> recall -> learn -> blobs -> finalize
 
-==================  ==============================================================
-``parse``           the body parsed by pieces of its tenant's previous one
-                    (:mod:`canonicalize.bodies`)
-``prepare``         static rules, pin spans, tools' identity, the hash chain and
-                    the signals (:mod:`canonicalize.analysis`)
-``classify``        root, continuation or fork, from what the store found
-                    (:mod:`canonicalize.lineage`)
-``learning``        the lineages a request whose system text changed may learn its
-                    volatile spans from, and the blobs that takes; ``learn``: the
-                    spans, and with ``learn: pin`` the decision and pins
-                    (:mod:`canonicalize.learn`)
-``blobs_needed``    the recorded parts finalizing needs (a fork's parent's system
-                    and tools[], a lineage's tools[]) (:mod:`canonicalize.finalize`)
-``finalize``        pins, notes, the lineage's tools[] and fork repair as edits,
-                    and what to record (:mod:`canonicalize.finalize`)
-==================  ==============================================================
+:meth:`Canonicalizer.start` returns a :class:`Machine` for one request.  The shell
+calls :meth:`Machine.send`: the machine runs its steps until it needs something
+only the store has (the previous response, the lookup, blobs, the tenant's
+marks and evidence: :mod:`canonicalize.needs`) and returns that :class:`Need`;
+the shell answers it and sends the answer back, until ``send`` returns None and
+:attr:`Machine.result` holds the :class:`Canonicalized` request (None: the body
+is not a JSON object, not ours to judge).  Every step is done by the module that
+owns it:
 
-``tools_id``, ``system_ref``, ``fingerprint`` and ``measure`` name content
-(:mod:`canonicalize.identity`).  Every step is pure: no I/O, no clock, no
-randomness (the new lineage id is passed in).  What to forward is a list of
-edits (:mod:`canonicalize.edits`) against the raw bytes: the string values a
-rule changed, and the structural replacements a fork or the lineage's tools[]
-make.  ``Prepared.body`` (the parse) is updated to match, for hashing and
-fingerprints.  Big bodies are prepared and finalized on worker threads: the
-memos are safe to share between threads.
+==============  ================================================================
+parse           the body, by pieces of its conversation's previous one where the
+                bytes are equal (:mod:`canonicalize.bodies`)
+previous        a Responses request's ``previous_response_id``: the lineage and
+                tip link it continues (``Previous``)
+prepare         static rules, pin spans, tools' identity, the hash chain and the
+                signals (:mod:`canonicalize.analysis`)
+lookup          the store's answer for the chain (``Chain``)
+classify        root, continuation or fork (:mod:`canonicalize.lineage`)
+recall          ``learn: pin``: the lineage of a root whose first message lost a
+                block (:mod:`canonicalize.recall`; ``Marked``, ``Declared``)
+learn           the spans a request whose system text changed learns
+                (:mod:`canonicalize.learn`)
+blobs           the recorded parts finalizing needs (``Blobs``, ``Evidence``)
+finalize        pins, notes, the lineage's tools[] and fork repair as edits, and
+                what to record (:mod:`canonicalize.finalize`)
+==============  ================================================================
+
+A store that fails answers :data:`~canonicalize.needs.UNAVAILABLE`: the request
+goes on as a root with its static rules, and nothing of it is recorded (role
+``fail-open``).  The machine runs no I/O, reads no clock, draws no random number
+(a new lineage's id comes with the request); which thread runs each step is the
+shell's choice.
+
+:class:`Canonicalizer` is the core's long-lived state, one per app: the compiled
+rule set (:mod:`canonicalize.ruleset`) and the memos (:mod:`canonicalize.memo`).
+Every step is a pure function of the request and those explicit objects: a
+memo's answer is verified against the content it stands for and is the answer
+computed afresh (``Memos.off()`` computes everything afresh; the tests compare
+the two).  The memos are safe to share between threads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from canonicalize import analysis, chain, finalize, identity, recall
 from canonicalize.analysis import Prepared
-from canonicalize.bodies import Kept
+from canonicalize.edits import Op
 from canonicalize.finalize import Outcome
-from canonicalize.identity import ToolsId
 from canonicalize.jsonspan import JsonDoc
 from canonicalize.learn import Learned, Plan, learn_plan, learn_spans
-from canonicalize.lineage import Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, classify
+from canonicalize.lineage import CANDIDATES, Decision, Fingerprint, ForkPolicy, LineageRecord, Lookup, classify, homed
+from canonicalize.lineage import origin_of as _origin_of
 from canonicalize.memo import Memos
+from canonicalize.needs import (
+    UNAVAILABLE,
+    Blobs,
+    Chain,
+    Declared,
+    Evidence,
+    Marked,
+    Need,
+    Previous,
+    Together,
+)
 from canonicalize.ruleset import RuleSet, Settings
-from canonicalize.wire.base import Exchange, Slot
+from canonicalize.wire.base import Exchange
+
+T = TypeVar("T")
+# The answers the shell sends back are the types the needs name (canonicalize.needs).
+Steps = Generator[Need[Any], Any, T]
+LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
+
+
+class Request(NamedTuple):
+    """A request as the core sees it: the client's bytes, its wire API and tenant
+    (the scope of every memo and need), its headers (a session header, a declared
+    parent), and ``fresh``, a new random lineage id (randomness is the shell's), the
+    request's if it starts a lineage, made to start with its conversation's home
+    (:func:`~canonicalize.lineage.homed`).  ``remember`` False: the body is parsed
+    whole and nothing of it is kept for its conversation's next one (a body no one owns,
+    or one too big to keep)."""
+
+    raw: bytes
+    exchange: Exchange
+    tenant: str
+    headers: Mapping[str, str]
+    fresh: str
+    remember: bool = True
+
+
+class Canonicalized(NamedTuple):
+    """The core's outcome for one request: its parse, analysis and lookup, the edits
+    and rule names to forward it with, its role, and (None when the store failed:
+    nothing is recorded) the :class:`~canonicalize.finalize.Outcome` to record.
+    Immutable, like :class:`Request` (NamedTuples: made per request, they cost a
+    quarter of a frozen dataclass)."""
+
+    body: dict[str, Any]
+    doc: JsonDoc
+    prep: Prepared
+    lookup: Lookup  # what the store found for the request's chain (its parent: canonicalize.predict)
+    ops: list[Op]
+    rewrites: list[str]
+    role: str  # root, continuation, fork; fail-open when the store failed
+    outcome: Outcome | None
+    learned: Learned | None  # the spans the request learned (counted and logged by the shell)
+
+
+class Machine:
+    """One request's steps (module docstring): :meth:`send` each answer until it
+    returns None, then read :attr:`result`."""
+
+    __slots__ = ("_steps", "result")
+
+    def __init__(self, steps: Steps[Canonicalized | None]) -> None:
+        self._steps = steps
+        self.result: Canonicalized | None = None
+
+    def send(self, answer: object = None) -> Need[Any] | None:
+        """Run the steps up to the next need (the first call starts them, with no
+        answer); None once they are done."""
+        try:
+            return self._steps.send(answer)
+        except StopIteration as done:
+            self.result = done.value
+            return None
 
 
 class Canonicalizer:
-    """The rule set and the memos; one per app, shared by all requests."""
+    """The rule set and the memos: the core's state, one per app (module docstring)."""
 
     def __init__(self, settings: Settings, *, memos: Memos | None = None) -> None:
         """``memos``: the memos to use (``Memos.off()``: none); new ones by default."""
@@ -69,183 +151,24 @@ class Canonicalizer:
         """The fork policy, with the packs' markers and inherited params."""
         return self.rules.fork
 
-    def parse(
-        self, raw: bytes, exchange: Exchange, scope: str, *, remember: bool = True
-    ) -> tuple[Any, JsonDoc, Kept | None] | None:
-        """``raw``'s parse (for this request to edit), doc and what is kept of it (for
-        ``prepare``), by pieces of the tenant's recent bodies where the bytes are equal
-        (:mod:`canonicalize.bodies`); None: not JSON.  ``remember`` False: parsed whole,
-        nothing kept (a scope that is no one's)."""
-        remember = remember and not self.rules.edits_tools
-        return self.memos.bodies.parse(raw, exchange.items_key, scope, remember=remember)
-
-    def prepare(
-        self,
-        doc: JsonDoc,
-        body: dict[str, Any],
-        exchange: Exchange,
-        *,
-        declared_parent: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        previous: tuple[str, bytes] | None = None,
-        scope: str = "",
-        kept: Kept | None = None,
-    ) -> Prepared:
-        """Step 1: :func:`canonicalize.analysis.prepare` (its arguments are this one's)."""
-        return analysis.prepare(
-            self.rules,
-            self.memos,
-            doc,
-            body,
-            exchange,
-            declared_parent=declared_parent,
-            headers=headers,
-            previous=previous,
-            scope=scope,
-            kept=kept,
-        )
-
-    def classify(self, prep: Prepared, lookup: Lookup) -> Decision:
-        """Step 2: root, continuation or fork, given what the store found for the
-        request's chain.  A request naming a previous response continues its lineage."""
-        if prep.continues is not None:  # named by previous_response_id: no guessing
-            for rec in lookup.candidates:
-                if rec.id == prep.continues:
-                    return Decision("continuation", rec)
-        return classify(prep.signals.at_depth(lookup.depth), lookup, self.rules.fork)
-
-    def sent(self, prep: Prepared) -> tuple[str, str]:
-        """The request's system skeleton and tools[] ref as sent: with them the store's
-        lookup returns the recorded blobs the request may read next
-        (:func:`canonicalize.lineage.wants_blobs`)."""
-        return prep.signals.skeleton, finalize.sent_tools_ref(self.rules, prep)
-
-    def learning(self, prep: Prepared, lookup: Lookup, decision: Decision) -> Plan | None:
-        """What ``prep`` may learn from (:func:`canonicalize.learn.learn_plan`); None with
-        ``learn: off``, or when its system text and tools are what its lineage forwarded."""
-        if self.settings.learn == "off":
-            return None
-        return learn_plan(prep, lookup, decision, self.rules.fork)
-
-    def learn(
-        self, prep: Prepared, lookup: Lookup, decision: Decision, plan: Plan, blobs: dict[str, bytes]
-    ) -> Learned | None:
-        """The spans ``prep`` learns from ``plan``'s lineages (their blobs fetched), and
-        with ``learn: pin`` the decision and lookup to finalize with
-        (:func:`canonicalize.learn.learn_spans`)."""
-        return learn_spans(prep, lookup, decision, plan, blobs, self.settings.learn, self.rules.fork)
-
-    def blobs_needed(
-        self, prep: Prepared, decision: Decision, learned: Learned | None = None, lookup: Lookup | None = None
-    ) -> tuple[str, ...]:
-        """The recorded blobs :meth:`finalize` needs for ``decision``, all in its
-        lineage's conversation (with ``learn: pin`` and its ``lookup``, the lineage's
-        recorded messages too)."""
-        return finalize.blobs_needed(prep, decision, learned, lookup=lookup, keep_history=self.keeps_history)
-
-    def evidence_needed(self, decision: Decision, learned: Learned | None) -> tuple[str, ...]:
-        """The tenant's evidence blobs :meth:`finalize` needs to settle ``learned``'s pins
-        (:func:`canonicalize.finalize.evidence_needed`): kept once per tenant, not in a
-        conversation."""
-        return finalize.evidence_needed(decision, learned)
-
     @property
     def keeps_history(self) -> bool:
         """``learn: pin``: lineages keep their newest user message as forwarded and
         forward it again when the agent drops a block from it (:mod:`canonicalize.recall`)."""
         return self.settings.learn == "pin"
 
-    def stem(self, prep: Prepared) -> bytes | None:
-        """The link that finds the lineage of a request whose first message lost a block
-        (:func:`canonicalize.recall.stem`); None: nothing to look for."""
-        if not self.keeps_history or prep.signals.first_assistant is None:
-            return None
-        return recall.stem(prep)
-
-    def stem_heads(self, prep: Prepared, found: Sequence[LineageRecord]) -> tuple[LineageRecord, ...]:
-        """Of the lineages that marked the request's stem (newest first), those ``prep``
-        may continue: roots of its session identity that recorded their first message."""
-        return tuple(
-            r for r in found if r.kind == "root" and r.first is not None and r.identity == prep.signals.identity
-        )
-
-    def match_head(self, prep: Prepared, rec: LineageRecord, blobs: dict[str, bytes]) -> recall.Head | None:
-        """How the request's first message relates to ``rec``'s recorded one
-        (:func:`canonicalize.recall.match_head`)."""
-        return recall.match_head(prep, rec, blobs)
-
-    def is_template(self, prep: Prepared, rec: LineageRecord, markers: Sequence[recall.Marker]) -> bool:
-        """A value line, marked by ``markers``, is the agent's template
-        (:func:`canonicalize.recall.is_template`)."""
-        return recall.is_template(prep, rec, markers)
-
-    def finalize(
-        self,
-        prep: Prepared,
-        lookup: Lookup,
-        decision: Decision,
-        *,
-        new_id: str,
-        blobs: dict[str, bytes],
-        learned: Learned | None = None,
-        head: recall.Head | None = None,
-    ) -> Outcome:
-        """Step 3: :func:`canonicalize.finalize.finalize` (edits ``prep``'s parse); ``head``:
-        the lineage's first message to forward (found by :meth:`match_head`)."""
-        return finalize.finalize(
-            self.rules,
-            self.memos,
-            prep,
-            lookup,
-            decision,
-            new_id=new_id,
-            blobs=blobs,
-            learned=learned,
-            keep_history=self.keeps_history,
-            head=head,
-        )
-
-    def tools_id(self, exchange: Exchange, tool_list: list[Any], *, hold: bool = False) -> ToolsId | None:
-        """What identifies ``tool_list``; None when it cannot be hashed (such tools are
-        forwarded as sent, never replaced).  ``hold``: the list is a kept body's
-        (:mod:`canonicalize.bodies`), which the session's next body may share: its
-        answer is remembered by identity."""
-        return self.memos.tools.identify(exchange, tool_list, hold=hold, shared=not self.rules.edits_tools)
-
-    def system_ref(self, value: Any, scope: str) -> str:
-        """The ref of a system part ``value`` (:func:`canonicalize.identity.system_ref`)."""
-        return identity.system_ref(self.memos.texts, value, scope)
-
-    def fingerprint(
-        self,
-        body: dict[str, Any],
-        exchange: Exchange,
-        *,
-        tools_ref: str,
-        tools_len: int,
-        n_messages: int,
-        system_slots: Sequence[Slot] | None = None,
-        scope: str | None = None,
-    ) -> Fingerprint:
-        """What prefix prediction compares (:func:`canonicalize.identity.fingerprint`)."""
-        return identity.fingerprint(
-            self.memos.texts,
-            self.rules.fork.inherit_params,
-            body,
-            exchange,
-            tools_ref=tools_ref,
-            tools_len=tools_len,
-            n_messages=n_messages,
-            system_slots=system_slots,
-            scope=scope,
-        )
+    def start(self, request: Request) -> Machine:
+        """The machine that canonicalizes ``request``."""
+        return Machine(_steps(self, request))
 
     def measure(self, body: dict[str, Any], exchange: Exchange) -> tuple[Fingerprint, list[int]]:
         """Fingerprint and message sizes of a body as received (no rule applied)."""
         tool_list = exchange.tools(body)
-        tools = self.tools_id(exchange, tool_list) if tool_list else None
+        tools = self.memos.tools.identify(exchange, tool_list, hold=False, shared=False) if tool_list else None
         _, sizes = chain.links(exchange, exchange.history(body))
-        fp = self.fingerprint(
+        fp = identity.fingerprint(
+            self.memos.texts,
+            self.rules.fork.inherit_params,
             body,
             exchange,
             tools_ref=identity.tools_ref(exchange, body),
@@ -253,3 +176,216 @@ class Canonicalizer:
             n_messages=len(sizes),
         )
         return fp, sizes
+
+
+# -- the steps ----------------------------------------------------------------------------------
+def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
+    rules, memos = canon.rules, canon.memos
+    remember = req.remember and not rules.edits_tools
+    found = memos.bodies.parse(req.raw, req.exchange.items_key, req.tenant, remember=remember)
+    if found is None or not isinstance(found[0], dict):
+        return None
+    body, doc, kept = found
+    previous = None
+    response_id = body.get("previous_response_id")  # Responses: the lineage and tip link it continues
+    if isinstance(response_id, str) and response_id:
+        previous = yield Previous(response_id)
+        previous = None if previous is UNAVAILABLE else previous
+    headers = req.headers
+    prep = analysis.prepare(
+        rules,
+        memos,
+        doc,
+        body,
+        req.exchange,
+        declared_parent=headers.get("x-prefixpin-parent") or None,
+        headers=headers,
+        previous=previous,
+        scope=req.tenant,
+        kept=kept,
+    )
+    sent = prep.signals.skeleton, finalize.sent_tools_ref(rules, prep)
+    need, offset = _chain(prep.links, prep.signals.declared_parent, prep.origin, sent)
+    first = yield need
+    store_ok = first is not UNAVAILABLE
+    lookup = _deepened(first, offset) if store_ok else Lookup()
+    decision, final, learned, head, got = yield from _decide(canon, prep, lookup, store_ok)
+    keep = canon.keeps_history
+    needed = finalize.blobs_needed(prep, decision, learned, lookup=final, keep_history=keep)
+    blobs = {ref: got[ref] for ref in needed if ref in got}
+    refs = tuple(ref for ref in needed if ref not in got)
+    evidence = finalize.evidence_needed(decision, learned)
+    if (refs or evidence) and store_ok:
+        owner = decision.parent.id if decision.parent is not None else None
+        read = yield from _blobs(refs, owner, evidence)
+        store_ok = read is not None
+        blobs.update(read or {})
+    new_id = homed(req.fresh, req.tenant, prep.origin)
+    outcome = finalize.finalize(
+        rules, memos, prep, final, decision, new_id=new_id, blobs=blobs, learned=learned, keep_history=keep, head=head
+    )
+    role = outcome.role if store_ok else "fail-open"
+    return Canonicalized(
+        body, doc, prep, lookup, outcome.ops, outcome.rewrites, role, outcome if store_ok else None, learned
+    )
+
+
+Decided = tuple[Decision, Lookup, Learned | None, recall.Head | None, Mapping[str, bytes]]
+
+
+def _decide(canon: Canonicalizer, prep: Prepared, lookup: Lookup, store_ok: bool) -> Steps[Decided]:
+    """Classify, then (the store answering) recall and learn: the decision, the lookup
+    to finalize with, what was learned, the first message recalled, and the blobs read
+    on the way (``got``)."""
+    decision = _classify(canon.rules, prep, lookup)
+    final, head, got = lookup, None, lookup.blobs
+    if store_ok and decision.role == "root" and not lookup.depth and canon.keeps_history:
+        recalled = yield from _recall(canon, prep)
+        if recalled is not None:
+            decision, final, head, got = recalled
+    learned = None
+    plan = _plan(canon, prep, final, decision) if store_ok else None
+    if plan is not None:
+        learned = yield from _learn(canon, prep, lookup.blobs, final, decision, plan)
+        if learned is not None:
+            decision, final = learned.decision, learned.lookup
+    return decision, final, learned, head, got
+
+
+def _chain(
+    links: Sequence[bytes], declared: str | None, origin: bytes | str, sent: tuple[str, str] | None = None
+) -> tuple[Chain, int]:
+    """The lookup of the newest LOOKUP_LINKS of ``links``, and how many older ones it
+    leaves out (its depths are made absolute again: :func:`_deepened`)."""
+    offset = max(len(links) - LOOKUP_LINKS, 0)
+    return Chain(links[offset:] if offset else links, declared, origin, sent), offset
+
+
+def _deepened(found: Lookup, offset: int) -> Lookup:
+    """A lookup of the newest links, its depths counted from the request's first link."""
+    if not offset or not found.depth:
+        return found
+    depths = tuple(d + offset for d in found.depths)
+    return Lookup(found.depth + offset, found.candidates, found.declared, depths, found.blobs)
+
+
+def _classify(rules: RuleSet, prep: Prepared, lookup: Lookup) -> Decision:
+    """Root, continuation or fork, given what the store found for the request's
+    chain.  A request naming a previous response continues its lineage."""
+    if prep.continues is not None:  # named by previous_response_id: no guessing
+        for rec in lookup.candidates:
+            if rec.id == prep.continues:
+                return Decision("continuation", rec)
+    return classify(prep.signals.at_depth(lookup.depth), lookup, rules.fork)
+
+
+def _plan(canon: Canonicalizer, prep: Prepared, lookup: Lookup, decision: Decision) -> Plan | None:
+    """What ``prep`` may learn from (:func:`canonicalize.learn.learn_plan`); None with
+    ``learn: off``, or when its system text and tools are what its lineage forwarded."""
+    if canon.settings.learn == "off":
+        return None
+    return learn_plan(prep, lookup, decision, canon.rules.fork)
+
+
+def _learn(
+    canon: Canonicalizer,
+    prep: Prepared,
+    got: Mapping[str, bytes],
+    lookup: Lookup,
+    decision: Decision,
+    plan: Plan,
+) -> Steps[Learned | None]:
+    """The spans ``prep`` learns from ``plan``'s lineages (their recorded blobs: those
+    the lookup returned, ``got``, and the rest read at once), and with ``learn: pin``
+    the decision and lookup to finalize with.  The store failing: None (the request
+    goes on as classified)."""
+    blobs = {ref: got[ref] for ref in plan.refs if ref in got}
+    refs = tuple(ref for ref in plan.refs if ref not in got)
+    if refs:
+        owner = plan.candidates[0][0].id if plan.candidates else None  # all found in this conversation's home
+        found = yield Blobs(refs, owner)
+        if found is UNAVAILABLE:
+            return None
+        blobs.update((ref, raw) for ref, raw in zip(refs, found, strict=True) if raw is not None)
+    return learn_spans(prep, lookup, decision, plan, blobs, canon.settings.learn, canon.rules.fork)
+
+
+def _blobs(refs: tuple[str, ...], owner: str | None, evidence: tuple[str, ...]) -> Steps[dict[str, bytes] | None]:
+    """The blobs ``refs`` of lineage ``owner``'s conversation and the tenant's
+    ``evidence``, read at once (on Redis: the conversation's home, the tenant's slot)."""
+    found: list[bytes | None]
+    if not evidence:
+        one = yield Blobs(refs, owner)
+        if one is UNAVAILABLE:
+            return None
+        found = one
+    elif not refs:
+        wide = yield Evidence(evidence)
+        if wide is UNAVAILABLE:
+            return None
+        found = wide
+    else:
+        both = yield Together((Blobs(refs, owner), Evidence(evidence)))
+        if both is UNAVAILABLE:
+            return None
+        found = [*both[0], *both[1]]
+    return {ref: raw for ref, raw in zip((*refs, *evidence), found, strict=True) if raw is not None}
+
+
+Recalled = tuple[Decision, Lookup, recall.Head, dict[str, bytes]]
+
+
+def _recall(canon: Canonicalizer, prep: Prepared) -> Steps[Recalled | None]:
+    """The lineage of a request whose first message is the one the lineage forwarded
+    but for a dropped block or fresh values on the agent's template lines (``learn:
+    pin``, canonicalize.recall): the lineages that marked its stem (the tenant's), each
+    one's record and recorded message (its home's) compared, then at once each changed
+    line checked (another conversation of the tenant marked it) and the request's chain
+    with the recorded message in place looked up again, which the lineage must own
+    whole.  Three store round trips; the lineage, and the blobs read (its first
+    message); nothing found, or the store failing: None."""
+    if not canon.keeps_history or prep.signals.first_assistant is None:
+        return None
+    stem = recall.stem(prep)
+    if stem is None:
+        return None
+    marked = yield Marked((stem,))
+    if marked is UNAVAILABLE or not marked[0]:
+        return None
+    found = yield from _lineages(marked[0][:CANDIDATES])
+    if found is None:
+        return None
+    recs, blobs = found
+    for rec in recall.stem_heads(prep, recs):
+        head = recall.match_head(prep, rec, blobs)
+        if head is None or rec.fingerprint is None:
+            continue
+        chain_need, offset = _chain(head.links, None, _origin_of(head.links))
+        both = yield Together((Marked(head.lines), chain_need))
+        if both is UNAVAILABLE:
+            return None
+        lines, check = both[0], _deepened(both[1], offset)
+        if not all(recall.is_template(prep, rec, m) for m in lines):
+            continue
+        owners = {r.id for i, r in enumerate(check.candidates) if check.depth_of(i) == check.depth}
+        if check.depth >= rec.fingerprint.n_messages and rec.id in owners:
+            return Decision("continuation", rec), Lookup(0, (rec,), None, (0,)), head, blobs
+    return None
+
+
+def _lineages(markers: Sequence[recall.Marker]) -> Steps[tuple[list[LineageRecord], dict[str, bytes]] | None]:
+    """The records of the lineages ``markers`` name (in their order) and their first
+    messages, read at once (on Redis: each from its home)."""
+    needs: list[Need[Any]] = [Declared(lineage) for lineage, _ in markers]
+    needs += [Blobs((first,), lineage) for lineage, first in markers]
+    found = yield Together(tuple(needs))
+    if found is UNAVAILABLE:
+        return None
+    n = len(markers)
+    recs = [r for r in found[:n] if r is not None]
+    raws = found[n:]
+    blobs = {first: raw[0] for (_, first), raw in zip(markers, raws, strict=True) if raw[0] is not None}
+    return recs, blobs
+
+
+__all__ = ["Canonicalized", "Canonicalizer", "Machine", "Request"]

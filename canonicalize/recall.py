@@ -39,13 +39,17 @@ first messages of another conversation of the tenant (each root marks its
 value lines' ``template`` links, at most ``MAX_TEMPLATES``).  What a user typed
 there (a task with a deadline, a version) is in no other conversation's first
 message: it reaches the upstream as sent.  Bounds: ``MAX_RESTORES`` restores per
-lineage (past them a new one is not kept: that message is forwarded as sent).
+lineage (past them a new one is not kept: that message is forwarded as sent); a
+first message compared with a recorded one spends at most one request's budget
+(:func:`canonicalize.textdiff.fresh`), all its parts together; a root scans at most
+``MAX_SCANNED`` characters of its first messages' value lines (its stem, its
+templates: the lines past them are left as they are).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,12 +68,14 @@ TEMPLATE_ROOT = b"prefixpin/template/1"
 MAX_RESTORES = 64
 MAX_TEMPLATES = 32  # value lines a root records as template links
 MAX_TEMPLATE_LOOKUPS = 4  # changed lines a request may check (more: not pinned)
+MAX_SCANNED = 8192  # characters of a first message's value lines tokenized (its stem, its templates)
 
 # A lineage that marked a link (a root marks its stem and its template lines, kept once per
 # tenant by the stores, newest first, LINKS_PER_KEY per link): its id and its first message's ref.
 Marker = tuple[str, str]
 RULE = "learned.history"
-_TAG = re.compile(r"<([A-Za-z][\w:.-]*)\b[^>]*>.*?</\1>", re.DOTALL)
+_TAG = re.compile(r"<([A-Za-z][\w:.-]*)\b[^>]*>.*?</\1>", re.DOTALL)  # (whole: is_tag_block)
+_NAME = re.compile(r"[A-Za-z][\w:.-]*")
 _TAG_LINES = re.compile(r"(?m)^[ \t]*<([A-Za-z][\w:.-]*)\b[^>\n]*>[\s\S]*?</\1>[ \t]*(?:\n|$)")
 
 
@@ -133,7 +139,7 @@ def _loose(content: Any) -> Any:
         for part in content:
             text = part.get("text") if isinstance(part, dict) else None
             if isinstance(text, str):
-                if _TAG.fullmatch(text.strip()):
+                if is_tag_block(text.strip()):
                     continue
                 part = {**part, "text": _masked(_TAG_LINES.sub("", text))}
             kept.append(part)
@@ -141,15 +147,61 @@ def _loose(content: Any) -> Any:
     return content
 
 
+def is_tag_block(text: str) -> bool:
+    """``text`` is one tag block, ``<name ...>`` ... ``</name>`` (``_TAG`` matches it
+    whole), told from its two tags: its body is not scanned."""
+    close = text.rfind("</")  # a name holds no "/": the closing tag starts at the last "</"
+    name = text[close + 2 : -1]
+    if close < 0 or not text.endswith(">") or not _NAME.fullmatch(name):
+        return False
+    opening = re.match(rf"<{re.escape(name)}\b[^>]*>", text)
+    return opening is not None and opening.end() <= close
+
+
 def _masked(text: str) -> str:
-    return "".join(f"\x00{k}" if values.is_value(k) else t for k, _, _, t in values.token_list(text))
+    """``text`` with every value masked; past ``MAX_SCANNED`` characters of lines that
+    may hold a value, the rest as it is (a stem that finds no lineage: the request goes
+    as sent)."""
+    out: list[str] = []
+    pos = 0
+    for _, _, found in _scanned([text]):
+        for kind, start, end, _ in found:
+            out += (text[pos:start], f"\x00{kind}")
+            pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _scanned(texts: Iterable[str]) -> Iterator[tuple[str, int, list[values.Token]]]:
+    """Each line of ``texts`` that holds a value: its text, where it starts in it, and
+    its values (offsets in its text), until ``MAX_SCANNED`` characters of lines that
+    may hold one were scanned."""
+    left = MAX_SCANNED
+    for text in texts:
+        for start, end in values.value_lines(text):
+            left -= end - start
+            if left < 0:
+                return
+            found = values.value_tokens(text, start, end)
+            if found:
+                yield text[start:end], start, found
 
 
 # -- templates: the agent's own lines in the messages before the first reply ----------------------
 def template_link(line: str) -> bytes:
     """The link a value line of a first message is marked under (every value masked)."""
-    masked = "".join("\x00" if values.is_value(k) else t for k, _, _, t in values.token_list(line))
-    return chain.link(TEMPLATE_ROOT, masked.encode("utf-8", "surrogatepass"))
+    return _template_link(line, 0, values.value_tokens(line))
+
+
+def _template_link(line: str, at: int, found: list[values.Token]) -> bytes:
+    """:func:`template_link` of ``line``, whose values (offsets ``at`` before) are ``found``."""
+    out: list[str] = []
+    pos = 0
+    for _, start, end, _ in found:
+        out += (line[pos : start - at], "\x00")
+        pos = end - at
+    out.append(line[pos:])
+    return chain.link(TEMPLATE_ROOT, "".join(out).encode("utf-8", "surrogatepass"))
 
 
 def templates(prep: Prepared) -> list[bytes]:
@@ -159,14 +211,9 @@ def templates(prep: Prepared) -> list[bytes]:
     history = prep.exchange.history(prep.body)
     end = len(history) if first is None else max(first - prep.offset, 0)
     ranked: list[tuple[bool, bytes]] = []
-    for item in history[:end]:
-        if not prep.exchange.is_user(item):
-            continue
-        for text in _texts(item.get("content")):
-            for line in text.split("\n"):
-                kinds = [k for k, _, _, _ in values.token_list(line) if values.is_value(k)]
-                if kinds:
-                    ranked.append((all(k == "counter" for k in kinds), template_link(line)))
+    texts = (t for item in history[:end] if prep.exchange.is_user(item) for t in _texts(item.get("content")))
+    for line, at, found in _scanned(texts):
+        ranked.append((all(k == "counter" for k, _, _, _ in found), _template_link(line, at, found)))
     ranked.sort(key=lambda r: r[0])  # stable: the first lines first among equals
     return list(dict.fromkeys(link for _, link in ranked))[:MAX_TEMPLATES]
 
@@ -190,6 +237,12 @@ class Head:
     lines: tuple[bytes, ...]  # the template links of their lines, to check
     links: list[bytes]  # the request's chain with the recorded message in place
     dropped: bool  # a block was dropped too
+
+
+def stem_heads(prep: Prepared, found: Sequence[LineageRecord]) -> tuple[LineageRecord, ...]:
+    """Of the lineages that marked the request's stem (newest first), those ``prep``
+    may continue: roots of its session identity that recorded their first message."""
+    return tuple(r for r in found if r.kind == "root" and r.first is not None and r.identity == prep.signals.identity)
 
 
 def match_head(prep: Prepared, rec: LineageRecord, blobs: Mapping[str, bytes]) -> Head | None:
@@ -218,12 +271,14 @@ def match_head(prep: Prepared, rec: LineageRecord, blobs: Mapping[str, bytes]) -
 
 def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[list[Span], bool] | None:
     """The value changes that turn ``recorded``'s content into ``item``'s (parts dropped
-    too, for list contents), and whether a part was dropped; None: anything else changed."""
+    too, for list contents), and whether a part was dropped; None: anything else changed.
+    The texts compared share one budget (:func:`canonicalize.textdiff.fresh`)."""
     if {k: v for k, v in recorded.items() if k != "content"} != {k: v for k, v in item.items() if k != "content"}:
         return None
     old, new = recorded.get("content"), item.get("content")
+    budget = textdiff.fresh()
     if isinstance(old, str) and isinstance(new, str):
-        spans = _text_values(old, new)
+        spans, _ = _text_values(old, new, budget)
         return (spans, False) if spans else None
     if not (isinstance(old, list) and isinstance(new, list)):
         return None
@@ -233,7 +288,8 @@ def _values_changed(recorded: dict[str, Any], item: dict[str, Any]) -> tuple[lis
         if j < len(new) and part == new[j]:
             j += 1
         elif j < len(new) and _is_text(part) and _is_text(new[j]) and _same_but_text(part, new[j]):
-            spans = _text_values(part["text"], new[j]["text"])
+            spans, spent = _text_values(part["text"], new[j]["text"], budget)
+            budget = budget.less(spent)
             if spans:
                 out += spans
                 j += 1
@@ -249,13 +305,14 @@ def _same_but_text(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "text"} == {k: v for k, v in b.items() if k != "text"}
 
 
-def _text_values(old: str, new: str) -> list[Span]:
-    """The value changes from ``old`` to ``new`` (scope ``messages``); [] when anything
-    else changed."""
-    diff = textdiff.changes(old, new)
+def _text_values(old: str, new: str, budget: textdiff.Budget) -> tuple[list[Span], textdiff.Budget]:
+    """The value changes from ``old`` to ``new`` (scope ``messages``), [] when anything
+    else changed (the comparison stops as soon as it is sure), and what it spent of
+    ``budget``."""
+    diff = textdiff.changes(old, new, keep=1.0, budget=budget)
     if diff.others or not diff.values:
-        return []
-    return list(spans_of(diff.changes, old, new, "messages"))
+        return [], diff.spent
+    return list(spans_of(diff.changes, old, new, "messages")), diff.spent
 
 
 def is_template(prep: Prepared, rec: LineageRecord, markers: Sequence[Marker]) -> bool:

@@ -111,13 +111,12 @@ def place_of(scope: str, line: str, start: int) -> str:
     """The place of the value starting at ``line[start]``: a hash of the line with every
     value on it masked, and which of them it is (its other values changing or not)."""
     masked: list[str] = []
-    which = 0
-    for kind, s, _, tok in values.token_list(line):
-        if values.is_value(kind):
-            which += s < start
-            masked.append("\x00")
-        else:
-            masked.append(tok)
+    which = pos = 0
+    for _, s, e, _ in values.value_tokens(line):
+        which += s < start
+        masked += (line[pos:s], "\x00")
+        pos = e
+    masked.append(line[pos:])
     return hash_text(f"{scope}\x1f{''.join(masked)}\x1f{which}")
 
 

@@ -6,12 +6,18 @@ a value rendered fresh (``12:30:15`` -> ``12:31:02``) is one token replaced by
 one token of the same class; anything else (a word, a line added or removed, a
 value inside an edited line) is ``other``.
 
-It is cheap where prompts are alike: the common prefix and suffix are found by
-comparing slices (C memcmp), the rest is cut into lines; with as many lines on
-both sides (values changed within lines) they are paired by position, else
-aligned (:class:`difflib.SequenceMatcher`); only the lines that differ are
-tokenized and aligned token by token (no junk heuristic).  A run of changed
-lines longer than ``MAX_HUNK`` characters is ``other`` whole, unexamined.
+Its cost is bounded whatever the texts are.  The runs of lines that differ are
+found first (:mod:`canonicalize.linediff`: slices compared, no token looked at).
+Of a run only its differing part is tokenized, widened to the nearest edges no
+token spans (a line break, a quote, a bracket, ...), so that its tokens are the
+run's.  A request's comparisons share one :class:`Budget` (:func:`fresh`): at most
+``MAX_TOKENIZED`` characters tokenized; a part longer than ``MAX_HUNK``, or past
+that budget, is ``other`` whole, unexamined.  In a part, the equal tokens and the
+value pairs at both ends are peeled off (values rendered afresh: the common case is
+all of it); what is left between them is aligned token by token while the budget
+has pairs of tokens left (``MAX_ALIGNED``), else it is one ``other`` change.
+A caller that needs ``new`` to keep a share of ``old`` (``keep``) stops
+tokenizing as soon as it cannot.
 
 Safety: a value is never taken out of an edited context.  Every change on a
 line that holds an ``other`` change is ``other``: a number in a rewritten
@@ -20,19 +26,23 @@ sentence is part of the edit, not a counter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from canonicalize import values
+from canonicalize import linediff, values
+from canonicalize.linediff import Hunk, common_prefix, common_suffix
 
-MAX_HUNK = 4096  # characters of changed lines aligned token by token; more is "other" whole
-MAX_PAIRED = 64  # differing lines paired by position (as many lines on both sides)
-MAX_LINES = 8192  # lines aligned with SequenceMatcher; more: the whole middle is "other"
+MAX_HUNK = 2048  # characters (either side) of a run's differing part tokenized; more is "other" whole
+MAX_TOKENIZED = 4096  # characters (both sides) tokenized per request; past it a part is "other" whole
+MAX_ALIGNED = 4096  # pairs of tokens (one side's times the other's; lines too) aligned one by one per request
 
-
-Hunk = tuple[int, int, int, int, bool]  # old start, end, new start, end; True: replaced (else inserted/removed)
-Lines = tuple[list[str], list[int]]  # the lines (with their newline) and where each starts
+_TEXT = re.compile(r"[^\n]")  # (where an edit's text starts, past its line breaks)
+# Where a run's differing part is widened to: a line break (runs are whole lines), or a
+# character no token spans (each is a token of its own: no value, word or space holds it).
+_EDGE = re.compile(r"[\n\"'()\[\]{}<>;=!?*#@&|`\\^$]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +57,35 @@ class Change:
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """What comparisons may still spend (one budget per request, passed along from one
+    comparison to the next): characters tokenized, and pairs of lines or of tokens (one
+    side's times the other's) aligned one by one."""
+
+    chars: int
+    pairs: int
+
+    def less(self, spent: Budget) -> Budget:
+        """What is left once ``spent`` is spent."""
+        return Budget(self.chars - spent.chars, self.pairs - spent.pairs)
+
+
+NOTHING = Budget(0, 0)
+
+
+def fresh() -> Budget:
+    """A request's whole budget: ``MAX_TOKENIZED`` characters, ``MAX_ALIGNED`` pairs."""
+    return Budget(MAX_TOKENIZED, MAX_ALIGNED)
+
+
+@dataclass(frozen=True, slots=True)
 class Diff:
-    """The changes of ``new`` against ``old``, and how much of ``old`` they kept."""
+    """The changes of ``new`` against ``old``, how much of ``old`` they kept, and what
+    finding them spent of the budget."""
 
     changes: tuple[Change, ...]
     kept: float  # share of old's characters outside every ``other`` change (1.0: none)
+    spent: Budget = NOTHING
 
     @property
     def values(self) -> tuple[Change, ...]:
@@ -62,81 +96,101 @@ class Diff:
         return tuple(c for c in self.changes if c.cls == "other")
 
 
-def changes(old: str, new: str, hunks: Sequence[Hunk] | None = None) -> Diff:
-    """The value changes that turn ``old`` into ``new`` (module docstring); ``hunks``:
-    their :func:`lines`, when the caller has them."""
+def changes(
+    old: str, new: str, runs: Sequence[Hunk] | None = None, *, keep: float = 0.0, budget: Budget | None = None
+) -> Diff:
+    """The value changes that turn ``old`` into ``new`` (module docstring); ``runs``:
+    their :func:`canonicalize.linediff.lines`, when the caller has them.  It spends at
+    most ``budget`` (default: a :func:`fresh` one); with ``keep``, once ``new`` cannot
+    keep that share of ``old`` the parts left are ``other`` whole (``kept`` is below
+    ``keep`` either way).  With no character left to tokenize, every difference is
+    ``other``: one change, unexamined."""
     if old == new:
         return Diff((), 1.0)
-    found: list[Change] = []
-    for o1, o2, n1, n2, replaced in lines(old, new) if hunks is None else hunks:
-        if not replaced or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK:
-            found.append(Change("other", o1, o2, n1, n2))
-        else:
-            found += _tokens(old, o1, o2, new, n1, n2)
-    found = _untaint(found, new)
-    removed = sum(c.oend - c.ostart for c in found if c.cls == "other")
-    return Diff(tuple(found), 1.0 - removed / len(old) if old else 0.0)
+    budget = fresh() if budget is None else budget
+    if budget.chars <= 0:
+        return Diff((Change("other", 0, len(old), 0, len(new)),), 0.0)
+    pairs = budget.pairs
+    if runs is None:
+        runs, aligned = linediff.runs(old, new, max(min(pairs, linediff.MAX_ALIGNED), 0))
+        pairs -= aligned
+    parts = [_part(old, new, run) for run in runs]
+    whole = [not r or o2 - o1 > MAX_HUNK or n2 - n1 > MAX_HUNK for o1, o2, n1, n2, r in parts]
+    most = (1.0 - keep) * len(old)  # old's characters "other" may take before new cannot keep ``keep``
+    removed = sum(p[1] - p[0] for p, w in zip(parts, whole, strict=True) if w)
+    chars = budget.chars
+    out: list[Change] = []
+    for (o1, o2, n1, n2, _), w in zip(parts, whole, strict=True):
+        if not w and removed <= most and o2 - o1 + n2 - n1 <= chars:
+            chars -= o2 - o1 + n2 - n1
+            got, pairs = _tokens(old, o1, o2, new, n1, n2, pairs)
+            removed += sum(c.oend - c.ostart for c in got if c.cls == "other")
+            out += got
+            continue
+        removed += 0 if w else o2 - o1
+        out.append(Change("other", o1, o2, n1, n2))
+    out = _untaint(out, new)
+    removed = sum(c.oend - c.ostart for c in out if c.cls == "other")
+    spent = Budget(budget.chars - chars, budget.pairs - pairs)
+    return Diff(tuple(out), 1.0 - removed / len(old) if old else 0.0, spent)
 
 
-def lines(old: str, new: str) -> list[Hunk]:
-    """The runs of lines that differ between ``old`` and ``new``: the cheap first step
-    of :func:`changes` (no token is looked at), enough to tell which of several texts
-    ``new`` is closest to."""
-    if old == new:
-        return []
-    p = common_prefix(old, new)
-    s = common_suffix(old, new, min(len(old), len(new)) - p)
-    start = old.rfind("\n", 0, p) + 1  # whole lines: a value the prefix cut in two is one token again
-    end = old.find("\n", len(old) - s)
-    old_end = len(old) if end < 0 else end
-    new_end = len(new) - (len(old) - old_end)
-    return _hunks(old, _lines(old, start, old_end), old_end, new, _lines(new, start, new_end), new_end)
+def _part(old: str, new: str, run: Hunk) -> Hunk:
+    """The part of a replaced run that differs, widened to the nearest edges no token
+    spans (``_EDGE``) before and after it: tokenized alone, it gives the tokens the whole
+    run would there, and the rest of the run is equal on both sides.  An inserted or
+    removed run is its own part."""
+    o1, o2, n1, n2, replaced = run
+    if not replaced:
+        return run
+    a, b = old[o1:o2], new[n1:n2]
+    p = common_prefix(a, b)
+    s = common_suffix(a, b, min(len(a), len(b)) - p)
+    edge = _EDGE.search(a[p - 1 :: -1]) if p else None  # the nearest edge before, read backwards
+    start = p - edge.start() if edge else 0
+    edge = _EDGE.search(a, len(a) - s)
+    end = len(a) if edge is None else edge.end() if edge.group() == "\n" else edge.start()  # (whole lines)
+    return o1 + start, o1 + end, n1 + start, n2 - (len(a) - end), True
 
 
-def _hunks(old: str, a: Lines, old_end: int, new: str, b: Lines, new_end: int) -> list[Hunk]:
-    """The runs of lines that differ.  As many lines on both sides (values changed
-    within lines, the common case) pairs them by position: each differing pair is a
-    hunk.  Otherwise the lines are aligned (SequenceMatcher); past ``MAX_LINES`` the
-    whole middle is one hunk."""
-    (la, sa), (lb, sb) = a, b
-    if len(la) == len(lb):
-        paired = [i for i, (x, y) in enumerate(zip(la, lb, strict=True)) if x != y]
-        if len(paired) <= MAX_PAIRED:
-            return [(sa[i], sa[i + 1], sb[i], sb[i + 1], True) for i in paired]
-    if len(la) + len(lb) > MAX_LINES:
-        return [(sa[0], old_end, sb[0], new_end, False)]
-    return [
-        (sa[i1], sa[i2], sb[j1], sb[j2], tag == "replace")
-        for tag, i1, i2, j1, j2 in SequenceMatcher(None, la, lb).get_opcodes()
-        if tag != "equal"
-    ]
+Token = values.Token
 
 
-Token = tuple[str, int, int, str]  # (kind, start, end, text): canonicalize.values.tokens
-
-
-def _tokens(old: str, o1: int, o2: int, new: str, n1: int, n2: int) -> list[Change]:
-    """The changes of one hunk, token by token: paired by position when both sides
-    have as many tokens and every differing pair is a value (values rendered afresh,
-    the common case), else aligned."""
+def _tokens(old: str, o1: int, o2: int, new: str, n1: int, n2: int, pairs: int) -> tuple[list[Change], int]:
+    """The changes of one part, token by token: the equal tokens and value pairs at both
+    ends peeled off (all of them, when only values were rendered afresh), what is left
+    between aligned one by one while ``pairs`` allow, else one ``other`` change; and the
+    pairs of tokens left."""
     ot = values.token_list(old[o1:o2])
     nt = values.token_list(new[n1:n2])
-    if len(ot) == len(nt):
-        out = []
-        for o, n in zip(ot, nt, strict=True):
-            if o[3] != n[3]:
-                cls = values.pair_class(o[0], o[3], n[0], n[3])
-                if cls == "other":
-                    break
-                out.append(Change(cls, o1 + o[1], o1 + o[2], n1 + n[1], n1 + n[2]))
-        else:
-            return out
-    matcher = SequenceMatcher(None, [t[3] for t in ot], [t[3] for t in nt], autojunk=False)
-    out = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    i, head = _peel(zip(ot, nt, strict=False), o1, n1)  # (as far as the shorter side goes)
+    k, tail = _peel(zip(reversed(ot[i:]), reversed(nt[i:]), strict=False), o1, n1)
+    i2, j2 = len(ot) - k, len(nt) - k
+    if i == i2 and i == j2:
+        return head + tail[::-1], pairs
+    cells = (i2 - i) * (j2 - i)
+    if not cells or cells > pairs:
+        return [*head, *_replaced(ot, i, i2, o1, o2, nt, i, j2, n1, n2), *tail[::-1]], pairs
+    matcher = SequenceMatcher(None, [t[3] for t in ot[i:i2]], [t[3] for t in nt[i:j2]], autojunk=False)
+    for tag, a1, a2, b1, b2 in matcher.get_opcodes():
         if tag != "equal":
-            out += _replaced(ot, i1, i2, o1, o2, nt, j1, j2, n1, n2)
-    return out
+            head += _replaced(ot, i + a1, i + a2, o1, o2, nt, i + b1, i + b2, n1, n2)
+    return head + tail[::-1], pairs - cells
+
+
+def _peel(pairs: Iterable[tuple[Token, Token]], o1: int, n1: int) -> tuple[int, list[Change]]:
+    """How many of ``pairs`` (an old and a new token at one place, in order) come before
+    the first edit (each equal, or a value rendered afresh), and those values' changes."""
+    n = 0
+    out: list[Change] = []
+    for o, t in pairs:
+        if o[3] != t[3]:
+            cls = values.pair_class(o[0], o[3], t[0], t[3])
+            if cls == "other":
+                break
+            out.append(Change(cls, o1 + o[1], o1 + o[2], n1 + t[1], n1 + t[2]))
+        n += 1
+    return n, out
 
 
 def _replaced(
@@ -171,83 +225,31 @@ def _untaint(found: list[Change], new: str) -> list[Change]:
     """Every change on a line (of ``new``) that an ``other`` change touches is
     ``other``: a value inside an edited line is part of the edit.  A line added or
     removed whole touches no other line."""
-    tainted: set[int] = set()  # start offsets of the tainted lines
+    edits: list[tuple[int, int]] = []  # each edit's first line start and end: the lines starting in it
     for c in found:
         if c.cls != "other":
             continue
-        start, end = c.nstart, c.nend
-        while start < end and new[start] == "\n":
-            start += 1
-        while end > start and new[end - 1] == "\n":
-            end -= 1
+        first = _TEXT.search(new, c.nstart, c.nend)  # line breaks at either end edit no line
+        start = c.nend if first is None else first.start()
+        end = start + len(new[start : c.nend].rstrip("\n"))
         if start == end and (start == 0 or start == len(new) or "\n" in (new[start - 1], new[start])):
             continue  # whole lines went (or only newlines came): no line of new was edited
-        pos = new.rfind("\n", 0, start) + 1
-        while True:
-            tainted.add(pos)
-            nl = new.find("\n", pos, end)
-            if nl < 0:
-                break
-            pos = nl + 1
-    if not tainted:
+        edits.append((new.rfind("\n", 0, start) + 1, end))
+    if not edits:
         return found
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(edits):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    starts = [lo for lo, _ in merged]
+
+    def tainted(c: Change) -> bool:
+        line = new.rfind("\n", 0, c.nstart) + 1
+        k = bisect_right(starts, line) - 1
+        return k >= 0 and line <= merged[k][1]
+
     return [
-        Change("other", c.ostart, c.oend, c.nstart, c.nend)
-        if c.cls != "other" and new.rfind("\n", 0, c.nstart) + 1 in tainted
-        else c
-        for c in found
+        Change("other", c.ostart, c.oend, c.nstart, c.nend) if c.cls != "other" and tainted(c) else c for c in found
     ]
-
-
-def _lines(text: str, start: int, end: int) -> Lines:
-    """``text[start:end]`` cut into lines (each with its newline), and where each
-    starts; one more start: ``end``."""
-    lines = text[start:end].split("\n")
-    last = lines.pop()
-    lines = [line + "\n" for line in lines]
-    if last:
-        lines.append(last)
-    starts = [start]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-    return lines, starts
-
-
-def common_prefix(a: str, b: str) -> int:
-    """The length of the longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    lo, step = 0, 4096
-    while lo < n:
-        hi = min(lo + step, n)
-        if a[lo:hi] == b[lo:hi]:
-            lo = hi
-            step *= 2
-            continue
-        while hi - lo > 1:  # a[:lo] == b[:lo], and they differ before hi
-            mid = (lo + hi) // 2
-            if a[lo:mid] == b[lo:mid]:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-    return n
-
-
-def common_suffix(a: str, b: str, most: int) -> int:
-    """The length of the longest common suffix of ``a`` and ``b``, at most ``most``."""
-    lo, step = 0, 4096
-    la, lb = len(a), len(b)
-    while lo < most:
-        hi = min(lo + step, most)
-        if a[la - hi : la - lo] == b[lb - hi : lb - lo]:
-            lo = hi
-            step *= 2
-            continue
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if a[la - mid : la - lo] == b[lb - mid : lb - lo]:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-    return most

@@ -45,7 +45,8 @@ def note(flow: Flow) -> str:
 
 def _tokens(flow: Flow) -> list[str]:
     parts = []
-    usage = flow.reply.usage.result if flow.reply is not None else None
+    reply = flow.answer.reply
+    usage = reply.usage.result if reply is not None else None
     p = prediction(flow)
     if usage is not None:
         parts += [f"prompt={usage.prompt}", f"cached={usage.cached}"]

@@ -1,29 +1,53 @@
-"""The proxy's request flow without sockets: the real addons (the app's tuple, less
-the ones a live upstream needs) and runner on an embedded store, a request in, the
-flow out.  ``prefixpin audit`` replays traces
-through it, and tests drive lineage, pins and forks through it: there is no
-second implementation of the request path or of the store's semantics.
+"""The core's request machine without sockets, for ``prefixpin audit``: each
+request canonicalized as the proxy canonicalizes it (:mod:`proxy.drive`, the
+same driver, against an embedded store: unbounded unless one is given), its
+edits spliced into its bytes, and its turn recorded with the reply the trace
+says the client received.  Nothing is sent anywhere.
+
+What it leaves out is what only a live upstream or a provider makes: the
+provider caches' controls (``provider_cache``), the usage a stream is asked for,
+the replica a pool places it on; and it counts no request (the learned spans
+only, :mod:`proxy.learned`).  Tests and benchmarks drive lineage, pins and forks
+through it: there is no second implementation of the core's protocol or of the
+store's semantics.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from starlette.datastructures import Headers
 
-from canonicalize import CHAT, Canonicalizer, Exchange, Memos, Settings
-from proxy import addons
-from proxy.addons import Runner
+from canonicalize import (
+    CHAT,
+    Canonicalized,
+    Canonicalizer,
+    Exchange,
+    Lookup,
+    Memos,
+    Op,
+    Outcome,
+    Prepared,
+    Settings,
+    render,
+)
 from proxy.config import Config
-from proxy.flow import Flow
+from proxy.cpu import on_cpu
+from proxy.drive import Driver
+from proxy.flow import Inbound
 from proxy.metrics import Metrics
 from proxy.services import Services
-from proxy.store import Bounds, Store
+from proxy.store import ISOLATED, Bounds, Store
 from proxy.store.guard import StoreGuard
 from proxy.store.memory import MemoryStore
+from proxy.tenancy import tenant_of
+
+log = logging.getLogger("prefixpin")
 
 
 def _unbounded(config: Config) -> MemoryStore:
@@ -31,8 +55,47 @@ def _unbounded(config: Config) -> MemoryStore:
     return MemoryStore(ttl_s=10**9, max_entries=10**9, max_bytes=2**62, bounds=bounds)
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One request through the core offline: what would be forwarded (``out``), its
+    role, and the core's outcome (None: bypassed, not a JSON object, or failed open)."""
+
+    raw: bytes
+    out: bytes
+    role: str
+    done: Canonicalized | None = None
+    failed: bool = False  # prefixpin's own failure: forwarded as the client sent it
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """What is recorded (None: nothing, the store failed too)."""
+        return self.done.outcome if self.done is not None else None
+
+    @property
+    def prep(self) -> Prepared | None:
+        return self.done.prep if self.done is not None else None
+
+    @property
+    def lookup(self) -> Lookup | None:
+        return self.done.lookup if self.done is not None else None
+
+    @property
+    def ops(self) -> list[Op]:
+        return self.done.ops if self.done is not None else []
+
+    @property
+    def rewrites(self) -> list[str]:
+        return self.done.rewrites if self.done is not None else []
+
+    @property
+    def offered(self) -> frozenset[str] | None:
+        """The tools a repaired fork itself offered (its reply's guard)."""
+        outcome = self.outcome
+        return outcome.offered if outcome is not None else None
+
+
 class Offline:
-    """Send requests through the request hooks, then record their replies."""
+    """Requests through the core, one by one, on one store (module docstring)."""
 
     def __init__(
         self,
@@ -42,11 +105,10 @@ class Offline:
         store: Store | None = None,
         new_id: Callable[[], str] | None = None,
         memos: Memos | None = None,
-        clock: Callable[[], float] | None = None,
     ) -> None:
         """``settings`` replaces the config's packs, rules and fork policy, ``memos`` the
-        canonicalizer's memos (tests: ``Memos.off()`` remembers nothing); ``clock``: the
-        time each request comes at (audit: the trace's)."""
+        canonicalizer's memos (tests: ``Memos.off()`` remembers nothing); ``new_id``:
+        lineage ids (default ``L0001``, ``L0002``, ...)."""
         canon = Canonicalizer(settings or config.settings(), memos=memos)
         self.s = Services(
             config=config,
@@ -55,11 +117,9 @@ class Offline:
             guard=StoreGuard(),
             metrics=Metrics(rules=canon.rule_names),
         )
-        if clock is not None:
-            self.s.clock = clock
         counter = itertools.count(1)
         ids = new_id or (lambda: f"L{next(counter):04d}")
-        self.runner = Runner(addons.build(self.s, new_id=ids, offline=True), self.s.metrics)
+        self.driver = Driver(canon, self.s.store, self.s.guard, self.s.metrics, new_id=ids)
 
     async def send(
         self,
@@ -70,15 +130,31 @@ class Offline:
         query: str = "",
         reply: dict[str, Any] | None = None,
         status: int = 200,
-    ) -> Flow:
-        """One request: what would be forwarded (``flow.out``), its role and outcome;
-        ``reply`` (the assistant message the client received) is recorded with it."""
+        tenant: str | None = None,
+    ) -> Replayed:
+        """One request: what would be forwarded, its role and outcome; ``reply`` (the
+        assistant message the client received) is recorded with it, unless ``status``
+        says the upstream failed.  ``tenant``: whose it is (None: what its credentials
+        make, as ``tenancy`` says; "" shares nothing)."""
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
         head = Headers({k.lower(): v for k, v in (headers or {}).items()})
-        flow = Flow(exchange, head, query.encode("utf-8", "surrogateescape"), raw, 0.0)
-        await self.runner.request(flow)
-        self.runner.render(flow)
-        flow.message, flow.status = reply, status
-        self.runner.done(flow)
-        await self.s.drain()
-        return flow
+        inbound = Inbound(exchange, "", query.encode("utf-8", "surrogateescape"), head, raw, 0.0)
+        if inbound.bypassed:
+            return Replayed(raw, raw, "bypass")
+        if tenant is None:
+            tenant = tenant_of(head.raw, inbound.query, self.s.config.tenancy)
+        big = inbound.big
+        try:
+            remember = tenant != ISOLATED and not big
+            done = await self.driver.canonicalize(raw, exchange, tenant, head, remember=remember, big=big)
+            if done is None:
+                return Replayed(raw, raw, "bypass")
+            out = await on_cpu(big, render, done.doc, done.ops) if done.ops else raw
+        except Exception:
+            log.exception("canonicalize failed; the request is replayed as the client sent it")
+            self.s.metrics.fail_open.labels("canonicalize").inc()
+            return Replayed(raw, raw, "fail-open", failed=True)
+        if done.outcome is not None and tenant != ISOLATED:
+            replied = reply if status < 400 else None
+            await self.driver.record(tenant, done, out, replied, done.outcome.record, big=big)
+        return Replayed(raw, out, done.role, done)

@@ -1,6 +1,6 @@
-"""Relaying an upstream body to the client as it arrives: the one loop every
-streamed response goes through (the wire APIs' streams through their reply
-machine, every other route's bytes as they come).
+"""The one body writer: an upstream body to the client as it arrives, whole or
+streamed (the wire APIs' streams through their reply machine, a whole answer as
+:class:`One` piece, every other route's bytes as they come).
 
 The body is read to its end even when the client's response has ended (the
 stream's last event sent), since reading it to the end is what returns the
@@ -55,6 +55,32 @@ class HeldHead:
         await self.send(message)
 
 
+class One:
+    """A body of one piece: an answer read whole, written as the rest of the response.
+    Its own iterator (an async generator would cost the loop's bookkeeping of one)."""
+
+    __slots__ = ("_read", "content")
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+        self._read = False
+
+    def __aiter__(self) -> One:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._read:
+            raise StopAsyncIteration
+        self._read = True
+        return self.content
+
+    def at_end(self) -> bool:
+        return self._read
+
+    async def aclose(self) -> None:
+        return None
+
+
 class Pieces(Protocol):
     """What the bytes go through on their way: ``feed`` each piece, ``end`` for what
     it held back (a partial SSE line) once the body is over; ``last`` once the piece
@@ -106,4 +132,4 @@ async def relay(
         await send({"type": "http.response.body", "body": tail})
 
 
-__all__ = ["AsSent", "HeldHead", "Pieces", "relay"]
+__all__ = ["AsSent", "HeldHead", "One", "Pieces", "relay"]

@@ -54,7 +54,7 @@ class Through:
         self.held = held
 
     def feed(self, chunk: bytes) -> bytes:
-        reply = self.flow.reply
+        reply = self.flow.answer.reply
         if reply is None:
             return chunk
         self.read += len(chunk)
@@ -66,7 +66,7 @@ class Through:
         except Exception:
             log.exception("stream processing failed; passing the rest through")
             self.metrics.fail_open.labels("response").inc()
-            self.flow.reply = None
+            self.flow.answer.unread()
             return splitter.take() + chunk
         if self.first and reply.first_token:
             self.metrics.upstream_ttft.observe(time.perf_counter() - self.sent)
@@ -77,11 +77,11 @@ class Through:
 
     def _unbounded(self, out: bytes, chunk: bytes, why: str) -> bytes:
         """Past a bound: the machine's held events, then the rest as it comes."""
-        flow, reply = self.flow, self.flow.reply
+        flow, reply = self.flow, self.flow.answer.reply
         assert reply is not None
-        flow.reply = None
+        flow.answer.unread()
         self.metrics.fail_open.labels("decode").inc()
-        log.warning("a %s stream passed a bound (%s): relaying the rest unread", flow.exchange.name, why)
+        log.warning("a %s stream passed a bound (%s): relaying the rest unread", flow.inbound.exchange.name, why)
         if self.held is not None and not self.held.sent:
             raise AsSent
         try:
@@ -93,14 +93,15 @@ class Through:
     @property
     def last(self) -> bool:
         """The stream's last event went by (the reply machine saw it)."""
-        return self.flow.reply is not None and self.flow.reply.ended
+        reply = self.flow.answer.reply
+        return reply is not None and reply.ended
 
     def end(self) -> bytes:
         """The stream's last bytes: what the splitter held (an unterminated event),
         through the reply machine, which also gives up the events it held for a
         verdict (a call whose name could still grow)."""
         tail = self.splitter.take()
-        reply = self.flow.reply
+        reply = self.flow.answer.reply
         if reply is None:
             return tail
         try:

@@ -14,7 +14,7 @@ engines built for it, not through prefixpin:
   sums them all (a worker that died keeps its counts: no reset for Prometheus).
 
 The serve process holds the port (bound, not listening, so a wrong address
-fails at once), starts each worker (``python -m proxy.workers``: a fresh
+fails at once), starts each worker (``python -m proxy.cli.worker``: a fresh
 interpreter, its config read from its stdin), restarts one that dies, and on
 SIGTERM / SIGINT stops them all.  Each worker listens on its own
 ``SO_REUSEPORT`` socket: the kernel spreads connections over them.  Process-wide
@@ -24,7 +24,6 @@ connections and admits ``limits.max_concurrency / N`` requests.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import math
@@ -39,10 +38,9 @@ import time
 from pathlib import Path
 
 from proxy.config import Config
-from proxy.front import claim, listen
+from proxy.front import claim
 
 log = logging.getLogger("prefixpin")
-PR_SET_PDEATHSIG = 1
 MAX_AUTO = 8
 RESTART_DELAY_S = 1.0  # a worker that keeps dying is restarted at most this often
 STOP_S = 5.0  # past listen.shutdown_grace_s: a worker's own stop ends its streams and flushes them
@@ -106,7 +104,7 @@ def serve(config: Config, workers: int) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "proxy.workers"], stdin=subprocess.PIPE, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "proxy.cli.worker"], stdin=subprocess.PIPE, env=env)
         assert proc.stdin is not None
         proc.stdin.write(payload)
         proc.stdin.close()
@@ -135,27 +133,3 @@ def serve(config: Config, workers: int) -> int:
         hold.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
-
-
-def worker_main() -> int:
-    """A worker: its config from stdin, its own SO_REUSEPORT socket on the port."""
-    from proxy.cli.serve import serve_here, setup_logging
-
-    _stop_with_parent()
-    config: Config = pickle.load(sys.stdin.buffer)
-    setup_logging(config)
-    sock = listen(config.listen.host, config.listen.port, reuse_port=True)
-    return serve_here(config, sock=sock, banner=False)
-
-
-def _stop_with_parent() -> None:
-    """Have the kernel send this worker SIGTERM (a graceful stop) when the serve process
-    dies, even by SIGKILL: no orphan keeps serving the port (Linux's PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:  # the parent died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())

@@ -9,7 +9,6 @@ import sys
 
 import uvloop
 
-from proxy.cli.serve import error_body, error_event, front_limits
 from proxy.config import load
 from proxy.front import Server, connection_cap, listen, serve
 
@@ -24,10 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load()
     server = Server(
         app,
-        limits=front_limits(config),
+        limits=config.limits,
         max_connections=connection_cap(0, config.upstream.max_connections),
-        error_body=error_body,
-        error_event=error_event,
     )
     uvloop.run(serve(server, [listen("127.0.0.1", args.port)], grace_s=1.0))
     return 0

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from canonicalize import AddMember
+from canonicalize import AddMember, Canonicalized
 from proxy.config import Affinity as AffinityConfig
-from proxy.flow import Flow
+from proxy.flow import Edits, Flow, Placement
 from proxy.upstream.policy import Route
 from proxy.upstream.slot_watch import SlotWatch
 from proxy.upstream.slots import SlotPlan
@@ -65,7 +65,9 @@ class SlotTable:
 
 class Affinity:
     name = "affinity"
-    counts_only = False  # its done hook only asks for a read of /slots, right away
+    needs = (Canonicalized,)
+    provides = (Placement, Edits)
+    when = "after_last_byte"  # its done hook only asks for a read of /slots, right away
 
     def __init__(self, cfg: AffinityConfig, watch: SlotWatch | None = None) -> None:
         """``watch``: the servers' slots as read (the app's); without it an explicit
@@ -82,17 +84,28 @@ class Affinity:
         if watch is not None:
             await watch.settle()  # at start only: the first read (and probe) of the servers
             last, watch.last_sent = watch.last_sent, None
-        if flow.outcome is None or not flow.editable or flow.body is None:
+        outcome = flow.outcome
+        if outcome is None or flow.failed:
             return
-        record = flow.outcome.record
-        root = record.root_id
-        flow.route = Route(root, record.replica, new=flow.role == "root")
-        flow.set_headers += tuple((h, root) for h in self.headers)
+        root = outcome.record.root_id
+        route = Route(root, outcome.record.replica, new=flow.role == "root")
+        out = flow.outbound
+        out.headers += tuple((h, root) for h in self.headers)
         if watch is not None:
             watch.last_sent = (root, None)
-        plan = watch.plan if watch is not None else self._fixed
-        if plan.mode == "none" or "id_slot" in flow.body:
-            return
+        slot = self._slot(flow, root, route.new, last)
+        flow.decide(Placement(route, slot))
+        if slot is not None:
+            out.ops.append(AddMember("id_slot", str(slot).encode()))
+            if watch is not None:
+                watch.last_sent = (root, slot)
+
+    def _slot(self, flow: Flow, root: str, new: bool, last: tuple[str, int | None] | None) -> int | None:
+        """The llama-server slot to pin the lineage to, if any."""
+        plan = self.watch.plan if self.watch is not None else self._fixed
+        done = flow.done
+        if plan.mode == "none" or done is None or "id_slot" in done.body:
+            return None
         table = self.table
         if table is None or table.slots != plan.slots:
             table = self.table = SlotTable(plan.slots)
@@ -101,13 +114,9 @@ class Affinity:
             # only when that slot served the last request sent (it holds the prompt on
             # any server).  Anything else names no slot until the server is known.
             mine = table.get(root)
-            if not (flow.route.new or (mine is not None and last == (root, mine))):
-                return
-        slot = table.slot(root)
-        flow.ops.append(AddMember("id_slot", str(slot).encode()))
-        flow.slot = slot
-        if watch is not None:
-            watch.last_sent = (root, slot)
+            if not (new or (mine is not None and last == (root, mine))):
+                return None
+        return table.slot(root)
 
     def done(self, flow: Flow) -> None:
         if self.watch is not None:

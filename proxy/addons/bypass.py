@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from proxy.flow import Flow
+from proxy.flow import SKIP, Flow, Skip
 
 
 class Bypass:
     name = "bypass"
+    needs: tuple[type, ...] = ()
+    provides = (Skip,)
 
     async def request(self, flow: Flow) -> None:
-        if flow.headers.get("x-prefixpin-bypass", "").strip() == "1":
-            flow.skip = True
-            flow.role = "bypass"
+        if flow.inbound.bypassed:
+            flow.decide(SKIP)

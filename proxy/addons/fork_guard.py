@@ -3,12 +3,16 @@ calls to tools the fork did not itself offer, before the client sees them."""
 
 from __future__ import annotations
 
-from proxy.flow import Flow
+from canonicalize import Canonicalized
+from proxy.flow import Flow, Guarded
 
 
 class ForkGuard:
     name = "fork_guard"
+    needs = (Canonicalized,)
+    provides = (Guarded,)
 
     async def request(self, flow: Flow) -> None:
-        if flow.editable and flow.outcome is not None:
-            flow.offered = flow.outcome.offered
+        outcome = flow.outcome
+        if outcome is not None and outcome.offered is not None and not flow.failed:
+            flow.decide(Guarded(outcome.offered))

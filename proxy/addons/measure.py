@@ -16,38 +16,41 @@ from __future__ import annotations
 
 import time
 
-from canonicalize import Prediction, parent_of, predict, split_uncached
-from proxy.flow import Flow
+from canonicalize import Canonicalized, Prediction, parent_of, predict, split_uncached
+from proxy.flow import Flow, Parsed
 from proxy.metrics import Metrics
 
 
 class Measure:
     name = "measure"
-    counts_only = True  # its done hook may run later (proxy.addons.Runner.done)
+    needs = (Parsed, Canonicalized)
+    when = "counted"  # off the request's path (proxy.addons.counting)
 
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
 
     def done(self, flow: Flow) -> None:
-        m = self.m
-        m.requests.labels(flow.exchange.name, flow.role, str(flow.status)).inc()
-        m.request_duration.labels(flow.exchange.name).observe((flow.ended or time.perf_counter()) - flow.started)
+        m, answer, route = self.m, flow.answer, flow.inbound.exchange.name
+        role = flow.role
+        m.requests.labels(route, role, str(answer.status)).inc()
+        m.request_duration.labels(route).observe((answer.ended or time.perf_counter()) - flow.inbound.started)
         p = prediction(flow)
-        reply = flow.reply
+        reply = answer.reply
         usage = reply.usage.result if reply is not None else None
         if usage is not None:
-            model = m.model_label(flow.model, answered=200 <= flow.status < 300)  # a junk name gets no slot
-            m.prompt_tokens.labels(model, flow.role).inc(usage.prompt)
-            m.cached_tokens.labels(model, flow.role).inc(usage.cached)
-            m.cache_write_tokens.labels(model, flow.role).inc(usage.cache_write)
+            model = m.model_label(flow.model, answered=200 <= answer.status < 300)  # a junk name gets no slot
+            m.prompt_tokens.labels(model, role).inc(usage.prompt)
+            m.cached_tokens.labels(model, role).inc(usage.cached)
+            m.cache_write_tokens.labels(model, role).inc(usage.cache_write)
             for cause, tokens in split_uncached(p, usage.prompt, usage.cached).items():
                 m.uncached_tokens.labels(cause).inc(tokens)
         if reply is not None and reply.blocked:
             m.blocked_tool_calls.inc(reply.blocked)
         for rule in flow.rewrites:
             m.rewrites.labels(rule).inc()
-        if flow.outcome is not None and flow.outcome.fork_action:
-            m.forks.labels(flow.outcome.fork_action).inc()
+        outcome = flow.outcome
+        if outcome is not None and outcome.fork_action:
+            m.forks.labels(outcome.fork_action).inc()
         if p is not None:
             m.predicted_prefix_ratio.observe(p.ratio)
             if p.cause is not None:
@@ -56,10 +59,11 @@ class Measure:
 
 def prediction(flow: Flow) -> Prediction | None:
     """The forwarded request against its parent; None: it has none (or is not ours)."""
-    outcome, prep = flow.outcome, flow.prep
-    if outcome is None or prep is None or outcome.record.fingerprint is None:
+    done = flow.done
+    outcome = done.outcome if done is not None else None
+    if done is None or outcome is None or outcome.record.fingerprint is None:
         return None
-    parent = parent_of(outcome, prep, flow.lookup)
+    parent = parent_of(outcome, done.prep, done.lookup)
     if parent is None:
         return None
-    return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, prep.sizes)
+    return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, done.prep.sizes)

@@ -38,7 +38,18 @@ from collections import OrderedDict
 
 import orjson
 
-from canonicalize import CHAT, MESSAGES, RESPONSES, Usage, minimums, openai_cache, predict, ttl
+from canonicalize import (
+    CHAT,
+    MESSAGES,
+    RESPONSES,
+    Canonicalized,
+    LineageRecord,
+    Usage,
+    minimums,
+    openai_cache,
+    predict,
+    ttl,
+)
 from canonicalize.edits import AddMember
 from canonicalize.provider import (
     breakpoints,
@@ -51,7 +62,7 @@ from canonicalize.provider import (
 )
 from canonicalize.verdicts import agrees, provider_causes
 from proxy.config import Price
-from proxy.flow import Flow
+from proxy.flow import CacheControls, Edits, Flow, Parsed, Tenant
 from proxy.pricing import Pricing, cost, saved
 from proxy.services import Services
 
@@ -64,7 +75,9 @@ SAID_BELOW = 4096
 
 class ProviderCache:
     name = "provider_cache"
-    counts_only = True  # its done hook only counts: it may run later (proxy.addons.Runner.done)
+    needs = (Tenant, Parsed, Canonicalized, Edits)
+    provides = (CacheControls, Edits)
+    when = "counted"  # its done hook only counts: off the request's path (proxy.addons.counting)
 
     def __init__(self, s: Services, *, pricing: Pricing | None = None) -> None:
         self.s = s
@@ -84,57 +97,68 @@ class ProviderCache:
             )
 
     async def request(self, flow: Flow) -> None:
-        if not flow.editable or flow.body is None or flow.doc is None:
+        done = flow.done
+        if done is None or flow.failed:
             return
-        st, body, exchange = self.settings, flow.body, flow.exchange
+        st, body, exchange, out = self.settings, done.body, flow.inbound.exchange, flow.outbound
         member = exchange.cache_key_member
-        if st.prompt_cache_key == "lineage" and member is not None and member not in body and flow.outcome is not None:
-            key = cache_key(flow.tenant, flow.outcome.record.root_id)
-            flow.ops.append(AddMember(member, orjson.dumps(key)))
+        if st.prompt_cache_key == "lineage" and member is not None and member not in body and done.outcome is not None:
+            key = cache_key(flow.tenant, done.outcome.record.root_id)
+            out.ops.append(AddMember(member, orjson.dumps(key)))
         retention = (
             self.retention is not None
             and (exchange is CHAT or exchange is RESPONSES)
             and not any(m in body for m in RETENTION_MEMBERS)
         )
         if retention and self.retention is not None:
-            flow.ops.append(AddMember("prompt_cache_retention", self.retention))
+            out.ops.append(AddMember("prompt_cache_retention", self.retention))
+        record = self._breakpoints(flow, done)
+        keep = False
+        if st.diagnostics == "auto" and done.outcome is not None:
+            if exchange is MESSAGES:
+                keep = self._diagnostics(flow, done)
+            elif exchange is RESPONSES:
+                keep = self._comparison(flow, done, retention_added=retention)
+        if keep or record is not None:
+            flow.decide(CacheControls(keep, record))
+
+    def _breakpoints(self, flow: Flow, done: Canonicalized) -> LineageRecord | None:
+        """Anthropic's or OpenAI's breakpoints, fitted into the edits made so far; the
+        record with this request's time among its pauses (``anthropic_ttl: auto``)."""
+        st, body, exchange, out, raw = self.settings, done.body, flow.inbound.exchange, flow.outbound, flow.inbound.raw
         anthropic = exchange is MESSAGES or (
             self.via_litellm and exchange is CHAT and str(flow.model).startswith("anthropic/")
         )
-        if st.anthropic_breakpoints == "auto" and anthropic and not sent_breakpoints(flow.raw):
-            when = self._ttl(flow)
+        record = None
+        if st.anthropic_breakpoints == "auto" and anthropic and not sent_breakpoints(raw):
+            when, record = self._ttl(done)
             if exchange is MESSAGES:
-                flow.ops = place(flow.ops, breakpoints(flow.doc, body, ttl=when))
+                out.ops = place(out.ops, breakpoints(done.doc, body, ttl=when))
             else:
-                flow.ops = place(flow.ops, chat_breakpoints(body, ttl=when))
+                out.ops = place(out.ops, chat_breakpoints(body, ttl=when))
         if (
             st.openai_breakpoints == "auto"
             and (exchange is RESPONSES or (exchange is CHAT and not anthropic))
-            and not sent_breakpoints(flow.raw, openai_cache.MEMBER)
+            and not sent_breakpoints(raw, openai_cache.MEMBER)
         ):
             marks = (openai_cache.chat_breakpoints if exchange is CHAT else openai_cache.responses_breakpoints)(
-                flow.doc, body
+                done.doc, body
             )
-            flow.ops = place(flow.ops, marks, member=openai_cache.MEMBER)
-        if st.diagnostics == "auto" and flow.outcome is not None:
-            if exchange is MESSAGES:
-                self._diagnostics(flow)
-            elif exchange is RESPONSES:
-                self._comparison(flow, retention_added=retention)
+            out.ops = place(out.ops, marks, member=openai_cache.MEMBER)
+        return record
 
-    def _ttl(self, flow: Flow) -> str:
+    def _ttl(self, done: Canonicalized) -> tuple[str, LineageRecord | None]:
         """The system+tools breakpoint's TTL; ``auto``: from the lineage's pauses, which
-        this request's time joins in its record."""
+        this request's time joins in its record (returned, to be recorded)."""
         when = self.settings.anthropic_ttl
-        outcome = flow.outcome
+        outcome = done.outcome
         if when != "auto":
-            return when
+            return when, None
         if outcome is None:
-            return "5m"
+            return "5m", None
         now, record = self.s.clock(), outcome.record
         kept = ttl.pauses(record.pauses, record.at, now)
-        outcome.record = record.evolve(at=now, pauses=kept)
-        return ttl.choose(kept, self._cache_prices(flow.model))
+        return ttl.choose(kept, self._cache_prices(done.body.get("model"))), record.evolve(at=now, pauses=kept)
 
     def _cache_prices(self, model: object) -> ttl.CachePrices:
         """The model's configured (or already looked up) prices; Anthropic's ratios
@@ -145,32 +169,33 @@ class ProviderCache:
                 return ttl.CachePrices(price.cached_input, price.cache_write, price.cache_write_1h)
         return ttl.ANTHROPIC
 
-    def _diagnostics(self, flow: Flow) -> None:
+    def _diagnostics(self, flow: Flow, done: Canonicalized) -> bool:
         """Record this turn's message id; name the previous one when the client asked nothing."""
-        assert flow.outcome is not None and flow.body is not None
-        flow.keep_message_id = True
-        previous = flow.outcome.record.message_id
-        if previous is None or "diagnostics" in flow.body:
-            return
-        flow.ops.append(AddMember("diagnostics", diagnostics(previous)))
-        beta = with_beta(flow.headers.getlist("anthropic-beta"))
-        flow.set_headers = (*(h for h in flow.set_headers if h[0] != "anthropic-beta"), ("anthropic-beta", beta))
+        assert done.outcome is not None
+        previous = done.outcome.record.message_id
+        if previous is None or "diagnostics" in done.body:
+            return True
+        out = flow.outbound
+        out.ops.append(AddMember("diagnostics", diagnostics(previous)))
+        beta = with_beta(flow.inbound.headers.getlist("anthropic-beta"))
+        out.headers = (*(h for h in out.headers if h[0] != "anthropic-beta"), ("anthropic-beta", beta))
+        return True
 
-    def _comparison(self, flow: Flow, *, retention_added: bool) -> None:
+    def _comparison(self, flow: Flow, done: Canonicalized, *, retention_added: bool) -> bool:
         """Record this turn's response id; name the previous one in
         ``prompt_cache_options.comparison_response_id`` when the client named none."""
-        assert flow.outcome is not None and flow.body is not None
-        flow.keep_message_id = True
-        previous = flow.outcome.record.message_id
+        assert done.outcome is not None
+        previous = done.outcome.record.message_id
         if previous is None:
-            return
-        op = openai_cache.comparison(flow.body, previous, retention_added=retention_added)
+            return True
+        op = openai_cache.comparison(done.body, previous, retention_added=retention_added)
         if op is not None:
-            flow.ops.append(op)
+            flow.outbound.ops.append(op)
+        return True
 
     def done(self, flow: Flow) -> None:
-        reply = flow.reply
-        if reply is None or not 200 <= flow.status < 300:
+        reply = flow.answer.reply
+        if reply is None or not 200 <= flow.answer.status < 300:
             return
         usage = reply.usage.result
         if usage is not None:
@@ -182,9 +207,11 @@ class ProviderCache:
     def _minimum(self, flow: Flow, usage: Usage | None) -> None:
         """Count a request whose stable prefix its model's minimum leaves uncacheable;
         say so once per lineage (the newest :data:`SAID_BELOW` lineages remembered)."""
-        outcome, prep = flow.outcome, flow.prep
-        if outcome is None or prep is None or outcome.record.fingerprint is None:
+        done = flow.done
+        outcome = done.outcome if done is not None else None
+        if done is None or outcome is None or outcome.record.fingerprint is None:
             return
+        prep = done.prep
         least = minimums.minimum(flow.model, self.min_tokens)
         if not least:
             return
@@ -235,9 +262,11 @@ class ProviderCache:
             self.s.metrics.saved_usd.labels(label).inc(saved(price, usage))
 
     def _verdict(self, flow: Flow, diagnostics: object) -> None:
-        outcome, prep = flow.outcome, flow.prep
-        if outcome is None or prep is None or provider_causes(diagnostics) is None:
+        done = flow.done
+        outcome = done.outcome if done is not None else None
+        if done is None or outcome is None or provider_causes(diagnostics) is None:
             return
+        prep = done.prep
         if outcome.parent_fp is None or outcome.record.fingerprint is None:
             return  # a root: prefixpin has nothing it compared with
         ours = predict(outcome.record.fingerprint, outcome.parent_fp, outcome.depth, prep.sizes).cause

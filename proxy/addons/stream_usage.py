@@ -3,16 +3,20 @@ the request is measured), and have the reply machine remove what asking added.""
 
 from __future__ import annotations
 
-from proxy.flow import Flow
+from canonicalize import Canonicalized
+from proxy.flow import Edits, Flow, UsageAsked
 
 
 class StreamUsage:
     name = "stream_usage"
+    needs = (Canonicalized,)
+    provides = (UsageAsked, Edits)
 
     async def request(self, flow: Flow) -> None:
-        if not flow.editable or flow.body is None:
+        done = flow.done
+        if done is None or flow.failed:
             return
-        ops = flow.exchange.stream_usage(flow.body)
+        ops = flow.inbound.exchange.stream_usage(done.body)
         if ops:
-            flow.ops.extend(ops)
-            flow.drop_usage_chunk = True
+            flow.outbound.ops.extend(ops)
+            flow.decide(UsageAsked())

@@ -4,17 +4,19 @@ never cross tenants."""
 from __future__ import annotations
 
 from proxy.config import Tenancy as TenancyConfig
-from proxy.flow import Flow
+from proxy.flow import Flow, Skip, Tenant
 from proxy.tenancy import tenant_of
 
 
 class Tenancy:
     name = "tenancy"
+    needs = (Skip,)
+    provides = (Tenant,)
 
     def __init__(self, config: TenancyConfig) -> None:
         self.policy = config
 
     async def request(self, flow: Flow) -> None:
-        if flow.skip:
-            return
-        flow.tenant = tenant_of(flow.headers.raw, flow.query, self.policy)
+        if flow.get(Skip) is None:
+            inbound = flow.inbound
+            flow.decide(Tenant(tenant_of(inbound.headers.raw, inbound.query, self.policy)))

@@ -62,7 +62,6 @@ import orjson
 from canonicalize import (
     UNCACHED_CAUSES,
     Evidence,
-    Exchange,
     Fingerprint,
     Parent,
     Prediction,
@@ -79,8 +78,7 @@ from proxy.cli import gate, report_html, suggest
 from proxy.cli.progress import Progress
 from proxy.cli.trace import TraceError, TraceLine, read_trace
 from proxy.config import Config, Tenancy
-from proxy.flow import Flow
-from proxy.offline import Offline
+from proxy.offline import Offline, Replayed
 from proxy.pricing import Pricing, saved
 from proxy.tenancy import tenant_of
 
@@ -138,23 +136,6 @@ class Seen:
     forwarded: dict[str, Any]  # the body as prefixpin forwards it
 
 
-def _reply_of(line: TraceLine, exchange: Exchange) -> dict[str, Any] | None:
-    resp = line.extra.get("response")
-    if not isinstance(resp, dict):
-        return None
-    if isinstance(resp.get("choices"), list) and resp["choices"]:  # a whole chat completion
-        msg = resp["choices"][0].get("message")
-        return msg if isinstance(msg, dict) else None
-    if resp.get("type") == "message" and "content" in resp:  # a whole Anthropic message
-        return {"role": "assistant", "content": resp["content"]}
-    if isinstance(resp.get("output"), list):  # a whole Responses response (its id: previous_response_id)
-        out: dict[str, Any] = {"role": "assistant", "output": resp["output"]}
-        if isinstance(resp.get("id"), str):
-            out["id"] = resp["id"]
-        return out
-    return resp if resp.get("role") == "assistant" else None
-
-
 def _usage_of(line: TraceLine) -> Usage | None:
     """What the upstream reported for the line: its ``usage`` annotation (any shape the
     proxy reads, or this report's own ``{"prompt_tokens", "cached_tokens"}``), else the
@@ -170,14 +151,11 @@ def _usage_of(line: TraceLine) -> Usage | None:
     return parse_usage(resp) if isinstance(resp, dict) else None
 
 
-def _forwarded(flow: Flow, body: dict[str, Any]) -> dict[str, Any]:
+def _forwarded(flow: Replayed, body: dict[str, Any]) -> dict[str, Any]:
     if not flow.out or flow.out == flow.raw:
         return body
     parsed = orjson.loads(flow.out)
     return parsed if isinstance(parsed, dict) else body
-
-
-TENANT = "x-prefixpin-tenant"
 
 
 def _tenant(line: TraceLine, policy: Tenancy) -> str:
@@ -193,116 +171,133 @@ def _tenant(line: TraceLine, policy: Tenancy) -> str:
     return tenant_of(raw, urlsplit(line.path).query.encode("utf-8", "surrogatepass"), policy)
 
 
-def _headers(line: TraceLine, tenant: str) -> dict[str, str]:
-    """The line's headers, its tenant named by the one header the audit trusts."""
-    headers = {k: v for k, v in line.headers.items() if k.lower() != TENANT}
-    if tenant:
-        headers[TENANT] = tenant
-    return headers
+def _entry(index: int, role: str, total: int, rewrites: list[str]) -> dict[str, Any]:
+    """A request's entry in the report, before it is judged against its parent."""
+    return {
+        "index": index,
+        "lineage": None,
+        "role": role,
+        "parent": None,
+        "cause": None,
+        "evidence": None,
+        "cause_before": None,
+        "evidence_before": None,
+        "prompt_bytes": total,
+        "cacheable_bytes": 0,
+        "cacheable_bytes_before": 0,
+        "new_bytes": total,
+        "new_bytes_before": total,
+        "places": [],
+        "places_before": [],
+        "rewrites": list(rewrites),
+    }
 
 
-async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
-    # Each line's tenant is found first (_tenant) and named to the flow by a trusted
-    # header; a line without one shares nothing, as the proxy's isolated tenant.
-    # Its time is the trace's (``t``): a lineage's pauses are the ones it recorded.
-    now = [0.0]
-    policy = replace(config.tenancy, anonymous="shared")
-    tenancy = replace(config.tenancy, trust_header=True, anonymous="isolated")
-    offline = Offline(replace(config, tenancy=tenancy), clock=lambda: now[0])
-    params = (*offline.s.canon.fork.inherit_params, *PROMPT_PARAMS)
-    lineages: dict[str, Lineage] = {}
-    last: dict[str, Seen] = {}  # lineage id -> its last request
-    requests: list[dict[str, Any]] = []
-    total = Tally()
-    by_model: dict[str, list[int]] = {}  # model -> [cacheable bytes before, after, prompt bytes]
-    skipped: list[dict[str, Any]] = []
-    for line in lines:
-        progress.advance()
-        now[0] = line.t
-        exchange = line.exchange
+class Audit:
+    """The report, made line by line: each line through the core offline
+    (:mod:`proxy.offline`), judged against its parent."""
+
+    def __init__(self, config: Config, errors: TextIO) -> None:
+        self.config = config
+        self.errors = errors
+        self.policy = replace(config.tenancy, anonymous="shared")
+        self.offline = Offline(config)
+        self.params = (*self.offline.s.canon.fork.inherit_params, *PROMPT_PARAMS)
+        self.lineages: dict[str, Lineage] = {}
+        self.last: dict[str, Seen] = {}  # lineage id -> its last request
+        self.requests: list[dict[str, Any]] = []
+        self.total = Tally()
+        self.by_model: dict[str, list[int]] = {}  # model -> [cacheable bytes before, after, prompt bytes]
+        self.skipped: list[dict[str, Any]] = []
+
+    async def add(self, line: TraceLine) -> None:
+        """One line: replayed (its tenant found first: a line without one shares
+        nothing, as the proxy's isolated tenant), then judged."""
         try:
-            raw_fp, raw_sizes = offline.s.canon.measure(line.body, exchange)
+            raw = self.offline.s.canon.measure(line.body, line.exchange)
         except TypeError as exc:  # e.g. a lone surrogate, which JSON text can carry and UTF-8 cannot
-            print(f"prefixpin audit: line {line.line}: skipped: {exc}", file=errors)
-            skipped.append({"line": line.line, "error": str(exc)})
-            continue
-        flow = await offline.send(
+            print(f"prefixpin audit: line {line.line}: skipped: {exc}", file=self.errors)
+            self.skipped.append({"line": line.line, "error": str(exc)})
+            return
+        flow = await self.offline.send(
             line.raw if line.recorded and line.raw is not None else line.body,
-            exchange=exchange,
-            headers=_headers(line, _tenant(line, policy)),
+            exchange=line.exchange,
+            headers=line.headers,
             query=urlsplit(line.path).query,
-            reply=_reply_of(line, exchange),
+            reply=line.reply,
             status=_status(line),
+            tenant=_tenant(line, self.policy),
         )
-        total_bytes = raw_fp.system_len + raw_fp.tools_len + sum(raw_sizes)
-        index = line.index
-        entry: dict[str, Any] = {
-            "index": index,
-            "lineage": None,
-            "role": flow.role,
-            "parent": None,
-            "cause": None,
-            "evidence": None,
-            "cause_before": None,
-            "evidence_before": None,
-            "prompt_bytes": total_bytes,
-            "cacheable_bytes": 0,
-            "cacheable_bytes_before": 0,
-            "new_bytes": total_bytes,
-            "new_bytes_before": total_bytes,
-            "places": [],
-            "places_before": [],
-            "rewrites": list(flow.rewrites),
-        }
-        requests.append(entry)
-        usage = _usage_of(line)
+        total = raw[0].system_len + raw[0].tools_len + sum(raw[1])
+        entry = _entry(line.index, flow.role, total, flow.rewrites)
+        self.requests.append(entry)
+        if flow.outcome is None or flow.prep is None:  # bypassed or not ours: forwarded as sent
+            self.total.add(total, 0, 0, None, None)
+            _observed(entry, _usage_of(line), None)
+            return
+        self._judged(line, flow, entry, raw, total)
+
+    def _judged(
+        self, line: TraceLine, flow: Replayed, entry: dict[str, Any], raw: tuple[Fingerprint, list[int]], total: int
+    ) -> None:
+        """``flow``'s request against its parent, into ``entry`` and the tallies."""
         outcome, prep = flow.outcome, flow.prep
-        if outcome is None or prep is None:  # bypassed or not ours: forwarded as sent
-            total.add(total_bytes, 0, 0, None, None)
-            _observed(entry, usage, None)
-            continue
+        assert outcome is not None and prep is not None
         rec = outcome.record
-        lin = lineages.get(rec.id)
+        lin = self.lineages.get(rec.id)
         if lin is None:
-            lin = lineages[rec.id] = Lineage(rec.id, rec.kind, rec.parent)
+            lin = self.lineages[rec.id] = Lineage(rec.id, rec.kind, rec.parent)
         entry["lineage"] = rec.id
         forwarded = _forwarded(flow, line.body)
         parent = parent_of(outcome, prep, flow.lookup)
-        seen = last.get(parent.lineage) if parent is not None else None
-        after_p, before_p = _judge(entry, flow, parent, seen, line, forwarded, (raw_fp, raw_sizes), params)
+        seen = self.last.get(parent.lineage) if parent is not None else None
+        after_p, before_p = _judge(entry, flow, parent, seen, line, forwarded, raw, self.params)
         before, after = entry["cacheable_bytes_before"], entry["cacheable_bytes"]
         cause_before, cause_after = entry["cause_before"], entry["cause"]
-        _observed(entry, usage, _split_against(line, after_p, before_p))
-        last[rec.id] = Seen(index, raw_fp, line.body, forwarded)
-        lin.tally.add(total_bytes, before, after, cause_before, cause_after)
-        total.add(total_bytes, before, after, cause_before, cause_after)
+        _observed(entry, _usage_of(line), _split_against(line, after_p, before_p))
+        self.last[rec.id] = Seen(line.index, raw[0], line.body, forwarded)
+        lin.tally.add(total, before, after, cause_before, cause_after)
+        self.total.add(total, before, after, cause_before, cause_after)
         model = line.body.get("model") if isinstance(line.body, dict) else None
-        acc = by_model.setdefault(model if isinstance(model, str) else "unknown", [0, 0, 0])
+        acc = self.by_model.setdefault(model if isinstance(model, str) else "unknown", [0, 0, 0])
         acc[0] += before
         acc[1] += after
-        acc[2] += total_bytes
-    kinds = Counter(lin.kind for lin in lineages.values())
-    # Show lineages numbered in order of appearance.
-    names = {lid: f"L{i}" for i, lid in enumerate(lineages, 1)}
-    for lin in lineages.values():
-        lin.id, lin.parent = names[lin.id], names.get(lin.parent or "", lin.parent)
-    for entry in requests:
-        entry["lineage"] = names.get(entry["lineage"] or "")
-    return {
-        "requests": requests,
-        "malformed_lines": skipped,
-        "lineages": [
-            {"id": lin.id, "kind": lin.kind, "parent": lin.parent, **lin.tally.as_dict()} for lin in lineages.values()
-        ],
-        "lineage_kinds": dict(kinds),
-        "total": total.as_dict(),
-        "savings": _savings(by_model, Pricing(config.provider_cache.price_map())),
-    }
+        acc[2] += total
+
+    def report(self) -> dict[str, Any]:
+        """The report (``--json``'s document), lineages numbered in order of appearance."""
+        lineages = self.lineages
+        kinds = Counter(lin.kind for lin in lineages.values())
+        names = {lid: f"L{i}" for i, lid in enumerate(lineages, 1)}
+        for lin in lineages.values():
+            lin.id, lin.parent = names[lin.id], names.get(lin.parent or "", lin.parent)
+        for entry in self.requests:
+            entry["lineage"] = names.get(entry["lineage"] or "")
+        return {
+            "requests": self.requests,
+            "malformed_lines": self.skipped,
+            "lineages": [
+                {"id": lin.id, "kind": lin.kind, "parent": lin.parent, **lin.tally.as_dict()}
+                for lin in lineages.values()
+            ],
+            "lineage_kinds": dict(kinds),
+            "total": self.total.as_dict(),
+            "savings": _savings(self.by_model, Pricing(self.config.provider_cache.price_map())),
+        }
+
+
+async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
+    """The report of ``lines`` (module docstring)."""
+    made = Audit(config, errors)
+    for line in lines:
+        progress.advance()
+        await made.add(line)
+    return made.report()
 
 
 def _judge(
     entry: dict[str, Any],
-    flow: Flow,
+    flow: Replayed,
     parent: Parent | None,
     seen: Seen | None,
     line: TraceLine,

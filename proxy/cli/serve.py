@@ -19,10 +19,8 @@ import gc
 import logging
 import socket
 
-from canonicalize import match
-from proxy import responses
 from proxy.config import Config
-from proxy.front import Limits, Server, connection_cap, listen, serve
+from proxy.front import Server, connection_cap, listen, serve
 from proxy.redact import redact
 
 log = logging.getLogger("prefixpin")
@@ -34,17 +32,6 @@ def setup_logging(config: Config) -> None:
     logging.getLogger("prefixpin.access").setLevel(logging.INFO if config.log.access else logging.WARNING)
 
 
-def front_limits(config: Config) -> Limits:
-    lim = config.limits
-    return Limits(
-        max_header_bytes=lim.max_header_bytes,
-        max_body_bytes=lim.max_body_bytes,
-        header_timeout_s=lim.header_timeout_s,
-        body_timeout_s=lim.body_timeout_s,
-        keepalive_timeout_s=lim.keepalive_timeout_s,
-    )
-
-
 def serve_here(config: Config, *, sock: socket.socket | None = None, banner: bool = True) -> int:
     """Serve until SIGTERM / SIGINT; 3 when the app cannot start (the reason is logged)."""
     from proxy.app import create_app
@@ -52,11 +39,9 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
     app = create_app(config)
     server = Server(
         app,
-        limits=front_limits(config),
+        limits=config.limits,
         max_connections=connection_cap(config.limits.max_connections, config.upstream.max_connections),
         secret_params=frozenset(p.lower() for p in config.tenancy.credential_params),
-        error_body=error_body,
-        error_event=error_event,
     )
     if sock is None:
         try:
@@ -89,18 +74,6 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
     return 0
 
 
-def error_body(path: bytes | None, message: str, kind: str, code: str) -> bytes:
-    """The server's own refusals in the shape of the API the path belongs to."""
-    exchange = match(path.decode("latin-1")) if path else None
-    return responses.error_bytes(exchange, message, kind, code)
-
-
-def error_event(path: bytes | None, message: str, kind: str, code: str) -> bytes:
-    """The event that ends a stream the server stops, in the shape of the path's API."""
-    exchange = match(path.decode("latin-1")) if path else None
-    return responses.stream_error(exchange, message, kind, code)
-
-
 def _run(main: object) -> None:
     try:
         import uvloop
@@ -110,4 +83,4 @@ def _run(main: object) -> None:
         uvloop.run(main)  # type: ignore[arg-type]
 
 
-__all__ = ["front_limits", "serve_here", "setup_logging"]
+__all__ = ["serve_here", "setup_logging"]

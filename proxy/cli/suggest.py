@@ -34,8 +34,6 @@ from proxy.offline import Offline
 async def learned_rules(lines: list[TraceLine], config: Config, progress: Progress) -> tuple[list[dict[str, str]], int]:
     """The rules learned from ``lines`` with ``learn: pin`` (one per pattern, first seen
     first), and at how many places a learned value had no rule that could be written."""
-    from proxy.cli.audit import _reply_of  # (audit imports this module's caller)
-
     config = replace(
         config,
         canonicalize=replace(config.canonicalize, learn="pin"),
@@ -53,7 +51,7 @@ async def learned_rules(lines: list[TraceLine], config: Config, progress: Progre
             exchange=line.exchange,
             headers=line.headers,
             query=urlsplit(line.path).query,
-            reply=_reply_of(line, line.exchange),
+            reply=line.reply,
         )
         for span in flow.outcome.learned if flow.outcome is not None else ():
             if span.cls == "other" or span.key in places:

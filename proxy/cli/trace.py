@@ -68,6 +68,26 @@ class TraceLine:
         """The wire API of the line (an unknown path is taken as chat completions)."""
         return match(self.path.split("?", 1)[0]) or CHAT
 
+    @property
+    def reply(self) -> dict[str, Any] | None:
+        """The reply the line's ``response`` holds, as the proxy records a real one: the
+        assistant message (a whole completion's, an Anthropic message's content, a
+        Responses response's output and id), or None."""
+        resp = self.extra.get("response")
+        if not isinstance(resp, dict):
+            return None
+        if isinstance(resp.get("choices"), list) and resp["choices"]:  # a whole chat completion
+            msg = resp["choices"][0].get("message")
+            return msg if isinstance(msg, dict) else None
+        if resp.get("type") == "message" and "content" in resp:  # a whole Anthropic message
+            return {"role": "assistant", "content": resp["content"]}
+        if isinstance(resp.get("output"), list):  # a whole Responses response (its id: previous_response_id)
+            out: dict[str, Any] = {"role": "assistant", "output": resp["output"]}
+            if isinstance(resp.get("id"), str):
+                out["id"] = resp["id"]
+            return out
+        return resp if resp.get("role") == "assistant" else None
+
 
 def _path(obj: dict[str, Any], body: dict[str, Any]) -> str:
     path = obj.get("path")

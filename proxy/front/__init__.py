@@ -11,7 +11,8 @@ Why prefixpin serves itself instead of through uvicorn: proxy/cli/serve.py.
 
 from __future__ import annotations
 
-from proxy.front.connection import Connection, Limits
+from proxy.config import Limits
+from proxy.front.connection import Connection
 from proxy.front.cycle import Cycle
 from proxy.front.server import Lifespan, Server, claim, connection_cap, listen, serve
 

@@ -33,30 +33,36 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from proxy.config import Limits
 from proxy.front.cycle import Cycle
-
-if TYPE_CHECKING:
-    from proxy.front.server import Server
+from proxy.responses import refusal
 
 log = logging.getLogger("prefixpin")
 access_log = logging.getLogger("prefixpin.access")
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one request may take (``limits.*`` in the config)."""
+class Host(Protocol):
+    """What a connection needs of the server that accepted it
+    (:class:`proxy.front.server.Server`): the limits (``limits.*`` in the config), the
+    cap on open connections, and the requests it runs."""
 
-    max_header_bytes: int = 64 * 1024
-    max_body_bytes: int = 32 * 1024 * 1024
-    header_timeout_s: float = 60.0
-    body_timeout_s: float = 60.0
-    keepalive_timeout_s: float = 5.0
+    limits: Limits
+    stopping: bool
+
+    def admit(self, conn: Connection) -> bool:
+        """Take ``conn`` in (False: refused, at the cap)."""
+
+    def forget(self, conn: Connection) -> None: ...
+
+    def start(self, cycle: Cycle) -> None:
+        """Run the app on ``cycle``."""
+
+    def log_access(self, cycle: Cycle) -> None: ...
 
 
 class _Request:
@@ -100,7 +106,7 @@ class Connection(asyncio.Protocol):
     """See the module docstring.  ``server`` holds the app, the limits and the
     connections (for the cap on their number)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         self.limits: Limits = server.limits
         self.loop = asyncio.get_running_loop()
@@ -380,7 +386,7 @@ class Connection(asyncio.Protocol):
             return
         req = self.incoming or self.reframing
         path = req.url.partition(b"?")[0] if req is not None and req.url[:1] == b"/" else None
-        self.refusal = self.server.refusal(path, status, code, message)
+        self.refusal = refusal(path, status, code, message)
         self._cancel_timer()
         self.incoming = self.reframing = None
         if self.transport is None:
@@ -478,4 +484,4 @@ def _address(info: Any) -> tuple[str, int] | None:
     return None
 
 
-__all__ = ["Connection", "Limits"]
+__all__ = ["Connection", "Host"]

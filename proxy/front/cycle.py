@@ -29,35 +29,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Scope
 
+from proxy.responses import REASONS, failure, http_date
 from proxy.watch import WATCH
-
-if TYPE_CHECKING:
-    from proxy.front.connection import Connection
 
 log = logging.getLogger("prefixpin")
 _NO_BODY = frozenset({204, 304})
 _UNSAFE = (b"\r", b"\n", b"\0")
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_500 = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
 _EVENT_END = (b"\n\n", b"\r\n\r\n", b"\r\r")
-_date: tuple[int, bytes] = (0, b"")  # (second, its IMF-fixdate), replaced whole once a second
 
 
-def http_date() -> bytes:
-    """Now as HTTP's ``date`` header value (RFC 9110 5.6.7), made once a second."""
-    global _date
-    now = int(time.time())
-    if _date[0] != now:
-        _date = (now, formatdate(now, usegmt=True).encode())
-    return _date[1]
+class Conn(Protocol):
+    """What a cycle needs of its client connection (:class:`proxy.front.connection.Connection`)."""
+
+    @property
+    def write_paused(self) -> bool:
+        """The client does not drain what was written."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drained(self) -> None:
+        """Until the client has read enough of what was written (or is gone)."""
+
+    def abort(self) -> None: ...
+
+    def cycle_done(self, cycle: Cycle) -> None:
+        """The app has returned: the next request, or the end of the connection."""
 
 
 class Cycle:
@@ -82,7 +83,7 @@ class Cycle:
         "tail",
     )
 
-    def __init__(self, conn: Connection, scope: Scope, body: bytes, *, keep_alive: bool) -> None:
+    def __init__(self, conn: Conn, scope: Scope, body: bytes, *, keep_alive: bool) -> None:
         self.conn = conn
         self.scope = scope
         self.body: bytes | None = body
@@ -148,7 +149,7 @@ class Cycle:
     def _fail(self) -> None:
         self.keep_alive = False
         self.status = 500
-        self.conn.write(_500 + b"date: " + http_date() + b"\r\nconnection: close\r\n\r\nInternal Server Error")
+        self.conn.write(failure())
         self.complete = True
 
     def cut(self, event: bytes, refusal: bytes) -> str:
@@ -206,7 +207,7 @@ class Cycle:
 
     def _start(self, status: int, headers: Any) -> None:
         self.status = status
-        parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+        parts = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
         length: int | None = None
         dated = False
         for name, value in headers:
@@ -283,4 +284,4 @@ class _Watch:
             on_lost()
 
 
-__all__ = ["Cycle", "http_date"]
+__all__ = ["Conn", "Cycle"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import resource
 import signal
@@ -31,9 +30,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from proxy.front.connection import Connection, Limits
-from proxy.front.cycle import Cycle, http_date
+from proxy.config import Limits
+from proxy.front.connection import Connection
+from proxy.front.cycle import Cycle
 from proxy.redact import redact_query
+from proxy.responses import refusal, shutdown_event
 
 log = logging.getLogger("prefixpin")
 access_log = logging.getLogger("prefixpin.access")
@@ -55,23 +56,7 @@ def connection_cap(configured: int, upstream_connections: int) -> int:
     return max(16, min(16384, soft - RESERVED_FDS - min(upstream_connections, soft // 2)))
 
 
-ErrorBody = Callable[[bytes | None, str, str, str], bytes]
 FLUSH_S = 2.0  # once the grace is over: how long the last bytes get to reach the clients
-_REASONS = {
-    400: b"Bad Request",
-    408: b"Request Timeout",
-    413: b"Content Too Large",
-    431: b"Request Header Fields Too Large",
-    503: b"Service Unavailable",
-}
-
-
-def _plain_error(path: bytes | None, message: str, kind: str, code: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
-
-
-def _plain_event(path: bytes | None, message: str, kind: str, code: str) -> bytes:
-    return b"data: " + _plain_error(path, message, kind, code) + b"\n\n"
 
 
 class Server:
@@ -84,16 +69,11 @@ class Server:
         limits: Limits,
         max_connections: int,
         secret_params: frozenset[str] = frozenset(),
-        error_body: ErrorBody = _plain_error,
-        error_event: ErrorBody = _plain_event,
     ) -> None:
-        """``error_body(path, message, type, code)``: the body of a response the server
-        itself refuses a request with (431, 413, 408, ...), in the shape of the API
-        ``path`` (None: unknown) belongs to; ``error_event``: the same as the SSE event
-        that ends a stream the server stops."""
+        """``limits``: the config's (``limits.*``); what the server answers itself (431,
+        413, 408, ...) is rendered by :mod:`proxy.responses`, in the shape of the API
+        the request's path belongs to."""
         self.app = app
-        self.error_body = error_body
-        self.error_event = error_event
         self.limits = limits
         self.max_connections = max_connections
         self.secret_params = secret_params
@@ -126,18 +106,6 @@ class Server:
         self.connections.pop(conn, None)
         if self._closed is not None and not self.connections:
             self._closed.set()
-
-    def refusal(self, path: bytes | None, status: int, code: str, message: str) -> bytes:
-        """A whole response (and a close) the server answers with itself, in the shape
-        of the API ``path`` belongs to."""
-        kind = "invalid_request_error" if status < 500 else "overloaded_error"
-        body = self.error_body(path, message, kind, code)
-        return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\ndate: %s\r\n" % (
-            status,
-            _REASONS.get(status, b""),
-            len(body),
-            http_date(),
-        ) + (b"connection: close\r\n\r\n" + body)
 
     # -- requests ---------------------------------------------------------------------
     def start(self, cycle: Cycle) -> None:
@@ -194,9 +162,7 @@ class Server:
             if cycle is None:
                 continue
             path = cycle.scope["raw_path"]
-            event = self.error_event(path, message, "server_error", "server_shutdown")
-            refusal = self.refusal(path, 503, "server_shutdown", message)
-            what = cycle.cut(event, refusal)
+            what = cycle.cut(shutdown_event(path, message), refusal(path, 503, "server_shutdown", message))
             if what == "complete":
                 continue  # answered; the app is only finishing up
             log.warning(

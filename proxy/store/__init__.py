@@ -34,21 +34,18 @@ nothing: its lookups find nothing and its records are dropped.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-import xxhash
-
 from canonicalize import CANDIDATES, LINKS_PER_KEY, SCAN_UP, LineageRecord, Lookup
+from canonicalize.lineage import Origin, home, homed, origin_of
 from canonicalize.recall import Marker  # a lineage that marked a tenant-wide link: its id, its first message's ref
 
 if TYPE_CHECKING:  # the config section the factory reads (only its fields: no import cycle)
     from proxy.config import Store as StoreConfig
 
 Links = Sequence[bytes]
-Origin = bytes | str  # a conversation's first link, or one of its lineages' ids
 
 MAX_RESPONSE_ID = 256  # a response id is the client's string: longer ones are not stored
 TENANT_WIDE_MAX = 4096  # tenant-wide fields (marked links, evidence) per tenant, at most tenant_max_entries
@@ -77,11 +74,12 @@ NOTHING_WIDE = TenantWide()
 class Store(Protocol):
     """The storage contract; backends raise :class:`proxy.errors.StoreError`."""
 
-    # When a turn is recorded.  False (the memory store, whose writes never wait): right
-    # after its response's last byte, before this process reads the client's next
-    # request.  True (Redis: other processes read it): before the response's last bytes
-    # go out, so whichever process gets the next turn finds it (proxy.handler).
-    shared: bool
+    # The moment a turn is recorded (proxy.addons.runner).  "after_last_byte" (the memory
+    # store, whose writes never wait): right after its response's last byte, before this
+    # process reads the client's next request.  "before_last_byte" (Redis: other
+    # processes read it): before the response's last bytes go out, so whichever process
+    # gets the next turn finds it.
+    records_at: str
 
     async def lookup(
         self,
@@ -165,36 +163,6 @@ class Bounds:
 
 
 DEFAULT_BOUNDS = Bounds()
-
-
-_LINEAGE_ID = re.compile(r"[0-9a-f]{16}")
-
-
-def home(tenant: str, origin: Origin) -> str:
-    """The four hex digits naming a conversation's home: hashed from the tenant and
-    its first link, or read from one of its lineage ids (hashed from an id of
-    another shape)."""
-    if isinstance(origin, str):
-        if _LINEAGE_ID.fullmatch(origin):
-            return origin[:4]
-        return xxhash.xxh3_64_hexdigest(origin.encode("utf-8", "surrogatepass"))[:4]
-    return xxhash.xxh3_64_hexdigest(tenant.encode("utf-8", "surrogatepass") + b"\0" + origin)[:4]
-
-
-def homed(fresh: str, tenant: str, origin: Origin) -> str:
-    """``fresh`` (16 hex digits) made to start with its conversation's home; an id of
-    another shape is returned as it is."""
-    if not _LINEAGE_ID.fullmatch(fresh):
-        return fresh
-    return home(tenant, origin) + fresh[4:]
-
-
-def origin_of(links: Sequence[bytes], continues: str | None = None) -> Origin:
-    """A request's origin: the lineage it continues when its chain starts at a
-    previous response's tip, else its first link (b"": no history)."""
-    if continues is not None:
-        return continues
-    return links[0] if links else b""
 
 
 def newest(links: Sequence[bytes], bounds: Bounds) -> int:

@@ -47,7 +47,7 @@ class MemoryStore:
     ``bounds.tenant_max_entries`` and ``bounds.tenant_max_bytes`` per tenant (least
     recently used go first) and by ``ttl_s``."""
 
-    shared = False  # this process's own: record() never waits (see Store.shared)
+    records_at = "after_last_byte"  # this process's own: record() never waits (see Store.records_at)
 
     def __init__(
         self,
@@ -153,30 +153,41 @@ class MemoryStore:
         if tenant not in self._shares:  # nothing recorded (or all of it gone)
             return Lookup()
         now = self.clock()
-        get, data = self._get, self._data
-        used, tenant_used = data.move_to_end, self._shares[tenant].keys.move_to_end
-        depth = 0
-        seen: set[str] = set()
-        candidates: list[LineageRecord] = []
-        depths: list[int] = []
         lo = newest(links, self.bounds)
-        # The deepest live link first, then the lineages of the links up to SCAN_UP past it
-        # (two loops: the second has no "found yet?" to ask of every link).
+        depth = self._deepest(tenant, links, lo, now)
+        candidates, depths = self._owners(tenant, links, depth, lo, now) if depth else ([], [])
+        found = self._get((tenant, "g", declared), now) if declared else None
+        blobs = self._wanted(tenant, sent, [found, *candidates], now) if sent is not None else {}
+        return Lookup(depth, tuple(candidates), found, tuple(depths), blobs)
+
+    def _deepest(self, tenant: str, links: Sequence[bytes], lo: int, now: float) -> int:
+        """How many of ``links`` (from ``lo`` on) are recorded: the deepest live one's
+        depth (0: none)."""
+        data = self._data
         i = len(links) - 1
         while i >= lo:
             key = (tenant, "l", links[i])
-            item = data.get(key)  # self._get, inlined: the loop visits up to SCAN_UP recorded links
+            item = data.get(key)  # self._get, inlined: the loop may visit every link
             if item is not None:
                 if item[0] > now:
-                    break
+                    return i + 1
                 self._drop(key)
                 if tenant not in self._shares:  # that was the tenant's last entry
-                    i = lo - 1
-                    break
+                    return 0
             i -= 1
-        if i >= lo:
-            depth = i + 1
-        for j in range(depth - 1, max(lo, depth - 1 - SCAN_UP) - 1, -1) if depth else ():
+        return 0
+
+    def _owners(
+        self, tenant: str, links: Sequence[bytes], depth: int, lo: int, now: float
+    ) -> tuple[list[LineageRecord], list[int]]:
+        """The lineages of the links up to SCAN_UP past the deepest (at ``depth``), each
+        with the deepest link of the request it owns."""
+        get, data = self._get, self._data
+        used, tenant_used = data.move_to_end, self._shares[tenant].keys.move_to_end
+        seen: set[str] = set()
+        candidates: list[LineageRecord] = []
+        depths: list[int] = []
+        for j in range(depth - 1, max(lo, depth - 1 - SCAN_UP) - 1, -1):
             key = (tenant, "l", links[j])
             item = data.get(key)
             if item is None:
@@ -201,9 +212,7 @@ class MemoryStore:
                     depths.append(j + 1)
             if len(candidates) >= CANDIDATES:
                 break
-        found = get((tenant, "g", declared), now) if declared else None
-        blobs = self._wanted(tenant, sent, [found, *candidates], now) if sent is not None else {}
-        return Lookup(depth, tuple(candidates), found, tuple(depths), blobs)
+        return candidates, depths
 
     def _wanted(
         self, tenant: str, sent: tuple[str, str], recs: Sequence[LineageRecord | None], now: float

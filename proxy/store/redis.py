@@ -97,7 +97,7 @@ def _tag(data: str) -> str:
 
 
 class RedisStore:
-    shared = True  # every prefixpin process on this Redis reads it (see Store.shared)
+    records_at = "before_last_byte"  # every prefixpin process on this Redis reads it (see Store.records_at)
 
     def __init__(
         self,

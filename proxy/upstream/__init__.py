@@ -14,7 +14,6 @@ adapter.py      an httpx transport (LiteLLM's, tests') as ours: no httpx type go
 litellm.py      upstream.kind: litellm (provider translation), imported lazily
 target.py       the client's raw path on the upstream's base; climbing paths refused
 headers.py      hop-by-hop and own headers never cross
-passthrough.py  every other route, forwarded unchanged and streamed
 policy.py       which replica of upstream.pool: the Policy protocol, round_robin, lineage
 live.py         this process's live lineages per replica (the load a new lineage is placed by)
 pool.py         one client per replica: health, in-flight load, failover before any byte left

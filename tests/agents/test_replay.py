@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from benchmarks import bench_agents
+from canonicalize import learn, textdiff
 from tests.agents.capture import AGENTS, load
 
 AGENT_NAMES = sorted(AGENTS)
@@ -68,6 +69,19 @@ def test_nothing_is_learned_across_tenants() -> None:
     flows = asyncio.run(bench_agents.through(lines, "pin"))
     b2 = next(f for line, f in zip(lines, flows, strict=True) if _main(line) and line["session"] == "b" and line["day"])
     assert "learned.date" not in b2.rewrites and b2.role == "root"
+
+
+def test_qwen_codes_side_requests_are_told_apart_without_tokenizing() -> None:
+    # Its side requests (a system prompt of its own that replays the conversation) are
+    # compared with the main loop's prompt they replay: most of it in runs past
+    # MAX_HUNK, it cannot keep MIN_KEPT of it; nothing is tokenized, nothing learned.
+    lines = load("qwen-code")
+    main = next(_text(line["body"]["messages"][0]) for line in lines if _main(line))
+    sides = {_text(line["body"]["messages"][0]) for line in lines if not _main(line)}
+    assert sides
+    for side in sides:
+        diff = textdiff.changes(main, side, keep=learn.MIN_KEPT)
+        assert diff.kept < learn.MIN_KEPT and diff.spent.chars == 0
 
 
 def _main(line: dict[str, Any]) -> bool:

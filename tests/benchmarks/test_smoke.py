@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         ["-m", "benchmarks.bench_http", "--smoke"],
         ["-m", "benchmarks.bench_store", "--smoke"],
         ["-m", "benchmarks.bench_agents", "--cost", "--repeat", "1"],
+        ["-m", "benchmarks.bench_learning", "--repeat", "1"],
     ],
-    ids=["cache", "overhead", "provider", "bigbody", "memory", "inprocess", "http", "store", "agents-cost"],
+    ids=["cache", "overhead", "provider", "bigbody", "memory", "inprocess", "http", "store", "agents-cost", "learning"],
 )
 def test_benchmark_smoke_run(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=900)

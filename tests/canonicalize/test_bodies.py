@@ -1,4 +1,4 @@
-"""Bodies parsed by pieces of a tenant's recent bodies: every parse is the one the
+"""Bodies parsed by pieces of their conversations' previous bodies: every parse is the one the
 no-memo form gives (orjson's parse of the whole body), every span carried over is
 the one a fresh document finds, and the kept parse never changes whatever a
 request does to its copy."""

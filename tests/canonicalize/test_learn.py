@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from canonicalize import CHAT, MESSAGES, RESPONSES, Exchange, Settings
+from canonicalize import CHAT, MESSAGES, RESPONSES, Exchange, Settings, textdiff
 from canonicalize.ruleset import LearnMode
 from tests.flows import KEY, Harness, Sent
 
@@ -262,6 +262,28 @@ def test_tool_descriptions_are_pinned_when_they_only_differ_by_values() -> None:
     assert out.body["tools"] == tools("2026-05-14") and out.record.tools_ref == first.record.tools_ref
     assert "learned.date" in out.rewrites
     assert [s.scope for s in out.outcome.learned] == ["tools"]
+
+
+def test_the_system_text_and_the_tool_descriptions_share_one_budget() -> None:
+    # A request tokenizes at most textdiff.MAX_TOKENIZED characters of what changed: here
+    # as many dated tool descriptions as that holds.  Past it a description's change is
+    # "other", unexamined, and tools[] reaches the upstream as sent.
+    def tools(date: str) -> list[dict[str, Any]]:
+        return [
+            {"type": "function", "function": {"name": f"t{i:04d}", "description": f"Tool {i:04d}, as of {date}."}}
+            for i in range(many)
+        ]
+
+    each = 2 * len("Tool 0000, as of 2026-05-14.")  # a description's changed part, both sides
+    many = textdiff.MAX_TOKENIZED // each
+    assert textdiff.MAX_TOKENIZED - many * each < 2 * len("Current time: 14:30:15\n")  # a clock's line: past it
+    for clock, pinned in (("14:30:15", True), ("14:31:02", False)):  # a changed line in the system text first
+        h = harness("pin")
+        h.send({**chat(system(), U1), "tools": tools("2026-05-14")}, reply=R1)
+        out = h.send({**chat(system(clock=clock), U1, R1, U2), "tools": tools("2026-05-15")})
+        assert out.role == "continuation"
+        assert (out.body["tools"] == tools("2026-05-14")) is pinned
+        assert ("other" in [s.cls for s in out.outcome.learned]) is not pinned
 
 
 def test_a_fork_whose_head_differs_only_by_fresh_values_is_repaired_as_forks_are() -> None:

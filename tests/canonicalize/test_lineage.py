@@ -298,7 +298,7 @@ def test_prediction_of_continuation_and_break() -> None:
     h = Harness()
     first = h.send(turn1(), reply=REPLY1)
     second = h.send(turn2(minute="02:59 PM"))
-    prep = second.flow.prep
+    prep = second.prep
     assert prep is not None
     p = predict(second.record.fingerprint, first.record.fingerprint, second.outcome.depth, prep.sizes)  # type: ignore[arg-type]
     assert p.cause is None and p.ratio > 0.8
@@ -309,7 +309,7 @@ def test_prediction_of_continuation_and_break() -> None:
             hermes.tools_full(),
         )
     )
-    prep = third.flow.prep
+    prep = third.prep
     assert prep is not None
     p = predict(third.record.fingerprint, second.record.fingerprint, third.outcome.depth, prep.sizes)  # type: ignore[arg-type]
     assert p.cause == "system_changed"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from canonicalize import CHAT, MESSAGES, RESPONSES, Settings, compile_rule
+from canonicalize import CHAT, MESSAGES, RESPONSES, Fingerprint, Settings, compile_rule, identity
 from canonicalize.memo import Memos
 from canonicalize.pipeline import Canonicalizer
 from canonicalize.texts import HEAD, TAIL, Texts
@@ -88,11 +88,15 @@ def test_fingerprint_memoised_in_a_scope_is_the_one_computed() -> None:
     canon = Canonicalizer(Settings())
     body = hermes.request(hermes.system_prompt(), [{"role": "user", "content": "hi"}], hermes.tools_full())
     kw: dict[str, Any] = {"tools_ref": "r", "tools_len": 3, "n_messages": 1}
-    plain = canon.fingerprint(body, CHAT, **kw)
-    assert canon.fingerprint(body, CHAT, scope="t", **kw) == plain
-    assert canon.fingerprint(body, CHAT, scope="t", **kw) == plain  # from the memo
+
+    def fingerprint(body: dict[str, Any], **more: Any) -> Fingerprint:
+        return identity.fingerprint(canon.memos.texts, canon.fork.inherit_params, body, CHAT, **kw, **more)
+
+    plain = fingerprint(body)
+    assert fingerprint(body, scope="t") == plain
+    assert fingerprint(body, scope="t") == plain  # from the memo
     two = {**body, "messages": [*body["messages"], {"role": "developer", "content": "also \u00e9 this"}]}
-    assert canon.fingerprint(two, CHAT, scope="t", **kw) == canon.fingerprint(two, CHAT, **kw)
+    assert fingerprint(two, scope="t") == fingerprint(two)
 
 
 def test_only_a_kept_bodys_tools_list_is_held_by_identity() -> None:
@@ -101,11 +105,11 @@ def test_only_a_kept_bodys_tools_list_is_held_by_identity() -> None:
     canon = Canonicalizer(Settings())
     tools = hermes.tools_full()
     before = sys.getrefcount(tools)
-    first = canon.tools_id(CHAT, tools)
+    first = canon.memos.tools.identify(CHAT, tools, hold=False, shared=True)
     assert sys.getrefcount(tools) == before
-    held = canon.tools_id(CHAT, tools, hold=True)
+    held = canon.memos.tools.identify(CHAT, tools, hold=True, shared=True)
     assert held is first and sys.getrefcount(tools) == before + 1
-    assert canon.tools_id(CHAT, tools) is first  # answered by identity now
+    assert canon.memos.tools.identify(CHAT, tools, hold=False, shared=True) is first  # answered by identity now
 
 
 def forgetful(settings: Settings | None = None) -> Harness:
@@ -314,7 +318,7 @@ def test_system_ref_memoised_with_the_text_is_the_one_computed() -> None:
         else:
             value = [{"role": role, "content": [{"type": "text", "text": text}]}]
         scope = rnd.choice(["a", "b"])
-        assert canon.system_ref(value, scope) == chain.digest(orjson.dumps(value)), (shape, role)
+        assert identity.system_ref(canon.memos.texts, value, scope) == chain.digest(orjson.dumps(value)), (shape, role)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -10,7 +10,18 @@ from typing import Any
 import orjson
 import pytest
 
-from canonicalize import CHAT, PACKS, Canonicalizer, JsonDoc, Prepared, Rule, RuleError, Settings, compile_rule
+from canonicalize import (
+    CHAT,
+    PACKS,
+    Canonicalizer,
+    JsonDoc,
+    Prepared,
+    Rule,
+    RuleError,
+    Settings,
+    analysis,
+    compile_rule,
+)
 from canonicalize.packs import Pack
 from tests.flows import Harness, Sent
 
@@ -178,7 +189,7 @@ def canon(*packs: str) -> Canonicalizer:
 
 def prepare(c: Canonicalizer, body: dict[str, Any]) -> Prepared:
     """The static pass over ``body`` (as if it arrived as orjson writes it)."""
-    return c.prepare(JsonDoc(orjson.dumps(body)), body, CHAT)
+    return analysis.prepare(c.rules, c.memos, JsonDoc(orjson.dumps(body)), body, CHAT)
 
 
 def two_turns(c: Canonicalizer, first: dict[str, Any], second: dict[str, Any]) -> tuple[Sent, Sent]:

@@ -37,12 +37,12 @@ def cause(sent: Sent) -> str | None:
 
 
 def prediction(sent: Sent) -> Prediction | None:
-    flow = sent.flow
-    assert flow.outcome is not None and flow.prep is not None and flow.outcome.record.fingerprint is not None
-    parent = parent_of(flow.outcome, flow.prep, flow.lookup)
+    outcome, prep = sent.outcome, sent.prep
+    assert outcome.record.fingerprint is not None
+    parent = parent_of(outcome, prep, sent.lookup)
     if parent is None:
         return None
-    return predict(flow.outcome.record.fingerprint, parent.fingerprint, flow.outcome.depth, flow.prep.sizes)
+    return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, prep.sizes)
 
 
 # -- the parent --------------------------------------------------------------------------------

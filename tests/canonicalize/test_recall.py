@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize import JsonDoc, Settings, recall
+from canonicalize import JsonDoc, Settings, recall, textdiff
 from canonicalize.ruleset import LearnMode
 from tests.flows import Harness, Sent
 
@@ -193,3 +193,28 @@ def test_a_root_records_at_most_max_templates_value_lines(monkeypatch: Any) -> N
     out = harness().send(chat(user(lines)), reply=reply("Ok."))
     stems_and_templates = out.outcome.marks
     assert len(stems_and_templates) == 1 + 2
+
+
+def test_a_first_messages_values_are_compared_within_one_budget(monkeypatch: Any) -> None:
+    # The first message's parts share textdiff.MAX_TOKENIZED characters: past it a changed
+    # part is not examined, the message is not the recorded one with fresh values, and it
+    # reaches the upstream as sent.
+    for budget, learned in ((textdiff.MAX_TOKENIZED, True), (10, False)):
+        monkeypatch.setattr(textdiff, "MAX_TOKENIZED", budget)
+        h, tenant = harness(), {"authorization": f"Bearer sk-budget-{budget}"}  # (its own tenant: a cluster is shared)
+        h.send(chat(env("Friday", "What does app.py do?")), reply=reply("It greets."), headers=tenant)
+        h.send(chat(env("Friday", "Fix the tests.")), reply=reply("Fixed."), headers=tenant)
+        body = chat(env("Saturday", "What does app.py do?"), reply("It greets."), user("Thanks."))
+        out = h.send(body, headers=tenant)
+        assert (out.rewrites == ["learned.date"]) is learned
+        assert (out.raw == orjson.dumps(body)) is not learned
+
+
+def test_a_first_message_is_scanned_for_values_up_to_max_scanned(monkeypatch: Any) -> None:
+    # A root marks its value lines as templates (and masks them in its stem) within
+    # MAX_SCANNED characters of lines that may hold a value; the lines past it are not.
+    rows = [f"{name}: due 2026-05-{10 + i}" for i, name in enumerate(("Alpha", "Beta", "Gamma", "Delta"))]
+    monkeypatch.setattr(recall, "MAX_SCANNED", 2 * len(rows[0]) + 1)
+    out = harness().send(chat(user("\n".join(["No value on this line.", *rows]))), reply=reply("Ok."))
+    assert len(out.outcome.marks) == 1 + 2  # its stem, then two template lines
+    assert recall.template_link(rows[0]) in out.outcome.marks and recall.template_link(rows[2]) not in out.outcome.marks

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from canonicalize.textdiff import Diff, changes, common_prefix, common_suffix
+from canonicalize import textdiff
+from canonicalize.textdiff import Diff, changes
 
 OLD = (
     "You are Agent X. Answer concisely.\n"
@@ -103,13 +105,74 @@ def test_changes_rebuild_the_new_text_and_values_alone_the_old() -> None:
             assert "".join(pinned) == old
 
 
-def test_common_prefix_and_suffix() -> None:
-    rng = random.Random(1)
-    for _ in range(2000):
-        a = "".join(rng.choice("ab\n") for _ in range(rng.randint(0, 9000 if rng.random() < 0.01 else 30)))
-        b = a[: rng.randint(0, len(a))] + "".join(rng.choice("ab") for _ in range(rng.randint(0, 5)))
-        p = common_prefix(a, b)
-        assert a[:p] == b[:p] and (p == min(len(a), len(b)) or a[p] != b[p])
-        s = common_suffix(a, b, min(len(a), len(b)) - p)
-        assert a[len(a) - s :] == b[len(b) - s :]
-        assert s == min(len(a), len(b)) - p or a[len(a) - s - 1] != b[len(b) - s - 1]
+# -- bounds: what one comparison may cost -----------------------------------------------------------
+def test_only_the_differing_part_of_a_long_line_is_tokenized() -> None:
+    # A value in a line far longer than MAX_HUNK: tokenized from the nearest edge no
+    # token spans (here a parenthesis) to the next one; the rest of the line is equal.
+    words = " ".join(f"word{i}" for i in range(600))
+    old = f"{words} (as of 12:30:15) {words}"
+    assert len(old) > 2 * textdiff.MAX_HUNK
+    d = changes(old, old.replace("12:30:15", "12:31:02"))
+    assert [c.cls for c in d.changes] == ["time"] and d.spent.chars == 2 * len("as of 12:30:15")
+
+
+def test_a_part_longer_than_max_hunk_is_other_whole() -> None:
+    old = "Time: 12:30:15\n" + "x" * textdiff.MAX_HUNK + "\nend"
+    new = old.replace("12:30:15", "12:31:02").replace("x" * textdiff.MAX_HUNK, "y" * textdiff.MAX_HUNK)
+    d = changes(old, new)
+    assert [c.cls for c in d.changes] == ["time", "other"]
+    assert d.spent.chars == 2 * len("Time: 12:30:15\n")  # the long line: unexamined
+
+
+def test_a_comparison_tokenizes_at_most_its_budget() -> None:
+    # 200 lines of fresh values: the first fill the budget; past it each line is "other"
+    # whole, unexamined (and the value count, not the budget, says "another prompt").
+    old = "".join(f"job {i}: started 12:30:15\n" for i in range(200))
+    new = old.replace("12:30:15", "12:31:02")
+    d = changes(old, new)
+    assert d.spent.chars <= textdiff.MAX_TOKENIZED < 2 * len(old)
+    examined = d.spent.chars // (2 * len("job 0: started 12:30:15\n"))
+    assert 0 < len(d.values) <= examined + 1 and len(d.others) == 200 - len(d.values)
+    spent = changes(old, new, budget=textdiff.Budget(0, textdiff.MAX_ALIGNED))
+    assert spent.values == () and spent.spent == textdiff.NOTHING  # nothing left: every change "other"
+
+
+def test_keep_stops_tokenizing_once_the_share_is_out_of_reach() -> None:
+    # Most of the old text removed: with keep=0.5 nothing is left worth tokenizing.
+    rules = "".join(f"Rule {i}: always check step {i} twice before going on.\n" for i in range(60))
+    jobs = "".join(f"## Job {i}\nstarted 12:30:15\n" for i in range(20))
+    old, new = f"# Notes\n{rules}{jobs}", "# Notes\n" + jobs.replace("12:30:15", "12:31:02")
+    full, early = changes(old, new), changes(old, new, keep=0.5)
+    assert full.kept < 0.5 and len(full.values) == 20 and full.spent.chars > 0
+    assert early.kept < 0.5 and early.values == () and early.spent.chars == 0
+    assert changes(OLD, NEW, keep=1.0) == changes(OLD, NEW)  # only values: nothing stops
+
+
+def test_a_long_edit_between_values_is_one_other_change() -> None:
+    # Past MAX_ALIGNED pairs of tokens left between a part's peeled ends, the middle is
+    # one "other" change; the values at the ends, on their own lines, are still values.
+    words = math.isqrt(textdiff.MAX_ALIGNED)  # as many words, and spaces between: more pairs than that
+    para = " ".join(f"alpha{i}" for i in range(words))
+    edited = " ".join(f"beta{i}" for i in range(words))
+    old = f"Time: 12:30:15\n{para}\nTokens: 5"
+    new = f"Time: 12:31:02\n{edited}\nand a line more\nTokens: 6"
+    got = found(old, new)
+    assert [c for c, _, _ in got] == ["time", "other", "counter"]
+    assert got[1] == ("other", para, f"{edited}\nand a line more")
+    short = found(old.replace(para, "alpha beta"), new.replace(edited, "alpha gamma"))
+    assert ("other", "beta", "gamma\nand a line more") in short  # under it: aligned token by token
+
+
+def test_pairs_aligned_one_by_one_are_counted_across_a_comparison() -> None:
+    # Many small edits: each part's middle is aligned token by token while the
+    # comparison has pairs left; then each is one "other" change.
+    old = "".join(f"k{i}: a b a b a b a b\n" for i in range(200))
+    new = "".join(f"k{i}: b a b a b b a b a\n" for i in range(200))
+    d = changes(old, new, budget=textdiff.Budget(10**9, textdiff.MAX_ALIGNED))
+    assert 0 < d.spent.pairs <= textdiff.MAX_ALIGNED
+    per_line = [sum(1 for c in d.others if old.rfind("\n", 0, c.ostart) + 1 == start) for start in _starts(old)]
+    assert per_line[0] > 1 and per_line[-1] == 1  # aligned first, one change past the budget
+
+
+def _starts(text: str) -> list[int]:
+    return [0] + [i + 1 for i, ch in enumerate(text[:-1]) if ch == "\n"]

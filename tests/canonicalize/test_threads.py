@@ -7,9 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import orjson
-
-from canonicalize import CHAT, Canonicalizer, JsonDoc, Lookup, Settings
+from canonicalize import CHAT, Canonicalizer, Lookup, Request, Settings
 from tests.arrivals import VARIANTS, Arrivals, switching_often
 
 REQUESTS = 20 * VARIANTS
@@ -17,18 +15,15 @@ BIG_EVERY = 8  # one request in 8 a worker takes is a big body
 
 
 def _run(canon: Canonicalizer, raw: bytes, scope: str, *, worker: bool) -> str:
-    """One request the way ``proxy.addons.canonicalize`` runs it: parsed whole on a
-    worker thread, by pieces of the tenant's previous bodies on the loop."""
-    if worker:
-        body, doc, kept = orjson.loads(raw), JsonDoc(raw), None
-    else:
-        found = canon.parse(raw, CHAT, scope)
-        assert found is not None
-        body, doc, kept = found
-    prep = canon.prepare(doc, body, CHAT, scope=scope, kept=kept)
-    lookup = Lookup()
-    decision = canon.classify(prep, lookup)
-    return canon.finalize(prep, lookup, decision, new_id="L1", blobs={}).role
+    """One request the way ``proxy.drive`` runs it: parsed whole on a worker thread
+    (remembered nowhere), by pieces of its conversation's previous body on the loop; the
+    store has nothing."""
+    machine = canon.start(Request(raw, CHAT, scope, {}, "L1", remember=not worker))
+    need = machine.send()
+    while need is not None:
+        need = machine.send(Lookup())
+    assert machine.result is not None
+    return machine.result.role
 
 
 def _in_parallel(jobs: list[Callable[[], None]]) -> list[BaseException]:

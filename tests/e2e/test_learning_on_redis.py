@@ -22,8 +22,7 @@ import tests.canonicalize.test_recall as recall_scenarios
 from benchmarks import bench_agents
 from canonicalize import Settings, match
 from proxy.config import Config, from_mapping, load
-from proxy.flow import Flow
-from proxy.offline import Offline
+from proxy.offline import Offline, Replayed
 from proxy.store.redis import RedisStore
 from tests.agents.capture import AGENTS
 from tests.agents.capture import load as load_agent
@@ -62,10 +61,10 @@ class Pair(Harness):
         self.sent += 1
         return self.flows[(self.sent - 1) % 2]
 
-    def run(self, coro: Coroutine[Any, Any, Flow]) -> Flow:
+    def run(self, coro: Coroutine[Any, Any, Replayed]) -> Replayed:
         return self.loop.run_until_complete(coro)
 
-    def through(self, lines: Sequence[dict[str, Any]], replies: Callable[[dict[str, Any]], Any]) -> list[Flow]:
+    def through(self, lines: Sequence[dict[str, Any]], replies: Callable[[dict[str, Any]], Any]) -> list[Replayed]:
         """Trace lines (tests.infra.unknown_agents', tests/agents') in turns."""
         out = []
         for line in lines:
@@ -95,7 +94,7 @@ def pairs(redis_cluster: Cluster) -> Iterator[Callable[..., Pair]]:
     redis_cluster.flush()
 
 
-def _same(memory: Sequence[Flow], cluster: Sequence[Flow]) -> None:
+def _same(memory: Sequence[Replayed], cluster: Sequence[Replayed]) -> None:
     """The same bytes upstream, roles and rewrites, request by request."""
     assert [f.role for f in cluster] == [f.role for f in memory]
     assert [f.rewrites for f in cluster] == [f.rewrites for f in memory]

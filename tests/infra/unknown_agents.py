@@ -43,8 +43,7 @@ import orjson
 
 from canonicalize import CHAT, MESSAGES, RESPONSES, Exchange, Memos, match
 from proxy.config import Config
-from proxy.flow import Flow
-from proxy.offline import Offline
+from proxy.offline import Offline, Replayed
 
 Json = dict[str, Any]
 T0 = datetime(2026, 5, 14, 14, 30, 15)
@@ -396,7 +395,9 @@ def replayed(line: Json) -> Json | None:
     return dict(resp)
 
 
-async def run(lines: Sequence[Json], config: Config, *, replies: bool = True, memos: Memos | None = None) -> list[Flow]:
+async def run(
+    lines: Sequence[Json], config: Config, *, replies: bool = True, memos: Memos | None = None
+) -> list[Replayed]:
     """Every line through the proxy's own request flow (proxy.offline), in order; with
     ``replies`` each line's response is recorded (else none is: a trace without them);
     ``memos``: the canonicalizer's (``Memos.off()``: none)."""

@@ -34,7 +34,7 @@ class Upstream:
 
 
 class DownStore:
-    shared = False
+    records_at = "after_last_byte"
 
     async def lookup(self, tenant: str, links: Sequence[bytes], declared: str | None, **kw: Any) -> Lookup:
         raise StoreError("down")

@@ -17,8 +17,7 @@ from prometheus_client import generate_latest
 
 from canonicalize import Memos
 from proxy.config import Config, ConfigError, from_mapping, load
-from proxy.flow import Flow
-from proxy.offline import Offline
+from proxy.offline import Offline, Replayed
 from proxy.store.memory import MemoryStore
 from tests.infra import unknown_agents as ua
 from tests.infra.procs import prefixpin_argv
@@ -30,7 +29,7 @@ def config(learn: str, **canon: Any) -> Config:
     return from_mapping({"canonicalize": {"learn": learn, **canon}, "tenancy": {"anonymous": "shared"}})
 
 
-def run(lines: Sequence[dict[str, Any]], cfg: Config, *, replies: bool = True) -> list[Flow]:
+def run(lines: Sequence[dict[str, Any]], cfg: Config, *, replies: bool = True) -> list[Replayed]:
     return asyncio.run(ua.run(lines, cfg, replies=replies))
 
 

@@ -563,9 +563,9 @@ def test_the_lineages_said_below_the_minimum_are_bounded(caplog: pytest.LogCaptu
         sent = h.send({"model": "gpt-5.6", "messages": messages}, reply=answer)
         assert sent.role == ("continuation" if len(messages) > 1 else "root")
         flow = sent.flow
-        flow.reply = CHAT.reply(offered=None, drop_usage_chunk=False)
-        flow.reply.complete(_chat_usage(20))
-        flow.status = 200
+        flow.answer.reply = CHAT.reply(offered=None, drop_usage_chunk=False)
+        flow.answer.reply.complete(_chat_usage(20))
+        flow.answer.status = 200
         addon.done(flow)
     said = [r for r in caplog.records if "below the" in r.getMessage()]
     assert len(said) == 6  # the forgotten lineage is said again, the remembered one not

@@ -1,5 +1,5 @@
-"""proxy.addons.Runner: done hooks that only count may run later (off the next
-request's critical path), and are never lost."""
+"""proxy.addons.Runner: done hooks that only count run off the next request's
+critical path (one queue, one task: proxy.addons.counting), and are never lost."""
 
 from __future__ import annotations
 
@@ -12,46 +12,52 @@ from starlette.datastructures import Headers
 from starlette.testclient import TestClient
 
 from canonicalize import CHAT
-from proxy.addons import DRAIN_S, Runner
+from proxy.addons import Runner
+from proxy.addons.counting import DRAIN_S
 from proxy.app import create_app
 from proxy.config import load
-from proxy.flow import Flow
+from proxy.flow import Flow, Inbound
 from proxy.metrics import Metrics
 
 
 class _Hook:
-    def __init__(self, name: str, log: list[tuple[str, int]], *, counts_only: bool = False) -> None:
+    def __init__(self, name: str, log: list[tuple[str, int]], *, when: str) -> None:
         self.name = name
         self.log = log
-        self.counts_only = counts_only
+        self.needs: tuple[type, ...] = ()
+        self.when = when
 
-    def done(self, flow: Flow) -> None:
-        self.log.append((self.name, int(flow.query)))
+    async def done(self, flow: Flow) -> None:
+        self.log.append((self.name, int(flow.inbound.query)))
 
 
 def _runner(log: list[tuple[str, int]]) -> Runner:
-    hooks: Any = (_Hook("measure", log, counts_only=True), _Hook("record", log))
+    hooks: Any = (_Hook("measure", log, when="counted"), _Hook("record", log, when="after_last_byte"))
     return Runner(hooks, Metrics(["m"], 4))
 
 
 def _flow(n: int) -> Flow:
-    return Flow(CHAT, Headers(), str(n), b"{}", time.perf_counter())
+    return Flow(Inbound(CHAT, "/v1/chat/completions", str(n).encode(), Headers(), b"{}", time.perf_counter()))
 
 
-def test_later_runs_record_now_and_queues_the_counting_until_drained() -> None:
+def test_the_record_runs_at_the_response_end_and_the_counting_waits_for_its_task() -> None:
     log: list[tuple[str, int]] = []
     runner = _runner(log)
 
     async def go() -> None:
-        runner.done(_flow(1), later=True)
-        runner.done(_flow(2), later=True)
+        await runner.after_last(_flow(1))
+        await runner.after_last(_flow(2))
         assert log == [("record", 1), ("record", 2)]
-        runner.drain()
+        await runner.counting.flushed()
         assert log[2:] == [("measure", 1), ("measure", 2)]  # in the order the responses ended
-        runner.drain()  # nothing twice
+        await runner.counting.flushed()  # nothing twice
         assert len(log) == 4
-        runner.done(_flow(3))  # not later: all at once
-        assert log[4:] == [("measure", 3), ("record", 3)]
+        await runner.after_last(_flow(3))
+        runner.counting.kick()  # a request went upstream: counted at the loop's next turn
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert log[4:] == [("record", 3), ("measure", 3)]
+        await runner.counting.close()
 
     asyncio.run(go())
 
@@ -62,15 +68,16 @@ def test_the_counting_runs_within_drain_s_when_nothing_drains_it() -> None:
 
     async def go() -> None:
         flow = _flow(1)
-        runner.done(flow, later=True)
-        ended = flow.ended
+        await runner.after_last(flow)
+        ended = flow.answer.ended
         assert ended > 0 and ("measure", 1) not in log
         # Kept on purpose: the claim is a bound (within DRAIN_S), not an event to wait for.
-        # This timer is due after the runner's, and the loop fires timers in the order
-        # they are due, so the runner's has fired by now, however loaded the machine.
+        # This timer is due after the counting's, and the loop fires timers in the order
+        # they are due, so the counting's task has run by now, however loaded the machine.
         await asyncio.sleep(DRAIN_S * 4)
-        assert ("measure", 1) in log and not runner.pending
-        assert flow.ended == ended  # the duration counted ends at the response, not at the count
+        assert ("measure", 1) in log and not runner.counting.pending
+        assert flow.answer.ended == ended  # the duration counted ends at the response, not at the count
+        await runner.counting.close()
 
     asyncio.run(go())
 

@@ -556,7 +556,7 @@ def test_stopping_ends_a_stream_past_the_grace_with_an_error_event(app: Scripted
         _stop(server, 0.1).join(30)
         data += _read_all(sock)
     assert data.endswith(b"0\r\n\r\n")
-    assert b'data: {"error": {"message": "prefixpin is shutting down' in data
+    assert b'data: {"error":{"message":"prefixpin is shutting down' in data
 
 
 # -- the connection cap (uvicorn: test_max_concurrency answers 503 at once) ------------------------------------
