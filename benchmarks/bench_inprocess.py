@@ -33,6 +33,14 @@ from proxy.offline import Offline
 REPLY = {"role": "assistant", "content": mix.REPLY}
 
 
+def loads(work: Path, conversations: int, turns: int) -> dict[str, workloads.Workload]:
+    """The two workloads, their files written under ``work``: body, and a mix of ``conversations``."""
+    return {
+        "body": workloads.repeated(work),
+        "mix": workloads.conversations(work, conversations, turns),
+    }
+
+
 async def run(w: workloads.Workload, count: int, profile: cProfile.Profile | None = None) -> tuple[float, Counter[str]]:
     """(CPU µs per timed request, their roles): ``count`` requests, the first quarter untimed."""
     offline = Offline(load(None, env={}))
@@ -62,18 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", choices=("body", "mix"), help="also profile this workload (cProfile, CPU time)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
-        loads = {
-            "body": workloads.repeated(Path(tmp)),
-            "mix": workloads.conversations(Path(tmp), args.conversations, args.turns),
-        }
+        named = loads(Path(tmp), args.conversations, args.turns)
         print("| workload | CPU µs per request | roles |")
         print("|---|---:|---|")
-        for name, w in loads.items():
+        for name, w in named.items():
             us, roles = asyncio.run(run(w, args.requests))
             print(f"| {name} | {us:,.0f} | {', '.join(f'{k} {v}' for k, v in roles.most_common())} |")
         if args.profile:
             profile = cProfile.Profile(time.thread_time)
-            asyncio.run(run(loads[args.profile], args.requests, profile))
+            asyncio.run(run(named[args.profile], args.requests, profile))
             print(f"\n{args.profile}, by cumulative CPU time (cProfile roughly doubles it):\n", file=sys.stdout)
             pstats.Stats(profile, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
     return 0
