@@ -71,6 +71,7 @@ log = logging.getLogger("prefixpin")
 RETENTION_MEMBERS = ("prompt_cache_retention", "prompt_cache_options")
 # Lineages whose stable prefix was said (at INFO) to be below the minimum: the newest kept.
 SAID_BELOW = 4096
+MINIMUMS_KEPT = 256  # models whose minimum is remembered (past it: forgotten, looked up again)
 
 
 class ProviderCache:
@@ -87,6 +88,7 @@ class ProviderCache:
         self.via_litellm = s.config.upstream.kind == "litellm"
         self.retention = None if st.openai_retention == "off" else orjson.dumps(st.openai_retention)
         self.min_tokens = st.min_token_map()
+        self._minimums: dict[object, int | None] = {}  # per model name (bounded: MINIMUMS_KEPT)
         self._said: OrderedDict[str, None] = OrderedDict()  # lineages told below the minimum (bounded)
         self.said_bound = SAID_BELOW
         if st.anthropic_ttl != "5m" and st.anthropic_breakpoints != "auto":
@@ -212,7 +214,7 @@ class ProviderCache:
         if done is None or outcome is None or outcome.record.fingerprint is None:
             return
         prep = done.prep
-        least = minimums.minimum(flow.model, self.min_tokens)
+        least = self._least(flow.model)
         if not least:
             return
         stable, total = minimums.stable_bytes(
@@ -240,6 +242,18 @@ class ProviderCache:
             least,
             flow.model,
         )
+
+    def _least(self, model: object) -> int | None:
+        """:func:`canonicalize.minimums.minimum` of ``model``, remembered per model name."""
+        try:
+            return self._minimums[model]
+        except (KeyError, TypeError):  # (TypeError: a model that is not a name, not hashable)
+            least = minimums.minimum(model, self.min_tokens)
+        if isinstance(model, str):
+            if len(self._minimums) >= MINIMUMS_KEPT:
+                self._minimums.clear()
+            self._minimums[model] = least
+        return least
 
     def _dollars(self, flow: Flow, usage: Usage, completion: int) -> None:
         model = flow.model

@@ -572,3 +572,15 @@ def test_the_lineages_said_below_the_minimum_are_bounded(caplog: pytest.LogCaptu
     assert len(addon._said) == 3
     text = prometheus_client.generate_latest(h.offline.s.metrics.registry).decode()
     assert _metric(text, 'prefixpin_below_cache_minimum_total{model="gpt-5.6"}') == 7
+
+
+def test_the_minimums_remembered_per_model_are_bounded() -> None:
+    from canonicalize import minimums
+    from proxy.addons.provider_cache import MINIMUMS_KEPT
+
+    h = _harness(prices={"gpt-5.6": PRICE})
+    addon = next(a for a in h.offline.runner.addons if isinstance(a, ProviderCache))
+    models: list[object] = [f"gpt-5.6-{i}" for i in range(MINIMUMS_KEPT + 10)] + ["claude-opus-4-6", None, ["x"]]
+    for model in models + models:
+        assert addon._least(model) == minimums.minimum(model, addon.min_tokens)
+        assert len(addon._minimums) <= MINIMUMS_KEPT
