@@ -92,8 +92,9 @@ def stable_bytes(
     canonical size in ``sizes``; ``offset``: entries of ``sizes`` before the body's
     own history, a previous response's tip)."""
     history = exchange.history(body)
-    messages = list(sizes[offset:])
-    last = max((i for i, m in enumerate(history) if exchange.is_user(m)), default=len(messages))
+    messages = sizes[offset:]
+    # The last user message, found from the end (it is the newest message, as a rule).
+    last = next((i for i in range(len(history) - 1, -1, -1) if exchange.is_user(history[i])), len(messages))
     head = fp.system_len + fp.tools_len
     return head + sum(messages[:last]), head + sum(messages)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ from proxy.watch import WATCH
 
 log = logging.getLogger("prefixpin")
 _NO_BODY = frozenset({204, 304})
-_UNSAFE = (b"\r", b"\n", b"\0")
+_UNSAFE = re.compile(rb"[\r\n\0]")  # a header line break, or a NUL: one C scan per name and value
 _EVENT_END = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
@@ -211,7 +212,7 @@ class Cycle:
         length: int | None = None
         dated = False
         for name, value in headers:
-            if any(c in name or c in value for c in _UNSAFE):
+            if _UNSAFE.search(name) or _UNSAFE.search(value):
                 raise RuntimeError("a response header holds a line break")
             name = name.lower()
             if name == b"content-length":

@@ -260,9 +260,12 @@ class MemoryStore:
             if item is not None and item[0] <= now:
                 self._drop(key)
                 item = None
-            owners = item[1] if item is not None else []
-            if not owners or owners[0] != rec_id:
-                owners = [rec_id, *(o for o in owners if o != rec_id)][:LINKS_PER_KEY]
+            if item is None:
+                owners = [rec_id]  # a new link (most of a new conversation's): no generator to build
+            else:
+                owners = item[1]
+                if not owners or owners[0] != rec_id:
+                    owners = [rec_id, *(o for o in owners if o != rec_id)][:LINKS_PER_KEY]
             if item is None:
                 self._set(key, owners, now)
             else:  # replaced in place (not bytes: nothing grows), then most recently used

@@ -38,6 +38,11 @@ class Echo:
         query = scope["query_string"]
         if query == b"fail":
             raise RuntimeError("boom")
+        if query.startswith(b"header="):  # a response header value the app took from its input
+            value = bytes.fromhex(query[7:].decode())
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"x-echo", value)]})
+            await send({"type": "http.response.body", "body": b"unsent"})
+            return
         if query == b"chunked":  # no content-length: a streamed answer
             await send({"type": "http.response.start", "status": 200, "headers": [(b"x-seen", b"%d" % len(body))]})
             await send({"type": "http.response.body", "body": b"one,", "more_body": True})
@@ -331,6 +336,18 @@ def test_an_app_that_fails_before_answering_gives_a_500(port: int) -> None:
         sock.sendall(_post(b"{}", path=b"/v1/chat/completions?fail"))
         head, body = read_response(sock, bytearray())
     assert head.startswith(b"HTTP/1.1 500") and body == b"Internal Server Error"
+
+
+@pytest.mark.parametrize("value", [b"a\r\nset-cookie: x=1", b"a\nb", b"a\rb", b"a\0b", b"\n"])
+def test_a_response_header_holding_a_line_break_or_nul_is_never_sent(port: int, value: bytes) -> None:
+    with _connect(port) as sock:
+        sock.sendall(_post(b"{}", path=b"/v1/chat/completions?header=" + value.hex().encode()))
+        data = b""
+        sock.settimeout(5)
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                data += chunk
+    assert b"x-echo" not in data and b"set-cookie" not in data and b"unsent" not in data  # the response is cut
 
 
 def test_an_app_that_fails_mid_body_cuts_the_response(port: int) -> None:
