@@ -473,3 +473,49 @@ def test_a_cluster_over_tls_as_an_acl_user(
         assert _fail_open(base) == 0
     finally:
         cluster.stop()
+
+
+# What prefixpin asks a Sentinel that requires a password (docs/deploy.md): the masters it watches.
+SENTINEL_ACL = "user prefixpin on >{password} -@all +sentinel|masters"
+
+
+def test_a_sentinel_group_over_tls_as_an_acl_user(
+    serve: Serve, write_config: Config, recorder: Recorder, log_dir: Path, tmp_path: Path
+) -> None:
+    """rediss:// on a Sentinel group whose master, replicas and Sentinels speak only
+    TLS (replication and the Sentinels' own links too), as the least-privilege user on
+    the data nodes and the same user, allowed only SENTINEL MASTERS, on Sentinels that
+    require a password; a failover is followed over TLS."""
+    from tests.infra import tls
+    from tests.infra.redis_topologies import Tls
+
+    ca = tls.make_ca(tmp_path / "ca")
+    server = tls.issue(ca, tmp_path / "ca", "redis")
+    node = tls.issue(ca, tmp_path / "ca", "redis node", client=True)
+    group = start_sentinel_group(
+        log_dir,
+        tls=Tls(server.cert, server.key, ca.cert, node.cert, node.key),
+        users=(SENTINEL_ACL.format(password=PASSWORD),),
+    )
+    try:
+        acl_user([group.master, *group.replicas])
+        url = group.url.replace("rediss://", f"rediss://prefixpin:{PASSWORD}@", 1)
+        config = _store(url, redis_mode="sentinel", redis_nodes=group.nodes, sentinel_master=group.name)
+        base = serve(recorder.base, config=write_config(config))
+        talk = Talk([base])
+        c = Conversation(0)
+        assert [talk.turn(c), talk.turn(c)] == ["root", "continuation"]
+        old = group.current_master()
+        new = group.failover()
+        assert new != old
+        # The demoted master answers READONLY (a turn meanwhile is forwarded as sent);
+        # prefixpin asks the Sentinels again, over TLS, and finds the conversation there.
+        before = len(talk.roles)
+        wait_until(lambda: talk.turn(c) != "fail-open", timeout=30, interval=0.3, message="a turn on the new master")
+        assert set(talk.roles[before:]) <= {"fail-open", "continuation"} and talk.roles[-1] == "continuation"
+        assert [talk.turn(c), talk.fork(c), talk.turn(c)] == ["continuation", "fork", "continuation"]
+        assert _ready(base).status_code == 200
+        assert info(new, "replication")["role"] == "master"
+        assert PASSWORD not in httpx.get(base + "/metrics", trust_env=False).text
+    finally:
+        group.stop()

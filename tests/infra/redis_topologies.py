@@ -36,7 +36,7 @@ def _server(log_dir: Path, name: str, port: int, *extra: str, tls: Tls | None = 
     return proc
 
 
-_TLS: dict[int, dict[str, Any]] = {}  # the servers that speak only TLS: how to connect to them
+_TLS: dict[int, dict[str, Any]] = {}  # the servers that speak only TLS or require a user: how to connect to them
 
 
 def ask(port: int, *command: object, timeout: float = 2) -> Any:
@@ -188,9 +188,12 @@ class SentinelGroup:
     replicas: list[int]
     sentinels: list[int]
     procs: dict[int, Proc] = field(default_factory=dict)
+    tls: Tls | None = None
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.sentinels[0]}?ssl_ca_certs={self.tls.ca}"
         return f"redis://127.0.0.1:{self.sentinels[0]}"
 
     @property
@@ -202,8 +205,11 @@ class SentinelGroup:
         return int(addr[1])
 
     def failover(self) -> int:
-        """SENTINEL FAILOVER, then wait until a replica is the master everyone names."""
+        """SENTINEL FAILOVER, then wait until a replica is the master everyone names
+        and the old master is its replica (until the Sentinels demote it, the old
+        master still takes writes)."""
         old = self.current_master()
+        wait_until(lambda: _caught_up(old), timeout=30, interval=0.1, message="the replicas hold every write")
         ask(self.sentinels[0], "SENTINEL", "FAILOVER", self.name, timeout=5)
 
         def moved() -> bool:
@@ -213,49 +219,84 @@ class SentinelGroup:
             except redis.RedisError:
                 return False
 
+        def demoted() -> bool:
+            try:
+                state, new = info(old, "replication"), self.current_master()
+            except redis.RedisError:
+                return False
+            return (state["role"], state.get("master_port"), state.get("master_link_status")) == ("slave", new, "up")
+
         wait_until(moved, timeout=30, interval=0.1, message="the Sentinels promoted a replica")
+        wait_until(demoted, timeout=30, interval=0.1, message="the old master is the new one's replica")
         return self.current_master()
 
     def stop(self) -> None:
-        for proc in self.procs.values():
+        for port, proc in self.procs.items():
             proc.stop()
+            _TLS.pop(port, None)
 
 
-def start_sentinel_group(log_dir: Path, replicas: int = 2, name: str = "pp-master") -> SentinelGroup:
+# The user Sentinels that require a password give each other (``sentinel sentinel-user``) and the test's own commands.
+SENTINEL_ADMIN = ("sentinel-admin", "admin-pass-for-the-test")
+
+
+def _caught_up(master: int) -> bool:
+    """Every replica of ``master`` is online and has every write it had when asked."""
+    state = info(master, "replication")
+    goal = int(state["master_repl_offset"])
+    replicas = [v for k, v in state.items() if k.startswith("slave") and isinstance(v, dict)]
+    return len(replicas) == int(state["connected_slaves"]) > 0 and all(
+        r["state"] == "online" and int(r["offset"]) >= goal for r in replicas
+    )
+
+
+def start_sentinel_group(
+    log_dir: Path, replicas: int = 2, name: str = "pp-master", tls: Tls | None = None, users: tuple[str, ...] = ()
+) -> SentinelGroup:
+    """A master, ``replicas`` replicas and three Sentinels (``tls``: every one of them
+    TLS only, replication and the Sentinels' own links included).  ``users``: ACL
+    lines defined on each Sentinel, whose ``default`` user is then off (the Sentinels
+    authenticate to each other as :data:`SENTINEL_ADMIN`)."""
     master = free_port()
-    group = SentinelGroup(log_dir, name, master, [free_port() for _ in range(replicas)], [])
+    group = SentinelGroup(log_dir, name, master, [free_port() for _ in range(replicas)], [], tls=tls)
     try:
-        _watch(group, replicas)
+        _watch(group, replicas, users)
     except BaseException:
         group.stop()
         raise
     return group
 
 
-def _watch(group: SentinelGroup, replicas: int) -> None:
+def _watch(group: SentinelGroup, replicas: int, users: tuple[str, ...]) -> None:
     log_dir, name, master = group.log_dir, group.name, group.master
     folder = log_dir / f"sentinel-{master}"
     folder.mkdir(parents=True, exist_ok=True)
     # Their own folders: a replica's full sync writes an RDB file (not in the work tree).
     for port in (master, *group.replicas):
         (folder / str(port)).mkdir(exist_ok=True)
-    at = ("--dir", str(folder / str(master)))
-    group.procs[master] = _server(log_dir, f"redis-master-{master}", master, *at)
+    # A replica's full sync at once (not after 5 s waiting for more replicas).
+    at = ("--dir", str(folder / str(master)), "--repl-diskless-sync-delay", "0")
+    group.procs[master] = _server(log_dir, f"redis-master-{master}", master, *at, tls=group.tls)
     for port in group.replicas:
-        at = ("--dir", str(folder / str(port)))
+        at = ("--dir", str(folder / str(port)), "--repl-diskless-sync-delay", "0")
         group.procs[port] = _server(
-            log_dir, f"redis-replica-{port}", port, *at, "--replicaof", "127.0.0.1", str(master)
+            log_dir, f"redis-replica-{port}", port, *at, "--replicaof", "127.0.0.1", str(master), tls=group.tls
         )
     for _ in range(3):
         port = free_port()
         conf = folder / f"sentinel-{port}.conf"
-        conf.write_text(
-            f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
+        watch = (
+            f"bind 127.0.0.1\ndir {folder}\n"
             f"sentinel monitor {name} 127.0.0.1 {master} 2\n"
             f"sentinel down-after-milliseconds {name} 1000\n"
             f"sentinel failover-timeout {name} 5000\n"
             f"sentinel parallel-syncs {name} 1\n"
         )
+        conf.write_text(_listen(group.tls, port) + _users(users) + watch)
+        if group.tls is not None:
+            _TLS[port] = {"ssl": True, "ssl_ca_certs": str(group.tls.ca)}
+        if users:
+            _TLS[port] = {**_TLS.get(port, {}), "username": SENTINEL_ADMIN[0], "password": SENTINEL_ADMIN[1]}
         proc = Proc(f"redis-sentinel-{port}", [redis_server_path(), str(conf), "--sentinel"], log_dir)
         group.procs[port] = proc
         group.sentinels.append(port)
@@ -275,3 +316,26 @@ def _watch(group: SentinelGroup, replicas: int) -> None:
         return True
 
     wait_until(watched, timeout=30, interval=0.1, message="every Sentinel sees the others and the replicas")
+    wait_until(lambda: _caught_up(master), timeout=30, interval=0.1, message="the replicas are in sync")
+
+
+def _listen(tls: Tls | None, port: int) -> str:
+    """A Sentinel's port; with ``tls``, TLS only, to the master, the replicas and the other Sentinels too."""
+    if tls is None:
+        return f"port {port}\n"
+    return (
+        f"port 0\ntls-port {port}\ntls-cert-file {tls.cert}\ntls-key-file {tls.key}\n"
+        f"tls-ca-cert-file {tls.ca}\ntls-auth-clients no\ntls-replication yes\n"
+        f"tls-client-cert-file {tls.client_cert}\ntls-client-key-file {tls.client_key}\n"
+    )
+
+
+def _users(users: tuple[str, ...]) -> str:
+    """``users`` on a Sentinel, which then requires a password: its ``default`` user off,
+    and the Sentinels authenticating to each other as :data:`SENTINEL_ADMIN`."""
+    if not users:
+        return ""
+    admin, password = SENTINEL_ADMIN
+    lines = [*users, f"user {admin} on >{password} allcommands allkeys allchannels", "user default off"]
+    lines += [f"sentinel sentinel-user {admin}", f"sentinel sentinel-pass {password}"]
+    return "".join(line + "\n" for line in lines)
