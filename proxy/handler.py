@@ -4,7 +4,7 @@
     canonicalize, stream usage, provider cache, fork guard, affinity) -> the edits
     spliced into the raw bytes -> upstream -> the answer written and read
     (proxy.answer) -> the moment after the last byte: the done hooks (the record),
-    then the counting ones (proxy.addons.counting)
+    the counting queued (proxy.addons.counting)
 
 Every hook runs under one :class:`proxy.addons.Runner` that fails open.  The
 response carries ``x-prefixpin-role``, ``-lineage`` and ``-rewrites`` (empty when
@@ -120,6 +120,7 @@ class Handler:
             headers = [(k, v) for k, v in headers if k.lower() not in names] + list(ours)
         sent = time.perf_counter()
         upstream = self.upstream
+        self.runner.counting.kick()  # earlier responses' counting: while this one is with the upstream
         path = client_path(scope)
         placement = flow.get(Placement)
         with watch:

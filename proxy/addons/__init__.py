@@ -16,8 +16,8 @@ one or both hooks (:mod:`proxy.addons.runner`):
   or what the runner awaits: a record's write); ``when`` says at which moment:
   ``before_last_byte`` (awaited before the client's last bytes go out),
   ``after_last_byte`` (right after them, before the process reads the client's
-  next request), or ``counted`` (right after those, the one place a request is
-  counted: :mod:`proxy.addons.counting`).  The record's moment is the store's
+  next request), or ``counted`` (off the request's path: one queue, one task,
+  :mod:`proxy.addons.counting`).  The record's moment is the store's
   (``Store.records_at``).
 
 One :class:`Runner` runs every hook and fails open: a request hook that raises

@@ -1,16 +1,14 @@
 """The counting hooks (``when = "counted"``: measure, the provider caches' cost
-and verdicts, trace): the one place a finished request is counted.
+and verdicts, trace), off the request's path: one queue, consumed by one task.
 
-:meth:`Counting.count` runs them in the request's own task, right after its last
-byte and the hooks of that moment (:meth:`proxy.addons.Runner.after_last`): the
-client already has its whole response, and the request's memory is still warm.
-That is measured: handing the finished requests to one task that drained a queue
-(at the next request to go upstream, or within 5 ms) made a continuing 45 KB
-session's request 10-20% dearer end to end (``python3 -m
-benchmarks.bench_overhead``): the requests were freed later, cold, in batches.
-``/metrics`` waits until the requests being counted are (:meth:`flushed`),
-and so does shutdown (:meth:`close`).  A request's duration ends with its
-response, not with its counting (``Answer.ended``).
+A finished request is queued (:meth:`Counting.put`); the task counts what is
+queued, in the order the responses ended, at the first good moment: when a
+request goes to its upstream and waits (the handler calls :meth:`kick`), or
+within ``DRAIN_S`` when none does.  So the counting of one response never
+delays the client's next request.  ``/metrics`` waits until everything queued
+before it is counted (:meth:`flushed`); shutdown counts what is left
+(:meth:`close`).  A request's duration ends with its response, not with its
+counting (``Answer.ended``).
 """
 
 from __future__ import annotations
@@ -21,43 +19,92 @@ from typing import Any
 
 from proxy.flow import Flow
 
+DRAIN_S = 0.005  # the longest the counting waits when no request goes upstream first
+
 
 class Counting:
-    """The counting hooks and the requests being counted (module docstring).
-    ``run(hooks, flow)`` runs the hooks, each failing open."""
+    """One queue, one task (module docstring).  ``run(hooks, flow)`` runs the hooks, each
+    failing open."""
 
     def __init__(self, hooks: tuple[Any, ...], run: Callable[[tuple[Any, ...], Flow], Awaitable[None]]) -> None:
         self.hooks = hooks
         self._run = run
-        self.busy = 0  # requests being counted (a hook that awaits something keeps it above 0)
-        self._waiting: list[asyncio.Future[None]] = []  # flushed() calls, answered when busy is 0
+        self.pending: list[Flow] = []
+        self._go: asyncio.Future[None] | None = None  # set to wake the task
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the task's (an app served again runs on another)
+        self._waiting: list[asyncio.Future[None]] = []  # flushed() calls, answered once the queue is empty
 
-    async def count(self, flow: Flow) -> None:
-        """Count ``flow`` now."""
+    def put(self, flow: Flow) -> None:
+        """Queue ``flow``'s counting."""
         if not self.hooks:
             return
-        self.busy += 1
-        try:
-            await self._run(self.hooks, flow)
-        finally:
-            self.busy -= 1
-            if not self.busy and self._waiting:
-                waiting, self._waiting = self._waiting, []
-                for waiter in waiting:
-                    if not waiter.done():
-                        waiter.set_result(None)
+        loop = self._here()
+        self.pending.append(flow)
+        if self._timer is None:
+            self._timer = loop.call_later(DRAIN_S, self.kick)
+
+    def kick(self) -> None:
+        """A good moment to count: now (the task runs at the loop's next turn)."""
+        loop = self._here()
+        if not self.pending and not self._waiting:
+            return
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._consume())
+        go = self._go
+        if go is None:
+            self._go = go = loop.create_future()
+        if not go.done():
+            go.set_result(None)
+
+    def _here(self) -> asyncio.AbstractEventLoop:
+        """The running loop; on another than before (an app served again), afresh."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._timer, self._task, self._go = loop, None, None, None
+        return loop
 
     async def flushed(self) -> None:
-        """Until no request is being counted."""
-        if not self.busy:
+        """Until every request queued so far is counted."""
+        if not self.pending:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
+        self.kick()
         await waiter
 
     async def close(self) -> None:
-        """Shutdown: until the requests being counted are."""
+        """Count what is queued; stop the task."""
         await self.flushed()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _consume(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            go = self._go
+            if go is None:  # (one set already, by a kick before this task ran, wakes it at once)
+                go = self._go = loop.create_future()
+            await go
+            self._go = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            hooks, run = self.hooks, self._run
+            while self.pending:
+                pending, self.pending = self.pending, []
+                for flow in pending:
+                    await run(hooks, flow)
+            waiting, self._waiting = self._waiting, []
+            for waiter in waiting:
+                if not waiter.done():
+                    waiter.set_result(None)
 
 
-__all__ = ["Counting"]
+__all__ = ["DRAIN_S", "Counting"]

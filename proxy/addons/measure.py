@@ -24,7 +24,7 @@ from proxy.metrics import Metrics
 class Measure:
     name = "measure"
     needs = (Parsed, Canonicalized)
-    when = "counted"  # after the last byte (proxy.addons.counting)
+    when = "counted"  # off the request's path (proxy.addons.counting)
 
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics

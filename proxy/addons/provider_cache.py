@@ -78,7 +78,7 @@ class ProviderCache:
     name = "provider_cache"
     needs = (Tenant, Parsed, Canonicalized, Edits)
     provides = (CacheControls, Edits)
-    when = "counted"  # its done hook only counts: after the last byte (proxy.addons.counting)
+    when = "counted"  # its done hook only counts: off the request's path (proxy.addons.counting)
 
     def __init__(self, s: Services, *, pricing: Pricing | None = None) -> None:
         self.s = s

@@ -4,8 +4,8 @@ A request's hooks run in the tuple's order before the upstream
 (:meth:`Runner.request`); once its response is over, each done hook runs at the
 moment it names: :meth:`Runner.before_last` (the body writer awaits it before the
 client's last bytes: ``proxy.relay``), :meth:`Runner.after_last` (the handler,
-right after them, whatever the response was), and the counting ones right after
-those, in the same task (:mod:`proxy.addons.counting`).
+right after them, whatever the response was), and the counting ones after that,
+off the request's path (:mod:`proxy.addons.counting`).
 """
 
 from __future__ import annotations
@@ -89,10 +89,11 @@ class Runner:
         await self.done(self._before, flow)
 
     async def after_last(self, flow: Flow) -> None:
-        """The hooks of the moment right after the response ended, then the counting ones."""
+        """The hooks of the moment right after the response ended; then its counting is
+        queued."""
         flow.answer.ended = time.perf_counter()
         await self.done(self._after, flow)
-        await self.counting.count(flow)
+        self.counting.put(flow)
 
     async def done(self, hooks: tuple[DoneHook, ...], flow: Flow) -> None:
         """Each of ``hooks``' done hook, in order; one that raises costs its own work only."""

@@ -1,7 +1,7 @@
 """``trace.path``: each finished request handed to the recorder (proxy.recording) as
 one trace line: what the client sent, what prefixpin decided, what the upstream
-reported.  A counting hook: it runs once the client has its response, and all it
-does there is queue the line (its head encoded, the body referenced: the writer thread
+reported.  A counting hook: it runs off the request's path, and all it does
+there is queue the line (its head encoded, the body referenced: the writer thread
 writes it)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from proxy.recording import Entry, Recorder
 class Trace:
     name = "trace"
     needs = (Skip, Tenant, Parsed, Canonicalized)
-    when = "counted"  # after the last byte (proxy.addons.counting)
+    when = "counted"  # off the request's path (proxy.addons.counting)
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
