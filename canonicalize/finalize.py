@@ -253,13 +253,14 @@ def _continuation(
     rewrites.extend(n for n in changed if n not in rewrites)
     merged = dict(_first_values(prep.spans))
     merged.update(parent.pins)
-    newest = _newest_user_hash(prep) if sig.last_user_index is not None and sig.last_user_index >= lookup.depth else ""
+    dates = notes.moved(prep.spans, parent.pins)
+    new_user = sig.last_user_index is not None and sig.last_user_index >= lookup.depth
+    # Where a note would go (as the agent sent it): hashed only when one may be added.
+    newest = _newest_user_hash(prep) if new_user and (dates or learned is not None) else ""
     # The lineage's notes where their messages are now; one whose message the agent no
     # longer sends is gone with it (and its date is told again if it still applies).
     kept = tuple(_apply_notes(prep, parent.notes, rewrites, learned=learned is not None))
-    added = notes.new_notes(
-        prep.spans, parent.pins, kept, newest_user=sig.last_user_index, depth=lookup.depth, message=newest
-    )
+    added = notes.told(dates, kept, newest_user=sig.last_user_index, depth=lookup.depth, message=newest)
     skeleton, head = sig.skeleton, sig.head
     settled = learned.settle(blobs) if learned is not None else None
     if learned is not None and settled is not None:

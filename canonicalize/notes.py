@@ -38,28 +38,14 @@ def is_time(note: str) -> bool:
     return note.startswith("(Note: the current time ")
 
 
-def new_notes(
-    spans: Sequence[Span],
-    pinned: dict[str, str],
-    notes: Sequence[Note],
-    *,
-    newest_user: int | None,
-    depth: int,
-    message: str = "",
-) -> list[Note]:
-    """Notes to add for date spans whose value moved on from the pinned one.
-
-    ``newest_user`` is the history index of the request's newest user message (whose
-    hash is ``message``) and ``depth`` how much of the history is already recorded: a
-    note goes only to a message the upstream has not seen yet (else it waits for the
-    next one)."""
-    moved = []
-    for span in spans:
-        if span.rule.action == "date":
-            first = pinned.get(span.key)
-            if first is not None and first != span.value:
-                moved.append(span.value)
-    return told(moved, notes, newest_user=newest_user, depth=depth, message=message)
+def moved(spans: Sequence[Span], pinned: dict[str, str]) -> list[str]:
+    """The values of the date spans that moved on from the pinned one: each a note to
+    tell (:func:`told`)."""
+    return [
+        span.value
+        for span in spans
+        if span.rule.action == "date" and pinned.get(span.key) not in (None, span.value)
+    ]
 
 
 def told(

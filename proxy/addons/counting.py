@@ -96,15 +96,21 @@ class Counting:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            hooks, run = self.hooks, self._run
             while self.pending:
-                pending, self.pending = self.pending, []
-                for flow in pending:
-                    await run(hooks, flow)
+                await self._count()
             waiting, self._waiting = self._waiting, []
             for waiter in waiting:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    async def _count(self) -> None:
+        """Count what is queued now, in order.  Each flow (its parse among what it holds)
+        is freed once counted, not kept until the task wakes again."""
+        pending, self.pending = self.pending, []
+        pending.reverse()
+        hooks, run = self.hooks, self._run
+        while pending:  # each flow freed as soon as it is counted
+            await run(hooks, pending.pop())
 
 
 __all__ = ["DRAIN_S", "Counting"]

@@ -11,12 +11,12 @@ import httpx
 from starlette.datastructures import Headers
 from starlette.testclient import TestClient
 
-from canonicalize import CHAT
+from canonicalize import CHAT, JsonDoc
 from proxy.addons import Runner
 from proxy.addons.counting import DRAIN_S
 from proxy.app import create_app
 from proxy.config import load
-from proxy.flow import Flow, Inbound
+from proxy.flow import Flow, Inbound, Parsed
 from proxy.metrics import Metrics
 
 
@@ -80,6 +80,41 @@ def test_the_counting_runs_within_drain_s_when_nothing_drains_it() -> None:
         await runner.counting.close()
 
     asyncio.run(go())
+
+
+def test_a_counted_flow_is_freed_once_counted() -> None:
+    """The queue keeps a flow (and the parse it holds) until it is counted, not until
+    the task next wakes: a body held past its response is memory the next requests
+    would have reused."""
+    import gc
+    import weakref
+
+    class Body(dict[str, Any]):  # a parse the flow holds (a dict subclass can be weakly referenced)
+        pass
+
+    log: list[tuple[str, int]] = []
+    runner = _runner(log)
+
+    async def go() -> None:
+        flow = _flow(1)
+        body = Body(model="m")
+        flow.decide(Parsed(body, JsonDoc(b"{}")))
+        held = weakref.ref(body)
+        del body
+        await runner.after_last(flow)
+        del flow
+        gc.collect()
+        assert held() is not None  # queued: its counting has not run yet
+        await runner.counting.flushed()
+        await asyncio.sleep(0)
+        assert held() is None, gc.get_referrers(held())
+        await runner.counting.close()
+
+    gc.disable()  # freed by reference counting, as in the server, not by a collection
+    try:
+        asyncio.run(go())
+    finally:
+        gc.enable()
 
 
 def test_metrics_answer_with_every_response_counted() -> None:
