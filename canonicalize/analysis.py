@@ -23,7 +23,7 @@ else from the histories memo.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from canonicalize import chain, pins
@@ -62,6 +62,7 @@ class Prepared:
     continues: str | None = None  # the lineage a previous response belongs to (it continues it)
     tool_list: list[Any] | None = None  # the parsed tools[] ``tools`` identifies (finalize reuses its ref)
     scope: str = ""  # the tenant: the memos finalize uses are its own
+    history: list[Any] = field(default_factory=list)  # the body's own items (``exchange.history(body)``)
 
     @property
     def origin(self) -> Origin:
@@ -107,6 +108,7 @@ def prepare(
     if tool_slots and rules.pin_tools:
         spans += _tool_spans(rules, tool_slots, len(system_slots), originals)
     links, sizes = _chain(memos.histories, exchange, body, history, tip, scope, kept)
+    own = history
     offset = 0
     if tip is not None:
         links, sizes, history, offset = [tip, *links], [0, *sizes], [_TIP, *history], 1
@@ -129,6 +131,7 @@ def prepare(
         previous[0] if previous is not None else None,
         tool_list if tools is not None else None,
         scope,
+        own,
     )
 
 

@@ -501,7 +501,7 @@ def _apply_notes(
     if not recorded:
         return []
     rule = next((s.rule.name for s in prep.spans if s.rule.action == "date"), None)
-    history = prep.exchange.history(prep.body)
+    history = prep.history
     known: dict[int, str | None] = {}
 
     def hashes(index: int) -> str | None:
@@ -537,7 +537,7 @@ def message_hash(prep: Prepared, msg: Any) -> str:
 def _newest_user_hash(prep: Prepared) -> str:
     """The hash of the request's newest user message ("" when it has none)."""
     index = prep.signals.last_user_index
-    history = prep.exchange.history(prep.body)
+    history = prep.history
     j = -1 if index is None else index - prep.offset
     return message_hash(prep, history[j]) if 0 <= j < len(history) else ""
 

@@ -42,9 +42,7 @@ def moved(spans: Sequence[Span], pinned: dict[str, str]) -> list[str]:
     """The values of the date spans that moved on from the pinned one: each a note to
     tell (:func:`told`)."""
     return [
-        span.value
-        for span in spans
-        if span.rule.action == "date" and pinned.get(span.key) not in (None, span.value)
+        span.value for span in spans if span.rule.action == "date" and pinned.get(span.key) not in (None, span.value)
     ]
 
 

@@ -84,7 +84,7 @@ def item_path(prep: Prepared, index: int) -> Path | None:
     """The path of history item ``index`` (a chain index) in the request's body; None
     when it is not an item of the body's array (a previous response's tip, a string
     ``input``)."""
-    history = prep.exchange.history(prep.body)
+    history = prep.history
     j = index - prep.offset
     items = prep.body.get(prep.exchange.items_key)
     if not 0 <= j < len(history) or type(items) is not list:
@@ -95,7 +95,7 @@ def item_path(prep: Prepared, index: int) -> Path | None:
 
 
 def _item(prep: Prepared, index: int) -> Any:
-    history = prep.exchange.history(prep.body)
+    history = prep.history
     j = index - prep.offset
     return history[j] if 0 <= j < len(history) else None
 
@@ -208,7 +208,7 @@ def templates(prep: Prepared) -> list[bytes]:
     """The template links of the value lines of the user messages before the request's
     first reply: dates, times and ids first, at most ``MAX_TEMPLATES``."""
     first = prep.signals.first_assistant
-    history = prep.exchange.history(prep.body)
+    history = prep.history
     end = len(history) if first is None else max(first - prep.offset, 0)
     ranked: list[tuple[bool, bytes]] = []
     texts = (t for item in history[:end] if prep.exchange.is_user(item) for t in _texts(item.get("content")))
@@ -479,7 +479,7 @@ def _put(prep: Prepared, path: Path, raw: bytes, out: Restored) -> None:
 def relinked(prep: Prepared, index: int, recorded: Any) -> list[bytes]:
     """The request's chain with ``recorded`` (the agent's item as the lineage had it) at
     ``index``: what the lineage recorded, when the rest of the history is its."""
-    history = prep.exchange.history(prep.body)
+    history = prep.history
     j = index - prep.offset
     prev = prep.links[index - 1] if index else chain.ROOT
     links, _ = chain.links(prep.exchange, [recorded, *history[j + 1 :]], prev=prev)
