@@ -30,8 +30,21 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         ["-m", "benchmarks.bench_store", "--smoke"],
         ["-m", "benchmarks.bench_agents", "--cost", "--repeat", "1"],
         ["-m", "benchmarks.bench_learning", "--repeat", "1"],
+        ["-m", "benchmarks.bench_instructions", "--smoke"],
     ],
-    ids=["cache", "overhead", "provider", "bigbody", "memory", "inprocess", "http", "store", "agents-cost", "learning"],
+    ids=[
+        "cache",
+        "overhead",
+        "provider",
+        "bigbody",
+        "memory",
+        "inprocess",
+        "http",
+        "store",
+        "agents-cost",
+        "learning",
+        "instructions",
+    ],
 )
 def test_benchmark_smoke_run(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=900)

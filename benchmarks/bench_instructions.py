@@ -1,0 +1,150 @@
+"""Instructions per proxied request: a figure a noisy host does not move.
+
+    python3 -m benchmarks.bench_instructions                        # body and mix, this tree (~3 min)
+    python3 -m benchmarks.bench_instructions --compare-ref f56259b  # and revision REF, side by side
+    python3 -m benchmarks.bench_instructions --smoke                # a few seconds each: proves it works
+    python3 -m benchmarks.bench_instructions --workloads body      # one workload
+    python3 -m benchmarks.bench_instructions --json
+
+Throughput and CPU time on a shared host move by 10-25% between rounds (other
+machines' load, caches); a change of a few percent is lost in that.  The number of
+instructions the process executes per request does not move with the host.  Each
+target is ``prefixpin serve`` (default config) run under valgrind's callgrind (~50x
+slower), in front of ``bench_overhead``'s instant nginx upstream; wrk sends the same
+workloads with the same credentials (``benchmarks.overhead``) at 16 connections:
+first a warm-up, then callgrind's counters are zeroed (``callgrind_control -z``),
+then ``--seconds`` of load, then the counters are dumped (``callgrind_control -d``).
+The figure is the dump's instructions (Ir) over the requests wrk completed.
+
+What it does not see: time spent waiting on memory (cache misses), the kernel's
+work, and the writer thread's share of a batch.  It complements ``bench_overhead``,
+it does not replace it.  Needs ``valgrind`` (Debian package; ./scripts/test
+installs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.overhead import nginx, targets, workloads, wrk
+from benchmarks.overhead.targets import CLIENT_HEADERS
+from tests.infra.procs import Proc, free_port, prefixpin_argv
+
+CONNS = 16
+WARM_S = 10
+SECONDS = 20
+
+
+def measure(
+    name: str,
+    source: Path | None,
+    upstream: str,
+    work: Path,
+    logs: Path,
+    seconds: int,
+    warm: int,
+    only: tuple[str, ...],
+) -> dict[str, Any]:
+    """One target: instructions per request on each workload (its own process per workload)."""
+    out: dict[str, Any] = {}
+    for wl in (workloads.repeated(work), workloads.conversations(work, 64, 8)):
+        if wl.name not in only:
+            continue
+        dump = work / f"callgrind-{name}-{wl.name}.out"
+        port = free_port()
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}", "--dump-instr=no"]
+        argv += [*prefixpin_argv(source), "serve", "--upstream", upstream, "--port", str(port)]
+        proc = Proc(f"{name}-{wl.name}".replace("@", "-"), argv, logs, cwd=source)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            proc.wait_http(base + "/healthz", timeout=300)
+            url = base + "/v1/chat/completions"
+            wrk.run(url, wl.path, conns=CONNS, duration_s=warm, timeout_s=30, headers=CLIENT_HEADERS)
+            _control("-z", proc)
+            load = wrk.run(
+                url, wl.path, conns=CONNS, duration_s=seconds, start=10**6, timeout_s=30, headers=CLIENT_HEADERS
+            )
+            _control("-d", proc)
+            ir = _instructions(dump)
+        finally:
+            proc.stop()
+        if load.errors or not load.requests:
+            raise SystemExit(f"{name} {wl.name}: {load.requests} requests, errors {load.errors}")
+        out[wl.name] = {"requests": load.requests, "instructions_per_request": ir / load.requests}
+    return out
+
+
+def _control(flag: str, proc: Proc) -> None:
+    """``callgrind_control`` on the process (it answers within a second or two)."""
+    done = subprocess.run(["callgrind_control", flag, str(proc.popen.pid)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise SystemExit(f"callgrind_control {flag}: {done.stdout}{done.stderr}")
+
+
+def _instructions(dump: Path) -> int:
+    """The Ir total of the dump ``callgrind_control -d`` wrote (``dump.1``, or the newest part)."""
+    for _ in range(100):
+        parts = sorted(dump.parent.glob(dump.name + ".*"), key=lambda p: p.stat().st_mtime)
+        if parts:
+            for line in parts[-1].read_text(errors="replace").splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+        time.sleep(0.2)
+    raise SystemExit(f"no callgrind dump at {dump}.*")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compare-ref", metavar="REF", help="also measure git revision REF")
+    ap.add_argument("--seconds", type=int, default=SECONDS, help="load measured per workload")
+    ap.add_argument("--workloads", default="body,mix", help="body, mix or both (comma-separated)")
+    ap.add_argument("--smoke", action="store_true", help="a short run, for CI")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("needs valgrind (apt-get install valgrind)")
+    seconds, warm = (2, 2) if args.smoke else (args.seconds, WARM_S)
+    only = tuple(w.strip() for w in args.workloads.split(","))
+    if not only or not set(only) <= {"body", "mix"}:
+        raise SystemExit(f"--workloads: body, mix or both, not {args.workloads!r}")
+    with tempfile.TemporaryDirectory(prefix="prefixpin-instructions-") as tmp:
+        work = Path(tmp)
+        logs = work / "logs"
+        logs.mkdir()
+        up, base = nginx.upstream(work, logs)
+        try:
+            runs = {"prefixpin": measure("prefixpin", None, base, work, logs, seconds, warm, only)}
+            if args.compare_ref:
+                source = targets.checkout(args.compare_ref, work / "ref")
+                runs[f"prefixpin@{args.compare_ref}"] = measure(
+                    f"prefixpin@{args.compare_ref}", source, base, work, logs, seconds, warm, only
+                )
+        finally:
+            up.stop()
+    if args.json:
+        print(json.dumps({"connections": CONNS, "seconds": seconds, "runs": runs}, indent=2))
+        return
+    print(f"Instructions per proxied request (callgrind; wrk, {CONNS} connections, {seconds} s per workload):")
+    print("| target | body | mix |")
+    print("|---|---:|---:|")
+    for name, run in runs.items():
+        cells = [f"{run[w]['instructions_per_request'] / 1e6:.3f} M" if w in run else "-" for w in ("body", "mix")]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    if args.compare_ref:
+        ours, ref = runs["prefixpin"], runs[f"prefixpin@{args.compare_ref}"]
+        for w in only:
+            ratio = ours[w]["instructions_per_request"] / ref[w]["instructions_per_request"]
+            print(f"- {w}: {ratio:.3f}x the instructions of {args.compare_ref}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
