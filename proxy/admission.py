@@ -25,7 +25,7 @@ OWN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class Admission:
-    def __init__(self, app: ASGIApp, *, limit: int, on_reject: Callable[[str], None]) -> None:
+    def __init__(self, app: ASGIApp, *, limit: int, on_reject: Callable[[Scope], None]) -> None:
         self.app = app
         self.limit = limit
         self.on_reject = on_reject
@@ -36,7 +36,7 @@ class Admission:
             await self.app(scope, receive, send)
             return
         if self.inflight >= self.limit:
-            self.on_reject(scope["path"])
+            self.on_reject(scope)
             exc = Overloaded(
                 f"prefixpin is at its limit of {self.limit} requests in flight (limits.max_concurrency); retry shortly"
             )

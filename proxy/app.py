@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from canonicalize import Canonicalizer, Exchange, match
 from proxy import addons, responses
+from proxy.addons import trace
 from proxy.admission import Admission
 from proxy.config import Config
 from proxy.errors import StoreError
@@ -191,9 +192,17 @@ class App:
         await self._live().runner.counting.flushed()  # the counting of the last responses, if it waits
         return Response(generate_latest(self.exposed), media_type=CONTENT_TYPE_LATEST)
 
-    def _rejected(self, path: str) -> None:
-        exchange = match(path)
+    def _rejected(self, scope: Scope) -> None:
+        exchange = match(scope["path"])
         self.metrics.requests.labels(exchange.name if exchange else "passthrough", "rejected", "503").inc()
+        self.refused(scope, 503)
+
+    def refused(self, scope: Scope, status: int) -> None:
+        """A request refused before its body was read (by the front: 413, 431, ...; by
+        admission: 503): recorded with ``trace.path`` when it is on a wire route."""
+        recorder = self.handler.s.recorder if self.handler is not None else None
+        if recorder is not None and match(scope["path"]) is not None:
+            trace.rejected(recorder, scope, status)
 
 
 async def _first_ping(s: Services) -> None:

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from canonicalize import Exchange, render
 from proxy import access, responses
-from proxy.addons import Runner
+from proxy.addons import Runner, trace
 from proxy.answer import Answering, tag
 from proxy.body import read_body
 from proxy.cpu import on_cpu
@@ -68,6 +68,8 @@ class Handler:
             raw = await read_body(scope, receive, self.s.config.limits.max_body_bytes)
         except BodyTooLarge as exc:
             self.s.metrics.requests.labels(exchange.name, "rejected", "413").inc()
+            if self.s.recorder is not None:
+                trace.rejected(self.s.recorder, scope, 413)
             await responses.from_error(exc, exchange)(scope, receive, send)
             return
         except ClientDisconnect:

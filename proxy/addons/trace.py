@@ -1,12 +1,15 @@
 """``trace.path``: each finished request handed to the recorder (proxy.recording) as
 one trace line: what the client sent, what prefixpin decided, what the upstream
-reported.  A counting hook: it runs off the request's path, and all it does
+reported; a request refused before its body was read (:func:`rejected`) leaves a
+line without a body.  A counting hook: it runs off the request's path, and all it does
 there is queue the line (its head encoded, the body referenced: the writer thread
 writes it)."""
 
 from __future__ import annotations
 
 import time
+
+from starlette.types import Scope
 
 from canonicalize import Canonicalized
 from proxy.flow import Flow, Parsed, Skip, Tenant
@@ -41,3 +44,27 @@ class Trace:
                 response=answer.message if answer.status < 400 else None,
             )
         )
+
+
+def rejected(recorder: Recorder, scope: Scope, status: int) -> None:
+    """A request prefixpin refused before reading its body (413: over
+    ``limits.max_body_bytes``; 503: at ``limits.max_concurrency``): its line, with the
+    headers as every line has them and no body (``prefixpin audit`` skips it, saying
+    why)."""
+    recorder.put(
+        Entry(
+            t=time.time(),
+            path=scope["path"],
+            query=scope.get("query_string", b""),
+            headers=scope["headers"],
+            body=b"",
+            parsed=False,
+            tenant=None,
+            lineage=None,
+            role="rejected",
+            status=status,
+            usage=None,
+            completion=0,
+            response=None,
+        )
+    )

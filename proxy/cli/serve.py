@@ -42,6 +42,7 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
         limits=config.limits,
         max_connections=connection_cap(config.limits.max_connections, config.upstream.max_connections),
         secret_params=frozenset(p.lower() for p in config.tenancy.credential_params),
+        on_refused=app.refused,
     )
     if sock is None:
         try:

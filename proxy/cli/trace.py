@@ -18,6 +18,8 @@ Lines ``prefixpin serve --trace`` wrote (:mod:`proxy.recording`) carry ``tenant`
 and ``role``: :attr:`TraceLine.recorded`.  Their ``body`` is the client's bytes,
 kept in :attr:`TraceLine.raw` as the file has them; a body that was not JSON text is
 in ``body_base64`` (``body`` null): it is decoded, and read when it is a JSON object.
+A request serve refused before reading its body (413, 503) has a line with ``role``
+``rejected`` and no body: it is skipped, its reason said.
 """
 
 from __future__ import annotations
@@ -151,6 +153,10 @@ def _body(obj: dict[str, Any], text: str, span: tuple[int, int] | None) -> tuple
         if not isinstance(body, dict):
             raise ValueError("the request body was not a JSON object (kept as body_base64)")
         return body, raw
+    if body is None and obj.get("role") == "rejected":  # recorded by serve: refused before its body was read
+        raise ValueError(
+            f"prefixpin refused this request ({obj.get('status')}) before reading its body: no body recorded"
+        )
     if not isinstance(body, dict):
         raise ValueError('"body" is missing or not an object')
     return body, text[span[0] : span[1]].encode("utf-8", "surrogatepass") if span else None

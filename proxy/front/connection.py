@@ -64,6 +64,9 @@ class Host(Protocol):
 
     def log_access(self, cycle: Cycle) -> None: ...
 
+    def refused(self, scope: dict[str, Any], status: int) -> None:
+        """A request refused here, its head read (the trace records it); never raises."""
+
 
 class _Request:
     """A request as it is parsed."""
@@ -387,6 +390,9 @@ class Connection(asyncio.Protocol):
         req = self.incoming or self.reframing
         path = req.url.partition(b"?")[0] if req is not None and req.url[:1] == b"/" else None
         self.refusal = refusal(path, status, code, message)
+        if req is not None and req.headers_done:
+            scope = {"type": "http", "method": req.method, "path": unquote(req.path.decode("latin-1"))}
+            self.server.refused({**scope, "query_string": req.query, "headers": req.headers}, status)
         self._cancel_timer()
         self.incoming = self.reframing = None
         if self.transport is None:

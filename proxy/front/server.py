@@ -28,7 +28,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from starlette.types import ASGIApp, Message
+from starlette.types import ASGIApp, Message, Scope
 
 from proxy.config import Limits
 from proxy.front.connection import Connection
@@ -69,6 +69,7 @@ class Server:
         limits: Limits,
         max_connections: int,
         secret_params: frozenset[str] = frozenset(),
+        on_refused: Callable[[Scope, int], None] | None = None,
     ) -> None:
         """``limits``: the config's (``limits.*``); what the server answers itself (431,
         413, 408, ...) is rendered by :mod:`proxy.responses`, in the shape of the API
@@ -77,10 +78,20 @@ class Server:
         self.limits = limits
         self.max_connections = max_connections
         self.secret_params = secret_params
+        self.on_refused = on_refused  # a request refused here, its head read: (its scope, the status)
         self.connections: dict[Connection, None] = {}  # oldest first
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
         self._closed: asyncio.Event | None = None  # set once the last connection is gone (stopping)
+
+    def refused(self, scope: Scope, status: int) -> None:
+        """Tell ``on_refused`` (the trace) of a request refused here; never raises."""
+        if self.on_refused is None:
+            return
+        try:
+            self.on_refused(scope, status)
+        except Exception:  # a bug of the recorder's must not touch the connection
+            log.exception("recording a refused request failed")
 
     def protocol(self) -> Connection:
         return Connection(self)

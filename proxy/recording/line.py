@@ -89,7 +89,7 @@ class Encoder:
             "response": e.response,
         }
         body = _embeddable(e.body, e.parsed)
-        if body is None:
+        if body is None and e.body:  # (no body at all: a request refused before it was read)
             head["body_base64"] = _base64(e.body)
         try:
             text = orjson.dumps(head)

@@ -262,3 +262,42 @@ def test_a_full_disk_fails_no_request(
     wait_until(lambda: _metric(base, "prefixpin_fail_open_total", "stage")["trace"] == 5, message="5 lines lost")
     log = proc.log_path.read_text()
     assert log.count("not recorded") == 1 and "No space left on device" in log
+
+
+def test_a_request_refused_before_its_body_is_recorded_without_it(
+    tmp_path: Path, provider: str, serve_traced: Callable[..., tuple[str, Proc]]
+) -> None:
+    """Every request on a wire route leaves a line: one refused with 413 (over
+    ``limits.max_body_bytes``) too, with its headers (no credential) and no body;
+    ``prefixpin audit`` skips it, saying why, and audits the rest under the same
+    numbering."""
+    config = tmp_path / "c.yaml"
+    config.write_text("limits:\n  max_body_bytes: 2000\n")
+    trace = tmp_path / "trace.jsonl"
+    base, _ = serve_traced(provider, trace, config)
+    small = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    big = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
+    auth = {"authorization": "Bearer sk-replay-key", "x-agent": "probe"}
+    with httpx.Client(base_url=base, trust_env=False, timeout=60, headers=auth) as client:
+        assert client.post("/v1/chat/completions?api-key=sk-replay-key&v=1", json=big).status_code == 413
+        assert client.post("/v1/chat/completions", json=small).status_code == 200
+    wait_until(lambda: len(_lines(trace)) == 2, message="two lines recorded")
+    raw = trace.read_bytes()
+    assert not any(s.encode() in raw for s in SECRETS)
+    first, second = (json.loads(line) for line in _lines(trace))
+    assert (first["role"], first["status"], first["body"], first["path"]) == (
+        "rejected",
+        413,
+        None,
+        "/v1/chat/completions?v=1",
+    )
+    assert "body_base64" not in first and first["headers"]["x-agent"] == "probe"
+    assert second["status"] == 200 and second["body"] == small
+
+    out = subprocess.run(
+        [*prefixpin_argv(), "audit", str(trace), "--json", "--no-progress"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trace.jsonl:1: skipped: prefixpin refused this request (413) before reading its body" in out.stderr
+    report = json.loads(out.stdout)
+    assert [r["index"] for r in report["requests"]] == [1]
