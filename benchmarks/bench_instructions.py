@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.overhead import nginx, targets, workloads, wrk
 from benchmarks.overhead.targets import CLIENT_HEADERS
-from tests.infra.procs import Proc, free_port, prefixpin_argv
+from tests.infra.procs import REPO, Proc, free_port, prefixpin_argv
 
 CONNS = 16
 WARM_S = 10
@@ -61,8 +61,10 @@ def measure(
         dump = work / f"callgrind-{name}-{wl.name}.out"
         port = free_port()
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}", "--dump-instr=no"]
-        argv += [*prefixpin_argv(source), "serve", "--upstream", upstream, "--port", str(port)]
-        proc = Proc(f"{name}-{wl.name}".replace("@", "-"), argv, logs, cwd=source)
+        # This checkout's code (or ``source``'s), not the prefixpin on PATH: that may be
+        # another tree's editable install.
+        argv += [*prefixpin_argv(source or REPO), "serve", "--upstream", upstream, "--port", str(port)]
+        proc = Proc(f"{name}-{wl.name}".replace("@", "-"), argv, logs, cwd=source or REPO)
         try:
             base = f"http://127.0.0.1:{port}"
             proc.wait_http(base + "/healthz", timeout=300)
