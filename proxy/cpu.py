@@ -2,7 +2,7 @@
 
 A body of ``OFFLOAD_BYTES`` (1 MiB) and up is parsed, hashed, finalized, spliced
 and cut into blobs on a worker thread, so one huge request never stalls the event
-loop (and /healthz) for the others: :func:`on_cpu` with ``big``.  Anything smaller
+loop (and /healthz) for the others: :func:`off_loop` when ``big``.  Anything smaller
 runs on the loop, where the hop to a thread would cost more than the work.  The
 core's memos are safe to share between threads (canonicalize.memo).
 """
@@ -22,11 +22,11 @@ def is_big(size: int) -> bool:
     return size >= OFFLOAD_BYTES
 
 
-async def on_cpu(big: bool, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``: on a worker thread for a big body, else here on the loop."""
-    if big:
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a worker thread: the work of a big body.  A small one's runs
+    inline, ``fn(*args) if not big else await off_loop(fn, *args)`` (not through a
+    coroutine: one per step of every request would cost more than the branch)."""
+    return await asyncio.to_thread(fn, *args)
 
 
-__all__ = ["OFFLOAD_BYTES", "is_big", "on_cpu"]
+__all__ = ["OFFLOAD_BYTES", "is_big", "off_loop"]

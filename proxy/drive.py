@@ -40,7 +40,7 @@ from canonicalize.needs import (
     Together,
 )
 from canonicalize.turn import again, turn
-from proxy.cpu import on_cpu
+from proxy.cpu import off_loop
 from proxy.errors import StoreError
 from proxy.learned import Suggestions
 from proxy.metrics import Metrics
@@ -77,10 +77,10 @@ class Driver:
         a JSON object.  ``remember`` False: nothing of it is kept for its
         conversation's next request; ``big``: its steps run on a worker thread."""
         machine = self.canon.start(Request(raw, exchange, tenant, headers, self.new_id(), remember))
-        need = await on_cpu(big, machine.send)
+        need = machine.send() if not big else await off_loop(machine.send)
         while need is not None:
             answer = await self._answer(need, tenant)
-            need = await on_cpu(big, machine.send, answer)
+            need = machine.send(answer) if not big else await off_loop(machine.send, answer)
         done = machine.result
         if done is not None:
             if done.learned is not None:
@@ -135,7 +135,11 @@ class Driver:
         (``fail_open{stage="record"}``)."""
         store, guard = self.store, self.guard
         try:
-            written = await on_cpu(big, turn, done, forwarded, reply, record)
+            written = (
+                turn(done, forwarded, reply, record)
+                if not big
+                else await off_loop(turn, done, forwarded, reply, record)
+            )
             wide = TenantWide(written.marks, record.first, written.shared_blobs)
             missing = await guard.call(
                 lambda: store.record(
@@ -150,7 +154,7 @@ class Driver:
                 )
             )
             if missing:  # touched blobs the store lost: written again now, for the next fork
-                blobs = await on_cpu(big, again, done, forwarded, missing)
+                blobs = again(done, forwarded, missing) if not big else await off_loop(again, done, forwarded, missing)
                 if blobs:
                     await guard.call(lambda: store.record(tenant, record, (), blobs, ()))
         except StoreError as exc:

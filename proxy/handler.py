@@ -27,7 +27,7 @@ from proxy import access, responses
 from proxy.addons import Runner, trace
 from proxy.answer import Answering, tag
 from proxy.body import read_body
-from proxy.cpu import on_cpu
+from proxy.cpu import off_loop
 from proxy.errors import BodyTooLarge, PrefixpinError, UpstreamError
 from proxy.flow import Flow, Guarded, Inbound, Parsed, Placement, Skip, UsageAsked
 from proxy.services import Services
@@ -84,7 +84,8 @@ class Handler:
         path = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
         flow = Flow(Inbound(exchange, path, scope["query_string"], Headers(scope=scope), raw, started))
         await self.runner.request(flow)
-        flow.outbound.body = await on_cpu(flow.inbound.big, splice, flow, self.runner)
+        big = flow.inbound.big
+        flow.outbound.body = splice(flow, self.runner) if not big else await off_loop(splice, flow, self.runner)
         if flow.get(Skip) is None:
             guard = flow.get(Guarded)
             asked = flow.get(UsageAsked) is not None

@@ -37,7 +37,7 @@ from canonicalize import (
     render,
 )
 from proxy.config import Config
-from proxy.cpu import on_cpu
+from proxy.cpu import off_loop
 from proxy.drive import Driver
 from proxy.flow import Inbound
 from proxy.metrics import Metrics
@@ -149,7 +149,13 @@ class Offline:
             done = await self.driver.canonicalize(raw, exchange, tenant, head, remember=remember, big=big)
             if done is None:
                 return Replayed(raw, raw, "bypass")
-            out = await on_cpu(big, render, done.doc, done.ops) if done.ops else raw
+            out = (
+                raw
+                if not done.ops
+                else render(done.doc, done.ops)
+                if not big
+                else await off_loop(render, done.doc, done.ops)
+            )
         except Exception:
             log.exception("canonicalize failed; the request is replayed as the client sent it")
             self.s.metrics.fail_open.labels("canonicalize").inc()

@@ -11,7 +11,8 @@ checks that every addon comes after one that provides each of its needs, so a
 tuple in a wrong order is refused when the app is built.  An addon implements
 one or both hooks (:mod:`proxy.addons.runner`):
 
-- ``request(flow)``: before the upstream, decides what goes out;
+- ``request(flow)``: before the upstream, decides what goes out (it returns None,
+  or what the runner awaits when it waits on I/O: the core's store calls);
 - ``done(flow)``: once the response is over, counts or records (it returns None,
   or what the runner awaits: a record's write); ``when`` says at which moment:
   ``before_last_byte`` (awaited before the client's last bytes go out),

@@ -24,6 +24,7 @@ no route, no slot and none of these headers.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable
 
 from canonicalize import AddMember, Canonicalized
 from proxy.config import Affinity as AffinityConfig
@@ -78,11 +79,22 @@ class Affinity:
         self._fixed = SlotPlan("all", n, "configured") if n != "auto" and n > 0 else SlotPlan("none", 0, "off")
         self.table: SlotTable | None = None
 
-    async def request(self, flow: Flow) -> None:
+    def request(self, flow: Flow) -> Awaitable[None] | None:
+        watch = self.watch
+        if watch is not None and not watch.settled.is_set():
+            return self._settled(flow)  # at start only: the first read (and probe) of the servers
+        self._place(flow)
+        return None
+
+    async def _settled(self, flow: Flow) -> None:
+        assert self.watch is not None
+        await self.watch.settle()
+        self._place(flow)
+
+    def _place(self, flow: Flow) -> None:
         watch = self.watch
         last = None
         if watch is not None:
-            await watch.settle()  # at start only: the first read (and probe) of the servers
             last, watch.last_sent = watch.last_sent, None
         outcome = flow.outcome
         if outcome is None or flow.failed:

@@ -10,6 +10,6 @@ class Bypass:
     needs: tuple[type, ...] = ()
     provides = (Skip,)
 
-    async def request(self, flow: Flow) -> None:
+    def request(self, flow: Flow) -> None:
         if flow.inbound.bypassed:
             flow.decide(SKIP)

@@ -12,7 +12,7 @@ class ForkGuard:
     needs = (Canonicalized,)
     provides = (Guarded,)
 
-    async def request(self, flow: Flow) -> None:
+    def request(self, flow: Flow) -> None:
         outcome = flow.outcome
         if outcome is not None and outcome.offered is not None and not flow.failed:
             flow.decide(Guarded(outcome.offered))

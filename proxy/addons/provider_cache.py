@@ -98,7 +98,7 @@ class ProviderCache:
                 st.anthropic_ttl,
             )
 
-    async def request(self, flow: Flow) -> None:
+    def request(self, flow: Flow) -> None:
         done = flow.done
         if done is None or flow.failed:
             return

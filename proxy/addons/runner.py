@@ -36,7 +36,9 @@ class RequestHook(Protocol):
     def provides(self) -> tuple[type, ...]:
         """The decisions it makes."""
 
-    async def request(self, flow: Flow) -> None: ...
+    def request(self, flow: Flow) -> Awaitable[None] | None:
+        """Its decisions made, or what to await for them (only a hook that waits on I/O
+        returns one: a coroutine per hook per request is not free)."""
 
 
 @runtime_checkable
@@ -80,7 +82,9 @@ class Runner:
     async def request(self, flow: Flow) -> None:
         for addon in self._request:
             try:
-                await addon.request(flow)
+                pending = addon.request(flow)
+                if pending is not None:
+                    await pending
             except Exception:
                 self.failed(flow, addon.name)
 

@@ -12,7 +12,7 @@ class StreamUsage:
     needs = (Canonicalized,)
     provides = (UsageAsked, Edits)
 
-    async def request(self, flow: Flow) -> None:
+    def request(self, flow: Flow) -> None:
         done = flow.done
         if done is None or flow.failed:
             return

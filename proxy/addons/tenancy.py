@@ -16,7 +16,7 @@ class Tenancy:
     def __init__(self, config: TenancyConfig) -> None:
         self.policy = config
 
-    async def request(self, flow: Flow) -> None:
+    def request(self, flow: Flow) -> None:
         if flow.get(Skip) is None:
             inbound = flow.inbound
             flow.decide(Tenant(tenant_of(inbound.headers.raw, inbound.query, self.policy)))
