@@ -296,7 +296,7 @@ def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: lis
         return True
     if start >= end:
         return False
-    new = orjson.loads(b"[" + raw[start:end] + b"]")
+    new = orjson.loads(b"".join((b"[", memoryview(raw)[start:end], b"]")))  # the gap copied once
     if len(new) == 1:  # one item: the gap is its span
         spans.append((start, end))
         items += new

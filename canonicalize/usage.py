@@ -163,10 +163,12 @@ def parse_usage(obj: Any) -> Usage | None:
 class UsageAccumulator:
     """Feed every parsed stream event; ``result`` is the usage, counted once."""
 
-    __slots__ = ("_fields", "diagnostics", "message_id")
+    __slots__ = ("_fields", "_resolved", "_result", "diagnostics", "message_id")
 
     def __init__(self) -> None:
         self._fields: dict[str, int] = {}
+        self._result: Usage | None = None
+        self._resolved = False  # _result is the fields' as fed so far
         self.diagnostics: Any = None  # the provider's cache diagnostics, when it sent any
         # The response's id: an Anthropic message's (its body, or message_start), a
         # Responses response's (its body, or the response of its created / completed events).
@@ -177,6 +179,7 @@ class UsageAccumulator:
             found = _fields(obj)
             if found:
                 self._fields.update(found)
+                self._resolved = False
             diag = diagnostics(obj)
             if diag is not None:
                 self.diagnostics = diag
@@ -194,7 +197,11 @@ class UsageAccumulator:
 
     @property
     def result(self) -> Usage | None:
-        return _resolve(self._fields)
+        """Resolved once per event that brought counts (the done hooks, the trace and
+        the access log each read it)."""
+        if not self._resolved:
+            self._result, self._resolved = _resolve(self._fields), True
+        return self._result
 
     @property
     def completion(self) -> int:

@@ -53,6 +53,7 @@ class Host(Protocol):
 
     limits: Limits
     stopping: bool
+    read_buffer: memoryview  # where every connection's bytes are read into (one at a time: one event loop)
 
     def admit(self, conn: Connection) -> bool:
         """Take ``conn`` in (False: refused, at the cap)."""
@@ -105,9 +106,11 @@ class _Request:
         self.continue_ = False
 
 
-class Connection(asyncio.Protocol):
-    """See the module docstring.  ``server`` holds the app, the limits and the
-    connections (for the cap on their number)."""
+class Connection(asyncio.BufferedProtocol):
+    """See the module docstring.  ``server`` holds the app, the limits, the connections
+    (for the cap on their number) and the buffer the loop reads into: the bytes read
+    are parsed at once (httptools copies out what it keeps), so the loop does not
+    make a ``bytes`` of each read (a request body's worth of copying per request)."""
 
     def __init__(self, server: Host) -> None:
         self.server = server
@@ -162,7 +165,13 @@ class Connection(asyncio.Protocol):
             self._drained = self.loop.create_future()
         await self._drained
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self.server.read_buffer[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self.refusal is not None:
             return  # nothing more is read from a connection that is being refused
         before = self.incoming
@@ -187,7 +196,7 @@ class Connection(asyncio.Protocol):
         self._next()
         self._rearm()
 
-    def _upgrade(self, rest: bytes) -> bool:
+    def _upgrade(self, rest: bytes | memoryview) -> bool:
         """llhttp stops at a request that asks to switch protocols (``Upgrade``); we
         never switch.  Parsing goes on with a new parser: the request's body, if it
         declared one, framed by a synthetic head, then the requests behind it.

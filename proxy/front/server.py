@@ -42,6 +42,7 @@ access_log = logging.getLogger("prefixpin.access")
 # (proxy.access: role, lineage, tokens, cause)
 ACCESS_NOTE = "prefixpin.access"
 BACKLOG = 2048
+READ_BUFFER = 256 << 10  # what one read takes at most (uvloop reads 256 KiB at a time too)
 RESERVED_FDS = 64  # files, the store, logs: what the process needs besides connections
 
 
@@ -80,6 +81,7 @@ class Server:
         self.secret_params = secret_params
         self.on_refused = on_refused  # a request refused here, its head read: (its scope, the status)
         self.connections: dict[Connection, None] = {}  # oldest first
+        self.read_buffer = memoryview(bytearray(READ_BUFFER))
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
         self._closed: asyncio.Event | None = None  # set once the last connection is gone (stopping)

@@ -119,6 +119,18 @@ def test_later_values_replace_earlier_ones() -> None:
     assert acc.result == Usage(prompt=12, cached=8)
 
 
+def test_a_result_read_between_events_follows_the_later_ones() -> None:
+    # ``result`` is resolved once per event that brought counts: read, fed, read again.
+    acc = UsageAccumulator()
+    assert acc.result is None
+    acc.feed({"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}}})
+    assert acc.result == Usage(prompt=10, cached=0)
+    acc.feed({"choices": []})  # no counts: the same result
+    assert acc.result == Usage(prompt=10, cached=0)
+    acc.feed({"usage": {"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 8}}})
+    assert acc.result == Usage(prompt=12, cached=8)
+
+
 def test_responses_api_without_cached_details() -> None:
     assert parse_usage({"object": "response", "usage": {"input_tokens": 40, "output_tokens": 2}}) == Usage(40, 0)
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.front import Limits
+from proxy.front.server import READ_BUFFER
 from tests.infra.front import buffered_responses, closed, read_response, serving
 from tests.infra.wait import wait_until
 
@@ -100,6 +101,22 @@ def test_a_body_sent_in_pieces_is_served_once_whole(app: Echo, port: int) -> Non
             time.sleep(0.01)  # a slow client on purpose: each piece arrives on its own
         read_response(sock, bytearray())
     assert [b for _, b in app.seen] == [b"0123456789" * 1000]
+
+
+def test_bodies_past_the_read_buffer_on_two_connections_at_once_arrive_whole(app: Echo, port: int) -> None:
+    # Every connection is read into the server's one read buffer: bodies longer than
+    # it, sent in interleaved pieces on two connections, each arrive whole and unmixed.
+    bodies = [bytes([65 + n]) * (READ_BUFFER + 50_000 * (n + 1)) for n in range(2)]
+    raws = [_post(b) for b in bodies]
+    with _connect(port) as one, _connect(port) as two:
+        socks = (one, two)
+        for i in range(0, max(map(len, raws)), 64_000):
+            for sock, raw in zip(socks, raws, strict=True):
+                if i < len(raw):
+                    sock.sendall(raw[i : i + 64_000])
+        replies = [read_response(sock, bytearray())[1] for sock in socks]
+    assert replies == [b"POST /v1/chat/completions %d " % len(b) + b[:16] for b in bodies]
+    assert sorted(b for _, b in app.seen) == bodies
 
 
 def test_pipelined_requests_are_answered_in_order_even_to_a_slow_reader(app: Echo, port: int) -> None:
