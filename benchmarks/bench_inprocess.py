@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_inprocess                  # CPU µs per request, body and mix
     python -m benchmarks.bench_inprocess --profile mix    # and where the mix's time goes (cProfile)
+    python -m benchmarks.bench_inprocess --evict 0,2,8,32 # the same with N MiB of other memory written between requests
 
 Sends the same requests as ``bench_overhead`` (``overhead/workloads.py``, in wrk's
 order) through the core as the proxy drives it, the splice and the record
@@ -11,6 +12,13 @@ store up; the rest is timed by this thread's CPU time, so other jobs on a shared
 machine do not count.  What is left between this and ``bench_overhead``'s CPU
 per request is the HTTP shell, the addons, the sockets and the cold caches of a
 live server.
+
+``--evict`` measures that last part: between two requests (untimed) it writes N MiB of
+other memory, as a live server's other work does (its sockets' buffers, the other
+connections' requests), and hands the request its body freshly copied, as a socket
+read does; each request is then timed alone.  The CPU it takes on top of ``0`` is
+time spent waiting on memory the request needs (the core's code and its kept objects)
+that the other work pushed out of the caches.
 """
 
 from __future__ import annotations
@@ -41,8 +49,11 @@ def loads(work: Path, conversations: int, turns: int) -> dict[str, workloads.Wor
     }
 
 
-async def run(w: workloads.Workload, count: int, profile: cProfile.Profile | None = None) -> tuple[float, Counter[str]]:
-    """(CPU µs per timed request, their roles): ``count`` requests, the first quarter untimed."""
+async def run(
+    w: workloads.Workload, count: int, profile: cProfile.Profile | None = None, evict: int | None = None
+) -> tuple[float, Counter[str]]:
+    """(CPU µs per timed request, their roles): ``count`` requests, the first quarter
+    untimed; ``evict``: bytes written between requests (module docstring)."""
     offline = Offline(load(None, env={}))
     headers = {k.lower(): v for k, v in CLIENT_HEADERS.items()}
     bodies = [w.render(n).encode() for n in range(count)]
@@ -50,6 +61,8 @@ async def run(w: workloads.Workload, count: int, profile: cProfile.Profile | Non
     for raw in bodies[:warm]:
         await offline.send(raw, headers=headers, reply=REPLY)
     roles: Counter[str] = Counter()
+    if evict is not None:
+        return await _evicting(offline, headers, bodies[warm:], evict), roles
     if profile is not None:
         profile.enable()
     t0 = time.thread_time()
@@ -62,13 +75,29 @@ async def run(w: workloads.Workload, count: int, profile: cProfile.Profile | Non
     return 1e6 * spent / (count - warm), roles
 
 
+async def _evicting(offline: Offline, headers: dict[str, str], bodies: list[bytes], evict: int) -> float:
+    """CPU µs per request of ``bodies``, ``evict`` bytes written before each (untimed)."""
+    source, scratch = bytes(evict), bytearray(evict)
+    spent = 0.0
+    for raw in bodies:
+        scratch[:] = source  # other work's memory through the caches
+        fresh = bytes(bytearray(raw))  # the body as a socket read leaves it: just written
+        t0 = time.thread_time()
+        await offline.send(fresh, headers=headers, reply=REPLY)
+        spent += time.thread_time() - t0
+    return 1e6 * spent / len(bodies)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_inprocess", description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=2048, help="requests per workload (a quarter of them warm-up)")
     ap.add_argument("--conversations", type=int, default=64, help="mix: conversations in flight")
     ap.add_argument("--turns", type=int, default=8, help="mix: turns per conversation")
     ap.add_argument("--profile", choices=("body", "mix"), help="also profile this workload (cProfile, CPU time)")
+    ap.add_argument("--evict", metavar="MIB,...", help="instead: MiB written between requests, one column each")
     args = ap.parse_args(argv)
+    if args.evict:
+        return _evict_table(args)
     with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
         named = loads(Path(tmp), args.conversations, args.turns)
         print("| workload | CPU µs per request | roles |")
@@ -81,6 +110,19 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run(named[args.profile], args.requests, profile))
             print(f"\n{args.profile}, by cumulative CPU time (cProfile roughly doubles it):\n", file=sys.stdout)
             pstats.Stats(profile, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
+    return 0
+
+
+def _evict_table(args: argparse.Namespace) -> int:
+    """``--evict``: CPU µs per request of each workload, one column per amount."""
+    sizes = [float(x) for x in args.evict.split(",")]
+    with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
+        named = loads(Path(tmp), args.conversations, args.turns)
+        print("| workload | " + " | ".join(f"{mib:g} MiB written between requests" for mib in sizes) + " |")
+        print("|---|" + "---:|" * len(sizes))
+        for name, w in named.items():
+            cells = [asyncio.run(run(w, args.requests, evict=int(mib * (1 << 20))))[0] for mib in sizes]
+            print(f"| {name} | " + " | ".join(f"{us:,.0f}" for us in cells) + " |")
     return 0
 
 

@@ -4,6 +4,7 @@
     python3 -m benchmarks.bench_mypyc --smoke    # a few requests, one round: proves it works
     python3 -m benchmarks.bench_mypyc --json     # the same as JSON
     python3 -m benchmarks.bench_mypyc --tests    # also the memo/no-memo tests against the compiled copy
+    python3 -m benchmarks.bench_mypyc --evict 8  # with 8 MiB written between requests: cold caches
 
 The core is compiled in a copy (:mod:`benchmarks.mypyc_build`: every module that
 compiles and imports, the rest left pure; cached under ``~/.cache/prefixpin/mypyc``,
@@ -15,6 +16,9 @@ copy, each checking where every module of the core came from; both send
 Only the core differs between the two: ``proxy/`` and the libraries are the same
 Python in both.  The table gives the median µs per request over the rounds and the
 ratio pure / compiled; a ratio above 1 means the compiled core is faster.
+``--evict N`` writes N MiB of other memory between requests, as
+``bench_inprocess --evict`` does: the cost of a request whose code and kept objects
+other work pushed out of the caches, as a live server's requests find them.
 """
 
 from __future__ import annotations
@@ -60,13 +64,14 @@ def core_modules(root: Path) -> list[str]:
     return compiled
 
 
-def child(root: Path, requests: int, conversations: int, turns: int) -> int:
-    """One subprocess's run (``--child``): the workloads through the core found in ``root``."""
+def child(root: Path, requests: int, conversations: int, turns: int, evict: float = 0) -> int:
+    """One subprocess's run (``--child``): the workloads through the core found in ``root``
+    (``evict``: MiB written between requests)."""
     compiled = core_modules(root)
     out: dict[str, Any] = {"compiled": compiled, "canonicalize": sys.modules["canonicalize"].__file__, "workloads": {}}
     with tempfile.TemporaryDirectory(prefix="prefixpin-mypyc-") as tmp:
         for name, w in bench_inprocess.loads(Path(tmp), conversations, turns).items():
-            us, roles = asyncio.run(bench_inprocess.run(w, requests))
+            us, roles = asyncio.run(bench_inprocess.run(w, requests, evict=int(evict * (1 << 20)) if evict else None))
             out["workloads"][name] = {"us": us, "roles": dict(roles)}
     print(json.dumps(out))
     return 0
@@ -110,6 +115,7 @@ def measure(roots: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
     """``args.repeat`` rounds of both variants, alternating which goes first; every child's output."""
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     sizes = ["--requests", str(args.requests), "--conversations", str(args.conversations), "--turns", str(args.turns)]
+    sizes += ["--evict", str(args.evict)]
     for r in range(args.repeat):
         for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
             done = spawn(roots[variant], ["--child", str(roots[variant]), *sizes])
@@ -161,7 +167,8 @@ def report(out: dict[str, Any]) -> None:
     b = out["build"]
     compile_note = "cached" if b["cached"] else f"compiled in {b['compile_s']:.0f} s, {b['rounds']} rounds"
     print(f"mypyc {b['mypy']}: {len(b['compiled'])} of {len(b['compiled']) + len(b['excluded'])} modules ", end="")
-    print(f"compiled ({compile_note}); commit {out['commit']}, {out['cpus']} CPUs, load {out['loadavg']}\n")
+    print(f"compiled ({compile_note}); commit {out['commit']}, {out['cpus']} CPUs, load {out['loadavg']}", end="")
+    print(f"; {out['evict_mib']:g} MiB written between requests\n" if out["evict_mib"] else "\n")
     print("| workload | pure µs/request | compiled µs/request | pure / compiled | same roles |")
     print("|---|---:|---:|---:|---|")
     for name, row in out["workloads"].items():
@@ -186,6 +193,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="64 requests, 8 conversations of 3 turns, one round")
     ap.add_argument("--tests", action="store_true", help="also run the memo/no-memo tests against the compiled core")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--evict", type=float, default=0, metavar="MIB", help="MiB written between requests (cold caches)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--child-tests", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -197,12 +205,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.child:
-        return child(args.child, args.requests, args.conversations, args.turns)
+        return child(args.child, args.requests, args.conversations, args.turns, args.evict)
     if args.child_tests:
         return child_tests(args.child_tests)
     build, cached = mypyc_build.compiled_core(serves, log=True)
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "cpus": os.cpu_count()}
     out["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    out["evict_mib"] = args.evict
     out["build"] = {**{k: v for k, v in vars(build).items() if k != "path"}, "path": str(build.path), "cached": cached}
     with tempfile.TemporaryDirectory(prefix="prefixpin-mypyc-pure-") as tmp:
         shutil.copytree(mypyc_build.SOURCE, Path(tmp) / "canonicalize", ignore=shutil.ignore_patterns("__pycache__"))
