@@ -39,6 +39,7 @@ from proxy.config import load
 from proxy.offline import Offline
 
 REPLY = {"role": "assistant", "content": mix.REPLY}
+MAX_EVICT_MIB = 4096  # --evict holds twice this much memory while it runs
 
 
 def loads(work: Path, conversations: int, turns: int) -> dict[str, workloads.Workload]:
@@ -50,10 +51,10 @@ def loads(work: Path, conversations: int, turns: int) -> dict[str, workloads.Wor
 
 
 async def run(
-    w: workloads.Workload, count: int, profile: cProfile.Profile | None = None, evict: int | None = None
+    w: workloads.Workload, count: int, profile: cProfile.Profile | None = None, evict_mib: float | None = None
 ) -> tuple[float, Counter[str]]:
     """(CPU µs per timed request, their roles): ``count`` requests, the first quarter
-    untimed; ``evict``: bytes written between requests (module docstring)."""
+    untimed; ``evict_mib``: MiB written between requests (module docstring)."""
     offline = Offline(load(None, env={}))
     headers = {k.lower(): v for k, v in CLIENT_HEADERS.items()}
     bodies = [w.render(n).encode() for n in range(count)]
@@ -61,8 +62,8 @@ async def run(
     for raw in bodies[:warm]:
         await offline.send(raw, headers=headers, reply=REPLY)
     roles: Counter[str] = Counter()
-    if evict is not None:
-        return await _evicting(offline, headers, bodies[warm:], evict), roles
+    if evict_mib is not None:
+        return await _evicting(offline, headers, bodies[warm:], int(evict_mib * (1 << 20))), roles
     if profile is not None:
         profile.enable()
     t0 = time.thread_time()
@@ -94,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conversations", type=int, default=64, help="mix: conversations in flight")
     ap.add_argument("--turns", type=int, default=8, help="mix: turns per conversation")
     ap.add_argument("--profile", choices=("body", "mix"), help="also profile this workload (cProfile, CPU time)")
-    ap.add_argument("--evict", metavar="MIB,...", help="instead: MiB written between requests, one column each")
+    ap.add_argument(
+        "--evict", metavar="MIB,...", type=mib_list, help="instead: MiB written between requests, one column each"
+    )
     args = ap.parse_args(argv)
     if args.evict:
         return _evict_table(args)
@@ -113,15 +116,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def mib_list(text: str) -> list[float]:
+    """``--evict``'s value: comma-separated MiB, each from 0 to 4096 (argparse names a bad one)."""
+    try:
+        sizes = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of MiB") from None
+    if any(not 0 <= mib <= MAX_EVICT_MIB for mib in sizes):
+        raise argparse.ArgumentTypeError(f"each amount must be from 0 to {MAX_EVICT_MIB} MiB, got {text!r}")
+    return sizes
+
+
 def _evict_table(args: argparse.Namespace) -> int:
     """``--evict``: CPU µs per request of each workload, one column per amount."""
-    sizes = [float(x) for x in args.evict.split(",")]
+    sizes: list[float] = args.evict
     with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
         named = loads(Path(tmp), args.conversations, args.turns)
         print("| workload | " + " | ".join(f"{mib:g} MiB written between requests" for mib in sizes) + " |")
         print("|---|" + "---:|" * len(sizes))
         for name, w in named.items():
-            cells = [asyncio.run(run(w, args.requests, evict=int(mib * (1 << 20))))[0] for mib in sizes]
+            cells = [asyncio.run(run(w, args.requests, evict_mib=mib))[0] for mib in sizes]
             print(f"| {name} | " + " | ".join(f"{us:,.0f}" for us in cells) + " |")
     return 0
 

@@ -71,7 +71,7 @@ def child(root: Path, requests: int, conversations: int, turns: int, evict: floa
     out: dict[str, Any] = {"compiled": compiled, "canonicalize": sys.modules["canonicalize"].__file__, "workloads": {}}
     with tempfile.TemporaryDirectory(prefix="prefixpin-mypyc-") as tmp:
         for name, w in bench_inprocess.loads(Path(tmp), conversations, turns).items():
-            us, roles = asyncio.run(bench_inprocess.run(w, requests, evict=int(evict * (1 << 20)) if evict else None))
+            us, roles = asyncio.run(bench_inprocess.run(w, requests, evict_mib=evict or None))
             out["workloads"][name] = {"us": us, "roles": dict(roles)}
     print(json.dumps(out))
     return 0
@@ -184,6 +184,14 @@ def report(out: dict[str, Any]) -> None:
         print(f"\nMemo/no-memo tests against the compiled core ({', '.join(t['tests'])}): {t['summary']}")
 
 
+def _one_mib(text: str) -> float:
+    """``--evict``'s value: one amount, as ``bench_inprocess --evict`` takes them."""
+    sizes = bench_inprocess.mib_list(text)
+    if len(sizes) != 1:
+        raise argparse.ArgumentTypeError(f"one amount of MiB, got {text!r}")
+    return sizes[0]
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_mypyc", description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=2048, help="requests per workload (a quarter of them warm-up)")
@@ -193,7 +201,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="64 requests, 8 conversations of 3 turns, one round")
     ap.add_argument("--tests", action="store_true", help="also run the memo/no-memo tests against the compiled core")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    ap.add_argument("--evict", type=float, default=0, metavar="MIB", help="MiB written between requests (cold caches)")
+    ap.add_argument("--evict", type=_one_mib, default=0, metavar="MIB", help="MiB written between requests")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--child-tests", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
