@@ -3,6 +3,7 @@
     python -m benchmarks.bench_inprocess                  # CPU µs per request, body and mix
     python -m benchmarks.bench_inprocess --profile mix    # and where the mix's time goes (cProfile)
     python -m benchmarks.bench_inprocess --evict 0,2,8,32 # the same with N MiB of other memory written between requests
+    python -m benchmarks.bench_inprocess --stages         # and how much of it each step of the request takes
 
 Sends the same requests as ``bench_overhead`` (``overhead/workloads.py``, in wrk's
 order) through the core as the proxy drives it, the splice and the record
@@ -19,27 +20,63 @@ connections' requests), and hands the request its body freshly copied, as a sock
 read does; each request is then timed alone.  The CPU it takes on top of ``0`` is
 time spent waiting on memory the request needs (the core's code and its kept objects)
 that the other work pushed out of the caches.
+
+``--stages`` splits the same CPU time by the request's steps and roles
+(:data:`STAGES`): the body parsed by pieces, the analysis (and the part of it that
+reads a changed system text again), the store's lookup and record, the decision's
+finalizing, the edits spliced, the record's turn built; the rest is the machine's
+other steps (classification, the needs answered) and the request's set-up.  Each
+step is timed by this thread's CPU time around its call: two reads of that clock per
+step, each a system call, so a request's "all" is ~10-15 µs above the untimed run's.
+
+The cyclic garbage collector is tuned as ``prefixpin serve`` tunes it
+(:func:`proxy.cli.serve.tune_gc`), so its collections weigh as they do live.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
+import functools
+import inspect
 import pstats
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import canonicalize.analysis
+import canonicalize.finalize
+import proxy.drive
+import proxy.offline
 from benchmarks.overhead import mix, workloads
 from benchmarks.overhead.targets import CLIENT_HEADERS
+from canonicalize.bodies import Bodies
+from proxy.cli.serve import tune_gc
 from proxy.config import load
 from proxy.offline import Offline
+from proxy.store.memory import MemoryStore
 
 REPLY = {"role": "assistant", "content": mix.REPLY}
 MAX_EVICT_MIB = 4096  # --evict holds twice this much memory while it runs
+
+# --stages: (label, owner, attribute) of each step timed; an async one is timed across its
+# await.  A label starting with "  of which" is part of the step above it (not in "the rest").
+STAGES = (
+    ("parse", Bodies, "parse"),
+    ("analysis", canonicalize.analysis, "prepare"),
+    ("  of which a changed system text read again", canonicalize.analysis, "rescan"),
+    ("store lookup", MemoryStore, "lookup"),
+    ("finalize", canonicalize.finalize, "finalize"),
+    ("splice", proxy.offline, "render"),
+    ("turn", proxy.drive, "turn"),
+    ("store record", MemoryStore, "record"),
+)
 
 
 def loads(work: Path, conversations: int, turns: int) -> dict[str, workloads.Workload]:
@@ -51,10 +88,16 @@ def loads(work: Path, conversations: int, turns: int) -> dict[str, workloads.Wor
 
 
 async def run(
-    w: workloads.Workload, count: int, profile: cProfile.Profile | None = None, evict_mib: float | None = None
+    w: workloads.Workload,
+    count: int,
+    profile: cProfile.Profile | None = None,
+    evict_mib: float | None = None,
+    each: Callable[[str | None], None] | None = None,
 ) -> tuple[float, Counter[str]]:
     """(CPU µs per timed request, their roles): ``count`` requests, the first quarter
-    untimed; ``evict_mib``: MiB written between requests (module docstring)."""
+    untimed; ``evict_mib``: MiB written between requests (module docstring);
+    ``each``: called once the untimed ones are done (None), then after each timed
+    one (its role)."""
     offline = Offline(load(None, env={}))
     headers = {k.lower(): v for k, v in CLIENT_HEADERS.items()}
     bodies = [w.render(n).encode() for n in range(count)]
@@ -62,6 +105,8 @@ async def run(
     for raw in bodies[:warm]:
         await offline.send(raw, headers=headers, reply=REPLY)
     roles: Counter[str] = Counter()
+    if each is not None:
+        each(None)
     if evict_mib is not None:
         return await _evicting(offline, headers, bodies[warm:], int(evict_mib * (1 << 20))), roles
     if profile is not None:
@@ -70,6 +115,8 @@ async def run(
     for raw in bodies[warm:]:
         flow = await offline.send(raw, headers=headers, reply=REPLY)
         roles[flow.role] += 1
+        if each is not None:
+            each(flow.role)
     spent = time.thread_time() - t0
     if profile is not None:
         profile.disable()
@@ -98,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--evict", metavar="MIB,...", type=mib_list, help="instead: MiB written between requests, one column each"
     )
+    ap.add_argument("--stages", action="store_true", help="instead: CPU µs per request in each step of it")
     args = ap.parse_args(argv)
+    tune_gc()
     if args.evict:
         return _evict_table(args)
+    if args.stages:
+        return _stages_table(args)
     with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
         named = loads(Path(tmp), args.conversations, args.turns)
         print("| workload | CPU µs per request | roles |")
@@ -125,6 +176,78 @@ def mib_list(text: str) -> list[float]:
     if any(not 0 <= mib <= MAX_EVICT_MIB for mib in sizes):
         raise argparse.ArgumentTypeError(f"each amount must be from 0 to {MAX_EVICT_MIB} MiB, got {text!r}")
     return sizes
+
+
+def _stages_table(args: argparse.Namespace) -> int:
+    """``--stages``: CPU µs per request in each of :data:`STAGES`, by workload and role."""
+    spent: dict[str, float] = {}
+    columns: dict[str, defaultdict[str, float]] = {}  # "workload role": CPU s by step, "all"; "requests"
+    with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp, _timed(spent):
+        for name, w in loads(Path(tmp), args.conversations, args.turns).items():
+            last = [0.0]
+
+            def each(role: str | None, name: str = name, last: list[float] = last) -> None:
+                now = time.thread_time()
+                if role is not None:
+                    column = columns.setdefault(f"{name} {role}", defaultdict(float))
+                    for label, seconds in spent.items():
+                        column[label] += seconds
+                    column["all"] += now - last[0]
+                    column["requests"] += 1
+                spent.clear()
+                last[0] = time.thread_time()
+
+            asyncio.run(run(w, args.requests, each=each))
+    print("| step | " + " | ".join(f"{key} ({int(c['requests'])}) µs" for key, c in columns.items()) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for label in [*(label for label, _, _ in STAGES), "the rest", "all"]:
+        cells = []
+        for c in columns.values():
+            steps = sum(c[lb] for lb, _, _ in STAGES if not lb.startswith(" "))
+            value = c["all"] - steps if label == "the rest" else c[label]
+            cells.append(f"{1e6 * value / c['requests']:,.1f}")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    return 0
+
+
+@contextlib.contextmanager
+def _timed(spent: dict[str, float]) -> Iterator[None]:
+    """Each of :data:`STAGES` timed into ``spent`` (CPU seconds by label) while inside;
+    put back after."""
+    saved = [(owner, attr, getattr(owner, attr)) for _, owner, attr in STAGES]
+    try:
+        for (label, owner, attr), (_, _, fn) in zip(STAGES, saved, strict=True):
+            setattr(owner, attr, _timer(label, fn, spent))
+        yield
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+
+
+def _timer(label: str, fn: Any, spent: dict[str, float]) -> Any:
+    """``fn`` timed into ``spent[label]`` (across its await when it is a coroutine function)."""
+    clock = time.thread_time
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + clock() - t0
+
+        return timed_async
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[label] = spent.get(label, 0.0) + clock() - t0
+
+    return timed
 
 
 def _evict_table(args: argparse.Namespace) -> int:

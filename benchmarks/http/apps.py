@@ -9,17 +9,15 @@
 
 from __future__ import annotations
 
-import gc
 import json
 from typing import Any
 
 from proxy.app import create_app
+from proxy.cli.serve import tune_gc
 from proxy.config import load
 
 prefixpin = create_app(load())
-# As ``prefixpin serve`` tunes the collector for its app (proxy/cli/serve.py), for every server alike.
-gc.freeze()
-gc.set_threshold(200_000, 50, 100)
+tune_gc()  # as ``prefixpin serve`` tunes the collector for its app, for every server alike
 
 PIECE = b"x" * (256 * 1024)
 BIG = 64 * 1024 * 1024

@@ -50,11 +50,7 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", config.listen.host, config.listen.port, exc.strerror)
             return 3
-    # Each request allocates tens of thousands of short-lived, acyclic JSON objects
-    # that reference counting frees; the default cyclic-GC threshold (700) made the
-    # collector run several times per request, scanning every long-lived object.
-    gc.freeze()
-    gc.set_threshold(200_000, 50, 100)
+    tune_gc()
 
     def ready() -> None:
         if banner:
@@ -75,6 +71,16 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
     return 0
 
 
+def tune_gc() -> None:
+    """The cyclic garbage collector as a proxy needs it.  Each request allocates tens of
+    thousands of short-lived, acyclic JSON objects that reference counting frees; the
+    default threshold (700) made the collector run several times per request,
+    scanning every long-lived object.  What exists now (the app, the rules) is never
+    scanned again."""
+    gc.freeze()
+    gc.set_threshold(200_000, 50, 100)
+
+
 def _run(main: object) -> None:
     try:
         import uvloop
@@ -84,4 +90,4 @@ def _run(main: object) -> None:
         uvloop.run(main)  # type: ignore[arg-type]
 
 
-__all__ = ["serve_here", "setup_logging"]
+__all__ = ["serve_here", "setup_logging", "tune_gc"]
