@@ -87,7 +87,9 @@ def rescan(rules: RuleSet, near_text: str, near: SystemText, text: str) -> Syste
     if (a and old[a2 - 1 : a2] != "\n") or (near_end < len(near_text) and old[near_end2 : near_end2 + 1] != "\n"):
         return None  # not where the kept rewrites say: never guess
     mid, mid_rewrites = _static(rules.static_system, text[a:end])
-    new = old[:a2] + mid + old[near_end2:]
+    # No rewrite in either: the rewritten text is ``text`` (the lines around ``mid`` are
+    # the ones it shares), so the object itself, not a copy that the memos would compare.
+    new = text if not near.rewrites and not mid_rewrites else old[:a2] + mid + old[near_end2:]
     shift = len(new) - len(old)
     rewrites = (
         *(r for r in near.rewrites if r[0] < a),

@@ -56,7 +56,7 @@ def turn(done: Canonicalized, forwarded: bytes, reply: dict[str, Any] | None, re
             response = (response_id, tip)
     blobs: dict[str, bytes] = {}
     if outcome.new_blobs or outcome.keep_items:
-        doc = JsonDoc(forwarded)
+        doc = _located(done, forwarded)
         blobs = _parts(done, doc, outcome.new_blobs)
         for path, ref in outcome.keep_items:  # forwarded messages a lineage keeps (learn: pin)
             span = doc.span(path)
@@ -72,7 +72,17 @@ def again(done: Canonicalized, forwarded: bytes, missing: Sequence[str]) -> dict
     assert outcome is not None
     rec = outcome.record
     names = tuple(n for n, ref in (("system", rec.system_ref), ("tools", rec.tools_ref)) if ref in missing)
-    return _parts(done, JsonDoc(forwarded), names) if names else {}
+    return _parts(done, _located(done, forwarded), names) if names else {}
+
+
+def _located(done: Canonicalized, forwarded: bytes) -> JsonDoc:
+    """``forwarded``'s document: the request's own when no edit changed its bytes (what
+    it located, a new conversation's system message and tools[] among it, is where it
+    was, and is not looked for again), else a new one."""
+    doc = done.doc
+    if forwarded is doc.raw or forwarded == doc.raw:
+        return doc
+    return JsonDoc(forwarded)
 
 
 def _parts(done: Canonicalized, doc: JsonDoc, wanted: Sequence[str]) -> dict[str, bytes]:

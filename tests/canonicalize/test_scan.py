@@ -89,6 +89,21 @@ def test_an_unchanged_prefix_and_suffix_are_not_read_again() -> None:
     ]
 
 
+def test_a_text_no_rule_rewrites_is_handed_back_itself() -> None:
+    """With no static rewrite before or in the changed lines, the text after the static
+    rules is the text as sent: the object itself, which the texts memo then finds by
+    identity instead of comparing a copy of it."""
+    rules = RuleSet.compile(Settings())
+    old = "You are a helpful agent.\nConversation started: Thursday, May 14, 2026 02:30 PM\n" + "a line\n" * 200
+    new = old.replace("02:30 PM", "02:31 PM")
+    found = rescan(rules, old, scan(rules, old), new)
+    assert found is not None and found == scan(rules, new) and found.text is new
+    rewritten = hermes_system(started="Thursday, May 14, 2026 02:30 PM")  # its memory counters are stripped
+    moved = rewritten.replace("02:30 PM", "02:31 PM")
+    found = rescan(rules, rewritten, scan(rules, rewritten), moved)
+    assert found is not None and found == scan(rules, moved) and found.text != moved
+
+
 def test_most_lines_changed_or_rules_not_line_local_are_scanned_whole() -> None:
     rules = RuleSet.compile(Settings())
     a, b = "first\n" + "x" * 100 + "\nlast", "FIRST\n" + "x" * 100 + "\nLAST"
