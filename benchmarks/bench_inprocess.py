@@ -184,20 +184,7 @@ def _stages_table(args: argparse.Namespace) -> int:
     columns: dict[str, defaultdict[str, float]] = {}  # "workload role": CPU s by step, "all"; "requests"
     with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp, _timed(spent):
         for name, w in loads(Path(tmp), args.conversations, args.turns).items():
-            last = [0.0]
-
-            def each(role: str | None, name: str = name, last: list[float] = last) -> None:
-                now = time.thread_time()
-                if role is not None:
-                    column = columns.setdefault(f"{name} {role}", defaultdict(float))
-                    for label, seconds in spent.items():
-                        column[label] += seconds
-                    column["all"] += now - last[0]
-                    column["requests"] += 1
-                spent.clear()
-                last[0] = time.thread_time()
-
-            asyncio.run(run(w, args.requests, each=each))
+            asyncio.run(run(w, args.requests, each=_by_role(name, spent, columns)))
     print("| step | " + " | ".join(f"{key} ({int(c['requests'])}) µs" for key, c in columns.items()) + " |")
     print("|---|" + "---:|" * len(columns))
     for label in [*(label for label, _, _ in STAGES), "the rest", "all"]:
@@ -208,6 +195,28 @@ def _stages_table(args: argparse.Namespace) -> int:
             cells.append(f"{1e6 * value / c['requests']:,.1f}")
         print(f"| {label} | " + " | ".join(cells) + " |")
     return 0
+
+
+def _by_role(
+    name: str, spent: dict[str, float], columns: dict[str, defaultdict[str, float]]
+) -> Callable[[str | None], None]:
+    """``run``'s ``each`` for workload ``name``: what each timed request spent, added to
+    its role's column (``columns``), with its CPU in all since the previous one."""
+    last = time.thread_time()
+
+    def each(role: str | None) -> None:
+        nonlocal last
+        now = time.thread_time()
+        if role is not None:
+            column = columns.setdefault(f"{name} {role}", defaultdict(float))
+            for label, seconds in spent.items():
+                column[label] += seconds
+            column["all"] += now - last
+            column["requests"] += 1
+        spent.clear()
+        last = time.thread_time()
+
+    return each
 
 
 @contextlib.contextmanager
