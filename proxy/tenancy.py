@@ -44,9 +44,15 @@ def tenant_of(headers: list[tuple[bytes, bytes]], query: bytes, policy: Tenancy)
         named = next((v for k, v in headers if k == b"x-prefixpin-tenant" and v), None)
         if named:
             return "t" + _hash([b"tenant", named])
-    parts: list[bytes] = []
-    for key, prefix in _header_keys(policy.credential_headers):
-        parts += (prefix + v for k, v in headers if k == key and v)
+    places = _header_places(policy.credential_headers)
+    found: list[tuple[int, bytes]] = []
+    for k, v in headers:  # one pass over the headers, each name looked up once
+        listed = places.get(k)
+        if listed is not None and v:
+            found += ((rank, prefix + v) for rank, prefix in listed)
+    if len(found) > 1:
+        found.sort(key=_rank)  # in the configured order, then as sent (a stable sort): the hash's order
+    parts = [part for _, part in found]
     if query:
         parts += _query_credentials(query, _param_names(policy.credential_params))
     if not parts:
@@ -71,9 +77,18 @@ def _param_names(names: tuple[str, ...]) -> dict[bytes, bytes]:
 
 
 @functools.lru_cache(maxsize=16)
-def _header_keys(names: tuple[str, ...]) -> tuple[tuple[bytes, bytes], ...]:
-    """Each credential header as ``Headers`` keys it (lower-case latin-1) and the prefix of its part."""
-    return tuple((n.lower().encode("latin-1"), b"h:" + n.lower().encode() + b"=") for n in names)
+def _header_places(names: tuple[str, ...]) -> dict[bytes, tuple[tuple[int, bytes], ...]]:
+    """Each credential header as ``Headers`` keys it (lower-case latin-1): its places in
+    the configured list (a name listed twice counts twice) and the prefix of its part."""
+    places: dict[bytes, tuple[tuple[int, bytes], ...]] = {}
+    for rank, name in enumerate(names):
+        key = name.lower().encode("latin-1")
+        places[key] = (*places.get(key, ()), (rank, b"h:" + name.lower().encode() + b"="))
+    return places
+
+
+def _rank(found: tuple[int, bytes]) -> int:
+    return found[0]
 
 
 def _hash(parts: list[bytes]) -> str:

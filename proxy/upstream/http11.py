@@ -68,6 +68,7 @@ class Connection(asyncio.Protocol):
     def _clear(self, *, head_only: bool) -> None:
         self.head_only = head_only
         self.headers: list[tuple[bytes, bytes]] = []
+        self.header_bytes = 0  # the head's fields as they count against max_head (4 more each: ": ", CRLF)
         self.reason = b""
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -134,6 +135,7 @@ class Connection(asyncio.Protocol):
         if self.began:
             raise _SecondMessage
         self.headers = []
+        self.header_bytes = 0
         self.reason = b""
 
     def on_status(self, status: bytes) -> None:
@@ -142,6 +144,7 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.began:
             self.headers.append((name, value))
+            self.header_bytes += len(name) + len(value) + 4
         # else: a trailer field of a chunked body; responses carry none we use
 
     def _head_too_large(self) -> None:
@@ -153,7 +156,7 @@ class Connection(asyncio.Protocol):
         )
 
     def on_headers_complete(self) -> None:
-        if sum(len(k) + len(v) + 4 for k, v in self.headers) + len(self.reason) > self.max_head:
+        if self.header_bytes + len(self.reason) > self.max_head:
             self._head_too_large()
             return
         status = self.parser.get_status_code()
