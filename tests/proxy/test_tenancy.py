@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from urllib.parse import urlencode
 
 import pytest
@@ -120,3 +121,24 @@ def test_repeated_credentials_each_count() -> None:
     assert tenant_of([(b"authorization", b"Bearer A"), (b"authorization", b"")], b"", POLICY) == one  # empty: none
     assert tenant_of([], b"key=a&key=b", POLICY) != tenant_of([], b"key=a", POLICY)
     assert tenant_of([], b"key=a&other=1", POLICY) == tenant_of([], b"key=a", POLICY)
+
+
+def test_a_tenant_id_stays_what_it_was() -> None:
+    """Stored lineages are keyed by it: the parts in the configured order of the
+    credential names (then as sent), each length-prefixed, hashed with blake2b."""
+
+    def expected(*parts: bytes) -> str:
+        h = hashlib.blake2b(digest_size=16, person=b"prefixpin")
+        for part in parts:
+            h.update(len(part).to_bytes(8, "big") + part)
+        return "k" + h.hexdigest()
+
+    sent = [(b"x-api-key", b"K"), (b"accept", b"*/*"), (b"authorization", b"Bearer A"), (b"authorization", b"Bearer B")]
+    assert tenant_of(sent, b"key=G", POLICY) == expected(
+        b"h:authorization=Bearer A", b"h:authorization=Bearer B", b"h:x-api-key=K", b"q:key=G"
+    )
+    assert tenant_of(sent[::-1], b"", POLICY) == expected(
+        b"h:authorization=Bearer B", b"h:authorization=Bearer A", b"h:x-api-key=K"
+    )
+    twice = Tenancy(credential_headers=("x-api-key", "Authorization", "X-API-Key"))
+    assert tenant_of(sent[:1], b"", twice) == expected(b"h:x-api-key=K", b"h:x-api-key=K")  # a name listed twice
