@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from operator import itemgetter
 from urllib.parse import unquote_to_bytes
 
 from proxy.config import Tenancy
@@ -51,7 +52,7 @@ def tenant_of(headers: list[tuple[bytes, bytes]], query: bytes, policy: Tenancy)
         if listed is not None and v:
             found += ((rank, prefix + v) for rank, prefix in listed)
     if len(found) > 1:
-        found.sort(key=_rank)  # in the configured order, then as sent (a stable sort): the hash's order
+        found.sort(key=itemgetter(0))  # in the configured order, then as sent (a stable sort): the hash's order
     parts = [part for _, part in found]
     if query:
         parts += _query_credentials(query, _param_names(policy.credential_params))
@@ -85,10 +86,6 @@ def _header_places(names: tuple[str, ...]) -> dict[bytes, tuple[tuple[int, bytes
         key = name.lower().encode("latin-1")
         places[key] = (*places.get(key, ()), (rank, b"h:" + name.lower().encode() + b"="))
     return places
-
-
-def _rank(found: tuple[int, bytes]) -> int:
-    return found[0]
 
 
 def _hash(parts: list[bytes]) -> str:
