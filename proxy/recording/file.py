@@ -147,15 +147,16 @@ class TraceFile:
 
     def _write(self, fd: int, lines: Sequence[Line], size: int) -> None:
         """All of ``lines``; on a failure the file is cut back to ``size``."""
-        pieces = [memoryview(p) for line in lines for p in line if p]
+        pieces: list[bytes | memoryview] = [p for line in lines for p in line if p]
+        at, n = 0, len(pieces)
         try:
-            while pieces:
-                done = os.writev(fd, pieces[:_IOV_MAX])
-                while pieces and done >= len(pieces[0]):
-                    done -= len(pieces[0])
-                    pieces.pop(0)
-                if done:
-                    pieces[0] = pieces[0][done:]
+            while at < n:
+                done = os.writev(fd, pieces[at : at + _IOV_MAX])
+                while at < n and done >= len(pieces[at]):  # the pieces written whole
+                    done -= len(pieces[at])
+                    at += 1
+                if done:  # one written in part: its rest next
+                    pieces[at] = memoryview(pieces[at])[done:]
         except OSError:
             if self._regular:
                 with contextlib.suppress(OSError):  # else the next append ends the partial line (_end)
@@ -169,6 +170,9 @@ class TraceFile:
         if self.keep == 0:
             path.unlink(missing_ok=True)
         else:
+            # The oldest removed first, so that no rename lands on an existing file: ext4
+            # (auto_da_alloc) writes out a file renamed over another at once, on this thread.
+            Path(f"{self.path}.{self.keep}").unlink(missing_ok=True)
             for i in range(self.keep - 1, 0, -1):
                 older = Path(f"{self.path}.{i}")
                 if older.exists():

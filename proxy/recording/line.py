@@ -45,6 +45,7 @@ CREDENTIAL_HEADERS = frozenset(
 # holds the GIL while it parses: past this size it is kept as base64 instead (the
 # audit decodes and parses it).  1 MiB: about a millisecond of the event loop's time.
 CHECK_MAX_BYTES = 1 << 20
+MAX_NAMES = 1024  # header names whose verdict (a credential or not) the encoder remembers
 _B64_CHUNK = 3 << 18  # base64 encoded a piece at a time (a multiple of 3: the pieces join)
 _NEWLINES = bytes.maketrans(b"\r\n", b"  ")
 
@@ -74,6 +75,7 @@ class Encoder:
     def __init__(self, headers: Iterable[str] = (), params: Iterable[str] = ()) -> None:
         self.secret_headers = CREDENTIAL_HEADERS | {h.lower() for h in headers}
         self.secret_params = frozenset(p.lower() for p in params)
+        self._names: dict[bytes, str | None] = {}  # a header's raw name: its line name, None for a credential
 
     def encode(self, e: Entry) -> list[bytes]:
         """The line's bytes, in pieces (the body is not copied), ending with a newline."""
@@ -103,13 +105,25 @@ class Encoder:
     def headers(self, raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
         """The request's headers without credentials (repeated ones joined by ", ")."""
         out: dict[str, str] = {}
+        names = self._names
         for k, v in raw:
-            name = k.decode("latin-1").lower()
-            if name in self.secret_headers or is_secret_param(name):
+            name = names.get(k, "")
+            if name == "":
+                name = self._name(k)
+            if name is None:
                 continue
             value = v.decode("latin-1")
             out[name] = f"{out[name]}, {value}" if name in out else value
         return out
+
+    def _name(self, raw: bytes) -> str | None:
+        """A header's name in the line, None for a credential; remembered for the
+        :data:`MAX_NAMES` first names seen (clients send the same few)."""
+        lower = raw.decode("latin-1").lower()
+        name = None if lower in self.secret_headers or is_secret_param(lower) else lower
+        if len(self._names) < MAX_NAMES:
+            self._names[raw] = name
+        return name
 
     def target(self, path: str, query: bytes) -> str:
         """``path`` and its query string without credential keys (the rest as sent)."""

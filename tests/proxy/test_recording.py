@@ -21,7 +21,7 @@ import pytest
 from canonicalize import Usage
 from proxy.cli.trace import parse_line
 from proxy.recording import AppendError, Encoder, Entry, Recorder, TraceFile
-from proxy.recording.line import CHECK_MAX_BYTES
+from proxy.recording.line import CHECK_MAX_BYTES, MAX_NAMES
 from tests.infra.wait import wait_until
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"caf\\u00e9 \xe2\x80\xa8 ok"}],"temperature":0.50,"n":1e0}'
@@ -149,6 +149,17 @@ def test_a_reply_orjson_cannot_write_leaves_the_line_without_it() -> None:
     assert obj["response"] is None and obj["role"] == "continuation"
 
 
+def test_header_names_are_remembered_up_to_a_bound_and_credentials_still_removed() -> None:
+    encoder = Encoder(headers=("x-my-credential",))
+    many = [(b"x-h%d" % i, b"v") for i in range(MAX_NAMES + 50)]
+    for _ in range(2):  # the second time from what it remembers
+        obj = json.loads(line_of(entry(headers=[*many, (b"authorization", b"sk-SECRET")]), encoder))
+        assert len(obj["headers"]) == MAX_NAMES + 50 and "authorization" not in obj["headers"]
+    assert len(encoder._names) == MAX_NAMES  # full: the names past it are judged each time
+    late = json.loads(line_of(entry(headers=[(b"x-my-credential", b"SECRET"), (b"X-Later", b"1")]), encoder))
+    assert late["headers"] == {"x-later": "1"}
+
+
 # -- the file ----------------------------------------------------------------------------
 
 
@@ -185,6 +196,24 @@ def test_a_line_a_killed_writer_left_open_is_ended(tmp_path: Path) -> None:
     path.write_bytes(b'{"whole":1}\n{"cut": "in the midd')
     TraceFile(path, 1 << 20, 1).append([[b'{"next":2}\n']])
     assert lines_in(path) == [b'{"whole":1}', b'{"cut": "in the midd', b'{"next":2}']
+
+
+def test_short_writes_go_on_where_they_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write may take fewer bytes than it was given (a signal, a pipe): the next one
+    goes on from there, also across more pieces than one writev takes."""
+    calls = []
+
+    def short(fd: int, pieces: list[Any]) -> int:
+        calls.append(len(pieces))
+        return os.write(fd, b"".join(bytes(p) for p in pieces)[:7])
+
+    monkeypatch.setattr("proxy.recording.file.os.writev", short)
+    path = tmp_path / "t.jsonl"
+    lines = [[b'{"n":', b"%d" % i, b',"p":"' + b"x" * (i % 13), b'"}\n'] for i in range(400)]  # 1,600 pieces
+    TraceFile(path, 1 << 30, 1).append(lines)
+    whole = b"".join(b"".join(line) for line in lines)
+    assert path.read_bytes() == whole
+    assert max(calls) == 1024 and len(calls) == -(-len(whole) // 7)
 
 
 def test_dev_full_raises_and_writes_nothing(tmp_path: Path) -> None:
