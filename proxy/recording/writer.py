@@ -7,8 +7,9 @@ microseconds, the body not copied) when the proxy parsed its body, else as the
 proxy did not parse is the thread's work).  A thread takes what the queue holds and
 appends the lines to the file in one locked write
 (:class:`~proxy.recording.file.TraceFile`), the GIL released while it writes: the
-event loop and the thread do not take turns at the GIL over the encoding (the
-encoder holds only frozen sets: both threads use it).
+event loop and the thread do not take turns at the GIL over the encoding (both
+use the encoder: it holds frozen sets and a dict of header names, each change to
+it one dict operation under the GIL).
 
 The event loop does not wake the thread: the thread looks at the queue every
 :data:`POLL_S` (or as soon as :data:`BATCH_LINES` wait), so under load it takes the
