@@ -64,7 +64,7 @@ import orjson
 import xxhash
 
 from canonicalize.jsonspan import JsonDoc
-from canonicalize.pieces import SHARED, Kept, reuse, shared_prefix, writable
+from canonicalize.pieces import SHARED, Kept, opening, reuse, shared_prefix, writable
 
 MAX_BODIES = 512  # remembered bodies in all: the conversations in flight
 PER_SCOPE = 256  # and per tenant, so one key's conversations leave room for others'
@@ -72,7 +72,8 @@ MAX_BYTES = 16 * 2**20  # raw bytes remembered in all (a parse holds ~3x more, m
 PER_KEY = 4  # bodies found by one lead item: conversations that start alike, a conversation's forks
 TRIES = 4  # remembered bodies tried for one new body, best first
 
-# The tenant, the item's place (0 or 1) and the xxh3-64 of its bytes: what a body is found by.
+# The tenant, the item's place (0 or 1) and the xxh3-128 of its bytes: what a body is found by
+# (the hash the chain's links use, so one hash's code is warm on the request path, not two).
 Mark = tuple[str, int, int]
 _TOKEN = re.compile(rb'["\[\]{}]')
 
@@ -225,10 +226,11 @@ def lead(raw: bytes, key: str, scope: str) -> tuple[Mark, ...]:
     their bytes hashed (fewer when there are fewer, or the skim is unsure).  Found by
     a skim (the first member named ``key``, strings and brackets only), unproven: a
     wrong guess only finds no body, or one that :func:`reuse` then refuses."""
-    at = raw.find(b'"%s":[' % key.encode())
+    member = opening(key)
+    at = raw.find(member)
     if at < 0:
         return ()
-    pos = at + len(key) + 4
+    pos = at + len(member)
     view = memoryview(raw)
     marks: list[Mark] = []
     for place in (0, 1):
@@ -239,7 +241,7 @@ def lead(raw: bytes, key: str, scope: str) -> tuple[Mark, ...]:
         end = _skim(raw, pos)
         if end < 0:
             break
-        marks.append((scope, place, xxhash.xxh3_64_intdigest(view[pos:end])))
+        marks.append((scope, place, xxhash.xxh3_128_intdigest(view[pos:end])))
         pos = end
     return tuple(marks)
 

@@ -283,7 +283,12 @@ MAX_LOOKUP_BLOBS = 4  # blobs a lookup returns at most (two lineages' system par
 # names the conversation's home (where a store keeps it: proxy.store), with which every
 # new lineage id of prefixpin's shape starts.
 Origin = bytes | str
-_LINEAGE_ID = re.compile(r"[0-9a-f]{16}")
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_lineage_id(text: str) -> bool:
+    """Whether ``text`` has the shape of prefixpin's lineage ids: 16 lowercase hex digits."""
+    return len(text) == 16 and _HEX.issuperset(text)
 
 
 def home(tenant: str, origin: Origin) -> str:
@@ -291,7 +296,7 @@ def home(tenant: str, origin: Origin) -> str:
     its first link, or read from one of its lineage ids (hashed from an id of
     another shape)."""
     if isinstance(origin, str):
-        if _LINEAGE_ID.fullmatch(origin):
+        if _is_lineage_id(origin):
             return origin[:4]
         return xxhash.xxh3_64_hexdigest(origin.encode("utf-8", "surrogatepass"))[:4]
     return xxhash.xxh3_64_hexdigest(tenant.encode("utf-8", "surrogatepass") + b"\0" + origin)[:4]
@@ -300,7 +305,7 @@ def home(tenant: str, origin: Origin) -> str:
 def homed(fresh: str, tenant: str, origin: Origin) -> str:
     """``fresh`` (16 hex digits) made to start with its conversation's home; an id of
     another shape is returned as it is."""
-    if not _LINEAGE_ID.fullmatch(fresh):
+    if not _is_lineage_id(fresh):
         return fresh
     return home(tenant, origin) + fresh[4:]
 

@@ -75,7 +75,7 @@ class Kept:
             return self.open >= 0
         self.spans = []
         raw, items = self.raw, self.items
-        member = b'"%s":[' % self.key.encode()
+        member = opening(self.key)
         at = raw.find(member)
         if at < 0:
             return False
@@ -116,6 +116,15 @@ class Kept:
             return False
         probe[self.key] = self.items
         return probe == self.top
+
+
+def opening(key: str) -> bytes:
+    """``"key":[``, the bytes that open item array ``key`` in a compact body."""
+    found = _OPENINGS.get(key)
+    return found if found is not None else b'"' + key.encode() + b'":['
+
+
+_OPENINGS = {key: b'"' + key.encode() + b'":[' for key in ("messages", "input")}  # the wire APIs' item arrays
 
 
 def shared_prefix(body: Kept, start: int, base: Kept, base_start: int, most: int) -> int:
@@ -344,4 +353,4 @@ def writable(items: list[Any], start: int) -> list[int]:
     ]
 
 
-__all__ = ["SHARED", "Kept", "Span", "reuse", "shared_prefix", "writable"]
+__all__ = ["SHARED", "Kept", "Span", "opening", "reuse", "shared_prefix", "writable"]

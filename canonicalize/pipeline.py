@@ -212,8 +212,8 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
     decision, final, learned, head, got = yield from _decide(canon, prep, lookup, store_ok)
     keep = canon.keeps_history
     needed = finalize.blobs_needed(prep, decision, learned, lookup=final, keep_history=keep)
-    blobs = {ref: got[ref] for ref in needed if ref in got}
-    refs = tuple(ref for ref in needed if ref not in got)
+    blobs = {ref: got[ref] for ref in needed if ref in got} if needed else {}
+    refs = tuple(ref for ref in needed if ref not in got) if needed else ()
     evidence = finalize.evidence_needed(decision, learned)
     if (refs or evidence) and store_ok:
         owner = decision.parent.id if decision.parent is not None else None

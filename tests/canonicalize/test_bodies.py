@@ -336,7 +336,7 @@ def test_the_lead_is_a_hint_never_a_parse() -> None:
         if n % 3 == 0:
             items[0] = {"role": "system", "content": _text(rng), **({"name": "x"} if n % 2 else {})}
         marks = lead(_compact({"model": "m", "messages": items}), "messages", "t")
-        assert marks == tuple(("t", i, xxhash.xxh3_64_intdigest(_compact(item))) for i, item in enumerate(items))
+        assert marks == tuple(("t", i, xxhash.xxh3_128_intdigest(_compact(item))) for i, item in enumerate(items))
     for raw in (escaped, b'{"meta":{"messages":[{"a":1}]},"messages":[{"role":"user","content":"x"}]}'):
         bodies = Bodies()
         for _ in range(2):

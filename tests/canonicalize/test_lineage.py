@@ -18,6 +18,7 @@ from canonicalize import (
     Settings,
     chain,
 )
+from canonicalize.lineage import home, homed
 from canonicalize.predict import predict
 from tests import hermes
 from tests.flows import Harness, Sent
@@ -414,3 +415,14 @@ def test_record_evolve_is_dataclasses_replace() -> None:
     assert rec.evolve(requests=4, skeleton="s") == replace(rec, requests=4, skeleton="s")
     with pytest.raises(TypeError):
         rec.evolve(no_such_field=1)
+
+
+def test_a_new_lineage_id_starts_with_its_conversations_home_and_other_shapes_stay() -> None:
+    fresh = "0123456789abcdef"
+    made = homed(fresh, "tenant", b"first link")
+    assert made[4:] == fresh[4:] and made[:4] == home("tenant", b"first link")
+    assert home("t", made) == made[:4]  # a lineage id of prefixpin's shape names its home
+    for other in ("L0001", "0123456789ABCDEF", "0123456789abcdeg", "0123456789abcdef0", ""):
+        assert homed(other, "tenant", b"first link") == other  # not of prefixpin's shape: as it is
+        named = home("t", other)  # a lineage of another shape: its home hashed from its id
+        assert len(named) == 4 and set(named) <= set("0123456789abcdef")
