@@ -5,6 +5,7 @@
     python3 -m benchmarks.bench_instructions --smoke                # a few seconds each: proves it works
     python3 -m benchmarks.bench_instructions --workloads body      # one workload
     python3 -m benchmarks.bench_instructions --json
+    python3 -m benchmarks.bench_instructions --branches             # and mispredicted branches (slower)
 
 Throughput and CPU time on a shared host move by 10-25% between rounds (other
 machines' load, caches); a change of a few percent is lost in that.  The number of
@@ -15,6 +16,11 @@ workloads with the same credentials (``benchmarks.overhead``) at 16 connections:
 first a warm-up, then callgrind's counters are zeroed (``callgrind_control -z``),
 then ``--seconds`` of load, then the counters are dumped (``callgrind_control -d``).
 The figure is the dump's instructions (Ir) over the requests wrk completed.
+
+``--branches`` adds callgrind's branch simulation: the conditional and indirect
+branches its predictor model mispredicts per request (each costs the CPU some 15-20
+cycles of work thrown away: where two trees run the same number of instructions at
+different speeds, this is one place to look).
 
 What it does not see: time spent waiting on memory (cache misses), the kernel's
 work, and the writer thread's share of a batch.  It complements ``bench_overhead``,
@@ -52,8 +58,10 @@ def measure(
     seconds: int,
     warm: int,
     only: tuple[str, ...],
+    branches: bool = False,
 ) -> dict[str, Any]:
-    """One target: instructions per request on each workload (its own process per workload)."""
+    """One target: instructions (and with ``branches`` mispredicted branches) per request
+    on each workload (its own process per workload)."""
     out: dict[str, Any] = {}
     for wl in (workloads.repeated(work), workloads.conversations(work, 64, 8)):
         if wl.name not in only:
@@ -61,6 +69,8 @@ def measure(
         dump = work / f"callgrind-{name}-{wl.name}.out"
         port = free_port()
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}", "--dump-instr=no"]
+        if branches:
+            argv.append("--branch-sim=yes")
         # This checkout's code (or ``source``'s), not the prefixpin on PATH: that may be
         # another tree's editable install.
         argv += [*prefixpin_argv(source or REPO), "serve", "--upstream", upstream, "--port", str(port)]
@@ -75,12 +85,14 @@ def measure(
                 url, wl.path, conns=CONNS, duration_s=seconds, start=10**6, timeout_s=30, headers=CLIENT_HEADERS
             )
             _control("-d", proc)
-            ir = _instructions(dump)
+            events = _totals(dump)
         finally:
             proc.stop()
         if load.errors or not load.requests:
             raise SystemExit(f"{name} {wl.name}: {load.requests} requests, errors {load.errors}")
-        out[wl.name] = {"requests": load.requests, "instructions_per_request": ir / load.requests}
+        out[wl.name] = {"requests": load.requests, "instructions_per_request": events["Ir"] / load.requests}
+        if branches:
+            out[wl.name]["mispredicted_per_request"] = (events["Bcm"] + events["Bim"]) / load.requests
     return out
 
 
@@ -91,14 +103,18 @@ def _control(flag: str, proc: Proc) -> None:
         raise SystemExit(f"callgrind_control {flag}: {done.stdout}{done.stderr}")
 
 
-def _instructions(dump: Path) -> int:
-    """The Ir total of the dump ``callgrind_control -d`` wrote (``dump.1``, or the newest part)."""
+def _totals(dump: Path) -> dict[str, int]:
+    """The event totals (``Ir``, and ``Bcm``/``Bim`` with branch simulation) of the dump
+    ``callgrind_control -d`` wrote (``dump.1``, or the newest part)."""
     for _ in range(100):
         parts = sorted(dump.parent.glob(dump.name + ".*"), key=lambda p: p.stat().st_mtime)
         if parts:
+            names: list[str] = []
             for line in parts[-1].read_text(errors="replace").splitlines():
-                if line.startswith(("summary:", "totals:")):
-                    return int(line.split()[1])
+                if line.startswith("events:"):
+                    names = line.split()[1:]
+                elif line.startswith(("summary:", "totals:")) and names:
+                    return dict(zip(names, map(int, line.split()[1:]), strict=False))
         time.sleep(0.2)
     raise SystemExit(f"no callgrind dump at {dump}.*")
 
@@ -109,6 +125,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=SECONDS, help="load measured per workload")
     ap.add_argument("--workloads", default="body,mix", help="body, mix or both (comma-separated)")
     ap.add_argument("--smoke", action="store_true", help="a short run, for CI")
+    ap.add_argument("--branches", action="store_true", help="also mispredicted branches (callgrind's model)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -123,11 +140,11 @@ def main() -> None:
         logs.mkdir()
         up, base = nginx.upstream(work, logs)
         try:
-            runs = {"prefixpin": measure("prefixpin", None, base, work, logs, seconds, warm, only)}
+            runs = {"prefixpin": measure("prefixpin", None, base, work, logs, seconds, warm, only, args.branches)}
             if args.compare_ref:
                 source = targets.checkout(args.compare_ref, work / "ref")
                 runs[f"prefixpin@{args.compare_ref}"] = measure(
-                    f"prefixpin@{args.compare_ref}", source, base, work, logs, seconds, warm, only
+                    f"prefixpin@{args.compare_ref}", source, base, work, logs, seconds, warm, only, args.branches
                 )
         finally:
             up.stop()
@@ -140,11 +157,21 @@ def main() -> None:
     for name, run in runs.items():
         cells = [f"{run[w]['instructions_per_request'] / 1e6:.3f} M" if w in run else "-" for w in ("body", "mix")]
         print(f"| {name} | {cells[0]} | {cells[1]} |")
+    if args.branches:
+        print("\nMispredicted branches per request (callgrind's model; conditional + indirect):")
+        print("| target | body | mix |")
+        print("|---|---:|---:|")
+        for name, run in runs.items():
+            cells = [f"{run[w]['mispredicted_per_request'] / 1e3:.1f} K" if w in run else "-" for w in ("body", "mix")]
+            print(f"| {name} | {cells[0]} | {cells[1]} |")
     if args.compare_ref:
         ours, ref = runs["prefixpin"], runs[f"prefixpin@{args.compare_ref}"]
         for w in only:
             ratio = ours[w]["instructions_per_request"] / ref[w]["instructions_per_request"]
             print(f"- {w}: {ratio:.3f}x the instructions of {args.compare_ref}")
+            if args.branches:
+                missed = ours[w]["mispredicted_per_request"] / ref[w]["mispredicted_per_request"]
+                print(f"- {w}: {missed:.3f}x the mispredicted branches of {args.compare_ref}")
     sys.stdout.flush()
 
 

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         ["-m", "benchmarks.bench_store", "--smoke"],
         ["-m", "benchmarks.bench_agents", "--cost", "--repeat", "1"],
         ["-m", "benchmarks.bench_learning", "--repeat", "1"],
-        ["-m", "benchmarks.bench_instructions", "--smoke"],
+        ["-m", "benchmarks.bench_instructions", "--smoke", "--branches"],
     ],
     ids=[
         "cache",
