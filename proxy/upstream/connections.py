@@ -23,9 +23,10 @@ checks, a strict response parser (:mod:`proxy.upstream.http11`).
   after a chunked (streamed) response while advertising keep-alive: a request
   that comes sooner is written into a closing connection, and fails with
   nothing read (it cannot be resent).  An origin seen to do that (a pooled
-  connection found closed within a second of its chunked response, or a
-  reused one failing so) no longer gets its connections back after a chunked
-  response; after other responses they are reused as before.
+  connection closed within a second of its chunked response, whether the event
+  loop or the socket check finds it, or a reused one failing so) no longer gets
+  its connections back after a chunked response; after other responses they are
+  reused as before.
 - **A cap** of ``max_connections`` open at once over every origin
   (:mod:`proxy.upstream.cap`); past it a request waits up to its pool timeout,
   and is handed the first slot or released connection.
@@ -140,6 +141,8 @@ class _Pool:
         """May this idle connection carry a request?"""
         t = conn.transport
         if conn.closed or t is None or t.is_closing():
+            if conn.chunked and conn.lost_at - conn.idle_since < CLOSED_SOON_S:
+                self.closing_after_chunked()  # the event loop saw the close before this request came
             return False
         idle = now - conn.idle_since
         if idle > self.owner.keepalive_s or idle >= conn.idle_limit:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -51,6 +52,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
+        self.lost_at = float("inf")  # when the upstream closed it while it was idle in the pool
         self.idle_limit = float("inf")  # the upstream's own Keep-Alive timeout, when it names one
         self.reusable = False
         self.uses = 0  # exchanges started on it (above 1: a reused connection)
@@ -112,7 +114,8 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.reusable = False
         if self.head is None:
-            return  # idle in the pool
+            self.lost_at = time.monotonic()  # idle in the pool (the pool reads when)
+            return
         if self.until_eof and exc is None and self.head.done() and not self.done:
             self.done = True  # a body without length ends with the connection
             self._wake()

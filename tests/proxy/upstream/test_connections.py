@@ -382,6 +382,34 @@ def test_an_upstream_seen_closing_after_a_stream_gets_no_stream_connection_back(
         up.close()
 
 
+def test_an_upstream_closing_after_a_stream_is_learned_when_the_loop_saw_the_close_first() -> None:
+    """On a slow host the event loop handles the upstream's close before the next request
+    comes (the pooled connection is closed, not merely readable): learned all the same,
+    so a later request is never written into a connection the upstream is closing."""
+    up = raw.RawUpstream(_closes_soon_after_a_stream)
+    stream = b'{"stream":true}'
+
+    def loop_saw_it() -> bool:  # this side closed too: nothing left ESTABLISHED or in CLOSE_WAIT
+        return all(s.state not in ("ESTABLISHED", "CLOSE_WAIT") for s in tcp.sockets() if s.remote_port == up.port)
+
+    async def main(transport: Connections) -> list[int]:
+        statuses = []
+        for n, body in enumerate([stream, stream, stream, b"{}", b"{}"]):
+            r = await transport.send(_request(up.url, content=body))
+            await r.read()
+            statuses.append(r.status)
+            if n == 0:
+                await wait_until_async(loop_saw_it, timeout=5, interval=0.001, message="the loop closed its side")
+        return statuses
+
+    try:
+        assert _run(main) == [200] * 5
+        assert len(up.requests) == 5
+        assert up.connections == 4  # one per stream, then one for both JSON answers
+    finally:
+        up.close()
+
+
 def test_a_reused_connection_closed_under_a_request_after_a_stream_is_learned() -> None:
     """Before the pool could see it: the request is written into the closing connection
     and fails (never resent); the next ones after a stream go on fresh connections."""
