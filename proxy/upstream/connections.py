@@ -22,11 +22,12 @@ checks, a strict response parser (:mod:`proxy.upstream.http11`).
 - **Closes after streams.** llama-server closes a connection a few milliseconds
   after a chunked (streamed) response while advertising keep-alive: a request
   that comes sooner is written into a closing connection, and fails with
-  nothing read (it cannot be resent).  An origin seen to do that (a pooled
-  connection closed within a second of its chunked response, whether the event
-  loop or the socket check finds it, or a reused one failing so) no longer gets
-  its connections back after a chunked response; after other responses they are
-  reused as before.
+  nothing read (it cannot be resent).  So a chunked response's connection
+  carries no request in its first second until the origin has been seen keeping
+  one open that long (then they are reused at once).  An origin seen closing one
+  within that second (whether the event loop or the socket check finds it, or a
+  reused one failing so) no longer gets its connections back after a chunked
+  response; after other responses they are reused as before.
 - **A cap** of ``max_connections`` open at once over every origin
   (:mod:`proxy.upstream.cap`); past it a request waits up to its pool timeout,
   and is handed the first slot or released connection.
@@ -103,19 +104,30 @@ class _Pool:
         self.proxy = proxy
         self.where = f"{origin.scheme}://{origin.netloc}" + (f" via {proxy.label}" if proxy else "")
         self.idle: list[Connection] = []
-        self.closes_after_chunked = False  # learned: see the module docstring
+        # Learned (see the module docstring): whether the origin closes a connection soon
+        # after a chunked response, or keeps it open; until one or the other is seen,
+        # such a connection waits CLOSED_SOON_S before its next request.
+        self.closes_after_chunked = False
+        self.keeps_after_chunked = False
 
     async def acquire(self, timeouts: Timeouts) -> Connection:
         now = time.monotonic()
+        untried: list[Connection] = []
         while self.idle:
             conn = self.idle.pop()
-            if self._fit(conn, now):
+            if not self._fit(conn, now):
+                self.owner.forget(conn)
+            elif self._untried(conn, now):
+                untried.append(conn)  # still pooled: whether the origin keeps it is yet to be seen
+            else:
+                self.idle.extend(reversed(untried))
                 return conn
-            self.owner.forget(conn)
+        self.idle.extend(reversed(untried))
         owner = self.owner
         handed = await owner.cap.take(self, timeouts.pool, owner.evict_idle)
         if handed is not None:
-            if self._fit(handed, time.monotonic()):
+            now = time.monotonic()
+            if self._fit(handed, now) and not self._untried(handed, now):
                 return handed  # released by another request just now, with its slot
             handed.abort()  # its slot is ours: open another
         conn = Connection(asyncio.get_running_loop(), self.where, self.origin.host, max_head=owner.max_header_bytes)
@@ -151,7 +163,15 @@ class _Pool:
             if conn.chunked and idle < CLOSED_SOON_S:
                 self.closing_after_chunked()
             return False
+        if conn.chunked and idle >= CLOSED_SOON_S and not self.keeps_after_chunked:
+            self.keeps_after_chunked = True  # open a second after its stream: the origin keeps them
         return True
+
+    def _untried(self, conn: Connection, now: float) -> bool:
+        """A chunked response's connection younger than CLOSED_SOON_S, from an origin
+        not yet seen keeping such connections open: a request sent on it could meet the
+        origin's close (and could not be sent again)."""
+        return conn.chunked and not self.keeps_after_chunked and now - conn.idle_since < CLOSED_SOON_S
 
     def closing_after_chunked(self) -> None:
         if not self.closes_after_chunked:

@@ -204,6 +204,13 @@ def answer_json(conn: Conn) -> None:
         conn.send(json_response())
 
 
+def answer_keeping_streams(conn: Conn) -> None:
+    """A well-behaved keep-alive upstream that streams: every request gets a stream, and
+    the connection stays open for the next (vLLM's way)."""
+    while conn.read_request() is not None:
+        conn.send(sse_response(STREAM_EVENTS))
+
+
 def reset_after_read(conn: Conn) -> None:
     """Reads the whole request, then resets the connection: it may be generating."""
     if conn.read_request() is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -13,6 +14,7 @@ import pytest
 
 from proxy.config import Upstream
 from proxy.errors import PathRefused, UpstreamProtocol, UpstreamReset, UpstreamTimeout, UpstreamUnavailable
+from proxy.upstream import connections
 from proxy.upstream.adapter import translate
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.connections import Connections
@@ -410,25 +412,75 @@ def test_an_upstream_closing_after_a_stream_is_learned_when_the_loop_saw_the_clo
         up.close()
 
 
-def test_a_reused_connection_closed_under_a_request_after_a_stream_is_learned() -> None:
-    """Before the pool could see it: the request is written into the closing connection
-    and fails (never resent); the next ones after a stream go on fresh connections."""
-    up = raw.RawUpstream(_closes_soon_after_a_stream)
-    stream = b'{"stream":true}'
+def _streams(transport: Connections, url: str, n: int, pause: float = 0.0) -> Awaitable[list[int | str]]:
+    """``n`` streamed requests, one after another (``pause`` seconds after each); a
+    request that meets a closing connection is ``"reset"`` (never resent)."""
 
-    async def main(transport: Connections) -> list[int | str]:
+    async def go() -> list[int | str]:
         out: list[int | str] = []
-        for _ in range(4):
+        for _ in range(n):
             try:
-                r = await transport.send(_request(up.url, content=stream))
+                r = await transport.send(_request(url, content=b'{"stream":true}'))
                 await r.read()
                 out.append(r.status)
             except UpstreamReset:
                 out.append("reset")
+            await asyncio.sleep(pause)
         return out
 
+    return go()
+
+
+def test_a_streams_connection_waits_until_the_origin_is_known_to_keep_it() -> None:
+    """llama-server's close a few ms after a stream never meets a request, not even the
+    first time: a stream's connection carries nothing in its first second while the
+    origin's way is unknown."""
+    up = raw.RawUpstream(_closes_soon_after_a_stream)
     try:
-        assert _run(main) == [200, "reset", 200, 200]
-        assert len(up.requests) == 3  # the one written into the closing connection was never read
+        assert _run(lambda t: _streams(t, up.url, 4)) == [200] * 4
+        assert len(up.requests) == 4 and up.connections == 4
+    finally:
+        up.close()
+
+
+def test_an_origin_seen_keeping_a_streams_connection_gets_them_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connections, "CLOSED_SOON_S", 0.05)
+    up = raw.RawUpstream(raw.answer_keeping_streams)
+
+    async def main(transport: Connections) -> list[int | str]:
+        first = await _streams(transport, up.url, 1, pause=0.1)  # kept open past CLOSED_SOON_S: learned
+        return first + await _streams(transport, up.url, 3)
+
+    try:
+        assert _run(main) == [200] * 4
+        assert len(up.requests) == 4 and up.connections == 1
+    finally:
+        up.close()
+
+
+def test_a_reused_connection_closed_under_a_request_after_a_stream_is_learned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An origin that kept a stream's connection once, then closes one a moment after
+    its stream: the request written into the closing connection fails (never resent);
+    from then on a stream's connection is not pooled."""
+    monkeypatch.setattr(connections, "CLOSED_SOON_S", 0.05)
+    served = itertools.count()
+
+    def script(conn: raw.Conn) -> None:  # the first stream kept; after that, llama-server's way
+        while conn.read_request() is not None:
+            conn.send(raw.sse_response(raw.STREAM_EVENTS))
+            if next(served) >= 1:
+                time.sleep(0.05)
+                return
+
+    up = raw.RawUpstream(script)
+
+    async def main(transport: Connections) -> list[int | str]:
+        first = await _streams(transport, up.url, 1, pause=0.1)  # learned: the origin keeps them
+        return first + await _streams(transport, up.url, 4)
+
+    try:
+        assert _run(main) == [200, 200, "reset", 200, 200]
+        assert len(up.requests) == 4  # the one written into the closing connection was never read
+        assert up.connections == 3
     finally:
         up.close()
