@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -359,40 +360,15 @@ def _run(main: Callable[[Connections], Awaitable[T]]) -> T:
     return asyncio.run(go())
 
 
-def test_an_upstream_seen_closing_after_a_stream_gets_no_stream_connection_back() -> None:
-    """Found at the pool: the connection of the first stream is closed when the next
-    request wants it; from then on a stream's connection is not pooled, and a request
-    right after a stream never meets a closing connection.  After JSON they are reused."""
+def _closing_after_the_first_stream(
+    caplog: pytest.LogCaptureFixture, seen: Callable[[raw.RawUpstream], Awaitable[object]]
+) -> None:
+    """Three streams, then two JSON answers, against llama-server's way; ``seen`` waits
+    after the first stream until its close is where the test wants it.  The pool learns
+    that the origin closes after a stream (it says so once), and no request meets a
+    closing connection; after JSON the connection is reused."""
     up = raw.RawUpstream(_closes_soon_after_a_stream)
     stream = b'{"stream":true}'
-
-    async def main(transport: Connections) -> list[int]:
-        statuses = []
-        for n, body in enumerate([stream, stream, stream, b"{}", b"{}"]):
-            r = await transport.send(_request(up.url, content=body))
-            await r.read()
-            statuses.append(r.status)
-            if n == 0:  # until this side's kernel has the FIN
-                wait_until(lambda: tcp.fin_received(up.port), timeout=5, interval=0.001, message="the FIN arrived")
-        return statuses
-
-    try:
-        assert _run(main) == [200] * 5
-        assert len(up.requests) == 5
-        assert up.connections == 4  # one per stream, then one for both JSON answers
-    finally:
-        up.close()
-
-
-def test_an_upstream_closing_after_a_stream_is_learned_when_the_loop_saw_the_close_first() -> None:
-    """On a slow host the event loop handles the upstream's close before the next request
-    comes (the pooled connection is closed, not merely readable): learned all the same,
-    so a later request is never written into a connection the upstream is closing."""
-    up = raw.RawUpstream(_closes_soon_after_a_stream)
-    stream = b'{"stream":true}'
-
-    def loop_saw_it() -> bool:  # this side closed too: nothing left ESTABLISHED or in CLOSE_WAIT
-        return all(s.state not in ("ESTABLISHED", "CLOSE_WAIT") for s in tcp.sockets() if s.remote_port == up.port)
 
     async def main(transport: Connections) -> list[int]:
         statuses = []
@@ -401,15 +377,44 @@ def test_an_upstream_closing_after_a_stream_is_learned_when_the_loop_saw_the_clo
             await r.read()
             statuses.append(r.status)
             if n == 0:
-                await wait_until_async(loop_saw_it, timeout=5, interval=0.001, message="the loop closed its side")
+                await seen(up)
         return statuses
 
     try:
-        assert _run(main) == [200] * 5
+        with caplog.at_level(logging.INFO, logger="prefixpin"):
+            assert _run(main) == [200] * 5
         assert len(up.requests) == 5
         assert up.connections == 4  # one per stream, then one for both JSON answers
+        assert "closes its connections after a streamed response" in caplog.text
     finally:
         up.close()
+
+
+def test_an_upstream_seen_closing_after_a_stream_gets_no_stream_connection_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found at the pool: the FIN is in this side's kernel, the event loop has not run."""
+
+    async def fin_in_the_kernel(up: raw.RawUpstream) -> None:
+        # Blocking, so the loop does not run and cannot see the FIN.
+        wait_until(lambda: tcp.fin_received(up.port), timeout=5, interval=0.001, message="the FIN arrived")
+
+    _closing_after_the_first_stream(caplog, fin_in_the_kernel)
+
+
+def test_an_upstream_closing_after_a_stream_is_learned_when_the_loop_saw_the_close_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a slow host the event loop handles the upstream's close before the next request
+    comes (the pooled connection is closed, not merely readable): learned all the same."""
+
+    def loop_saw_it(up: raw.RawUpstream) -> bool:  # this side closed too: nothing ESTABLISHED or in CLOSE_WAIT
+        return all(s.state not in ("ESTABLISHED", "CLOSE_WAIT") for s in tcp.sockets() if s.remote_port == up.port)
+
+    async def closed_by_the_loop(up: raw.RawUpstream) -> None:
+        await wait_until_async(lambda: loop_saw_it(up), timeout=5, interval=0.001, message="the loop closed its side")
+
+    _closing_after_the_first_stream(caplog, closed_by_the_loop)
 
 
 def _streams(transport: Connections, url: str, n: int, pause: float = 0.0) -> Awaitable[list[int | str]]:
