@@ -463,6 +463,26 @@ def test_an_origin_seen_keeping_a_streams_connection_gets_them_reused(monkeypatc
         up.close()
 
 
+def test_a_streams_waiting_connection_gives_its_slot_up_at_the_cap() -> None:
+    """The connection waiting out its first second holds one of ``max_connections``:
+    at the cap the next request closes it and opens its own, at once (it does not wait
+    for the pool's timeout, which would fail the request)."""
+    up = raw.RawUpstream(raw.answer_keeping_streams)
+
+    async def main() -> list[int | str]:
+        transport = Connections(max_connections=1)
+        try:
+            return await _streams(transport, up.url, 3)
+        finally:
+            await transport.aclose()
+
+    try:
+        assert asyncio.run(main()) == [200] * 3
+        assert len(up.requests) == 3 and up.connections == 3
+    finally:
+        up.close()
+
+
 def test_a_reused_connection_closed_under_a_request_after_a_stream_is_learned(monkeypatch: pytest.MonkeyPatch) -> None:
     """An origin that kept a stream's connection once, then closes one a moment after
     its stream: the request written into the closing connection fails (never resent);
