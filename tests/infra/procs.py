@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -26,6 +27,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _new_log(log_dir: Path, name: str) -> tuple[Path, IO[bytes]]:
+    """A log file of this process's own: ``name.log``, or ``name.2.log``, ... when a
+    process of that name logged there before (names made from a free port repeat within
+    a session, and an earlier process's lines would be read as this one's)."""
+    for n in itertools.count(1):
+        path = log_dir / (f"{name}.log" if n == 1 else f"{name}.{n}.log")
+        try:
+            return path, open(path, "xb")  # closed in Proc.stop()
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
 class Proc:
     """A child process with its output in a log file; ``stop`` is idempotent."""
 
@@ -34,8 +48,7 @@ class Proc:
     ) -> None:
         self.name = name
         self.argv = argv
-        self.log_path = log_dir / f"{name}.log"
-        self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.log_path, self._log = _new_log(log_dir, name)
         full_env = {**os.environ, **(env or {})}
         self.popen = subprocess.Popen(
             argv,
