@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import shutil
 import signal
@@ -31,13 +30,13 @@ def _new_log(log_dir: Path, name: str) -> tuple[Path, IO[bytes]]:
     """A log file of this process's own: ``name.log``, or ``name.2.log``, ... when a
     process of that name logged there before (names made from a free port repeat within
     a session, and an earlier process's lines would be read as this one's)."""
-    for n in itertools.count(1):
+    n = 1
+    while True:
         path = log_dir / (f"{name}.log" if n == 1 else f"{name}.{n}.log")
         try:
             return path, open(path, "xb")  # closed in Proc.stop()
         except FileExistsError:
-            continue
-    raise AssertionError("unreachable")
+            n += 1
 
 
 class Proc:
