@@ -158,7 +158,8 @@ def render(doc: dict[str, Any]) -> str:
         f"{m['loadavg_end']} at end.",
         f"Command: {doc['command']}",
         f"Upstream: {doc['upstream']}. Load: wrk -t1, {cfg['duration_s']} s per run after "
-        f"{cfg['warmup_s']} s of warm-up, medians of {cfg['repeat']} round(s), the targets taking turns in each"
+        f"{cfg['warmup_s']} s of warm-up, medians of {cfg['repeat']} round(s), the targets taking turns in each "
+        "(in reverse order every other round)"
         + (
             f"; a run during which other processes used over {cfg['max_other']:g} cores was measured again."
             if cfg.get("max_other") is not None

@@ -4,7 +4,10 @@ A phase is one workload at one connection count.  Within a phase the targets
 take turns, round after round (``repeat``), so the rows of a table are measured
 within seconds of each other, and a row reports the medians of its rounds
 (:func:`medians`): on a machine whose speed drifts by the minute that keeps a
-ratio side by side.
+ratio side by side.  Every other round takes the targets in reverse order
+(:func:`turns`: A B C, C B A, ...), so no target always follows the same one (its
+aftermath: a recording target's writes still being flushed, a busy target's
+caches) and a drift within a round weighs on every target alike.
 
 Before each measurement the target is left to go idle (restarted if it will not),
 the runner waits (up to ``idle_wait_s``) until processes outside the benchmark use
@@ -204,7 +207,7 @@ class Runner:
         results = []
         for phase in self.plan.phases:
             for round_ in range(self.plan.repeat):
-                for target in targets:
+                for target in turns(targets, round_):
                     if target.base is None:
                         continue
                     log(f"{phase.key:<10} round {round_ + 1}  {target.name:<22}", end=" ")
@@ -214,6 +217,11 @@ class Runner:
                     results.append(res)
                     _log(res, started)
         return results
+
+
+def turns(targets: list[Target], round_: int) -> list[Target]:
+    """The order the targets take in round ``round_`` (from 0): as given, reversed in odd rounds."""
+    return list(targets) if round_ % 2 == 0 else list(reversed(targets))
 
 
 def _log(res: Run, started: float) -> None:
@@ -268,4 +276,4 @@ def log(msg: str, end: str = "\n") -> None:
     print(msg, end=end, file=sys.stderr, flush=True)
 
 
-__all__ = ["Phase", "Plan", "Runner", "log", "medians"]
+__all__ = ["Phase", "Plan", "Runner", "log", "medians", "turns"]

@@ -42,3 +42,15 @@ def test_a_share_is_the_median_of_the_rounds_ratios() -> None:
     nginx = medians([_run("n", 1, 3000), _run("n", 1, 1000), _run("n", 1, 2900)])[0]
     assert ratio(prefixpin, nginx) == 0.1
     assert ratio(prefixpin, {"rps": 3000}) == 0.1  # no rounds to pair: the medians
+
+
+def test_every_other_round_takes_the_targets_in_reverse_order() -> None:
+    from benchmarks.overhead.rounds import turns
+
+    targets: list[Any] = ["direct", "nginx", "prefixpin"]
+    assert [turns(targets, r) for r in range(3)] == [
+        ["direct", "nginx", "prefixpin"],
+        ["prefixpin", "nginx", "direct"],
+        ["direct", "nginx", "prefixpin"],
+    ]
+    assert targets == ["direct", "nginx", "prefixpin"]  # the caller's list is left as it was
