@@ -1,0 +1,159 @@
+"""Two prefixpins side by side in one-second slices: a small difference told from the host's drift.
+
+    python -m benchmarks.bench_paired                          # prefixpin against itself recording every request
+    python -m benchmarks.bench_paired --compare-ref f56259b    # this tree against git revision f56259b
+    python -m benchmarks.bench_paired --workload mix           # the conversation mix (default: body)
+    python -m benchmarks.bench_paired --smoke                  # two slices each: proves it works (CI)
+
+``bench_overhead`` measures each target for 10 s in a round; on a shared host whose
+speed moves by up to a quarter from one 10-s run to the next, its rounds spread
+wider than a 5% difference.  Here the two targets take turns every second (wrk
+``-c16 -d1s`` against each, ``--slices`` times, in reverse order every other turn),
+so a drift weighs on both alike, and each slice gives a ratio; the report is the
+median ratio with its interquartile range.  Besides req/s it reports the CPU each
+target spent per request, of its event loop thread alone (the thread every request
+waits for) and of the whole process (with the recording writer thread), read from
+``/proc/PID/task/TID/schedstat`` (nanoseconds, not clock ticks).
+
+Same targets, workloads and instant upstream (nginx) as ``bench_overhead``
+(``overhead/``).  A benchmark, not a test: it asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.bench_overhead import recording_config
+from benchmarks.overhead import nginx, workloads, wrk
+from benchmarks.overhead.rounds import PASSES_PER_RUN
+from benchmarks.overhead.targets import CLIENT_HEADERS, Target, checkout, prefixpin
+from benchmarks.overhead.tools import BIN_DIR
+
+CONNS = 16
+SLICE_S = 1
+
+
+@dataclass
+class Slices:
+    """One target's slices: requests, req/s, event-loop and process CPU µs per request."""
+
+    target: Target
+    requests: list[int] = field(default_factory=list)
+    rps: list[float] = field(default_factory=list)
+    loop_us: list[float] = field(default_factory=list)
+    process_us: list[float] = field(default_factory=list)
+
+
+def run_ns(pid: int) -> tuple[int, int]:
+    """(the main thread's, every thread's) time on a CPU so far, in nanoseconds."""
+    main, total = 0, 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += ns
+        if int(tid) == pid:
+            main = ns
+    return main, total
+
+
+def measure(s: Slices, load: workloads.Workload, start: int) -> None:
+    pid = s.target.procs[0].popen.pid
+    main0, all0 = run_ns(pid)
+    got = wrk.run(s.target.url, load.path, conns=CONNS, duration_s=SLICE_S, start=start, headers=CLIENT_HEADERS)
+    main1, all1 = run_ns(pid)
+    n = max(got.requests, 1)
+    s.requests.append(got.requests)
+    s.rps.append(got.rps)
+    s.loop_us.append((main1 - main0) / n / 1000)
+    s.process_us.append((all1 - all0) / n / 1000)
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, q2, q3
+
+
+def report(a: Slices, b: Slices, workload: str) -> list[str]:
+    def weighted(s: Slices, us: list[float]) -> float:
+        return sum(u * n for u, n in zip(us, s.requests, strict=True)) / max(sum(s.requests), 1)
+
+    out = [f"{workload}, {CONNS} connections, {len(a.rps)} slices of {SLICE_S} s each:", ""]
+    out += ["| target | req/s (median) | event loop CPU µs/req | process CPU µs/req |", "|---|---:|---:|---:|"]
+    for s in (a, b):
+        out.append(
+            f"| {s.target.name} | {statistics.median(s.rps):,.0f} | {weighted(s, s.loop_us):.1f} | "
+            f"{weighted(s, s.process_us):.1f} |"
+        )
+    out += ["", f"{b.target.name} over {a.target.name}, slice by slice (median, interquartile range):"]
+    for label, xs, ys in (
+        ("req/s", b.rps, a.rps),
+        ("event loop CPU per request", b.loop_us, a.loop_us),
+        ("process CPU per request", b.process_us, a.process_us),
+    ):
+        q1, q2, q3 = quartiles([x / y for x, y in zip(xs, ys, strict=True) if y])
+        out.append(f"- {label}: {q2:.3f}x ({q1:.3f}-{q3:.3f})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_paired", description=__doc__.splitlines()[0])
+    ap.add_argument("--compare-ref", metavar="REF", help="against git revision REF instead of recording")
+    ap.add_argument("--workload", choices=("body", "mix"), default="body")
+    ap.add_argument("--slices", type=int, default=50, help="one-second runs per target")
+    ap.add_argument("--smoke", action="store_true", help="two slices each: for CI")
+    args = ap.parse_args(argv)
+    slices = 2 if args.smoke else args.slices
+    logs = BIN_DIR / "logs-paired"
+    logs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="prefixpin-paired-") as tmp:
+        work = Path(tmp)
+        load = workloads.repeated(work) if args.workload == "body" else workloads.conversations(work, 64, 8)
+        up_proc, up = nginx.upstream(work, logs)
+        if args.compare_ref:
+            other = prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=checkout(args.compare_ref, work / "ref"))
+        else:
+            other = prefixpin(up, name="prefixpin-trace", config=recording_config(work))
+        pair = [Slices(prefixpin(up)), Slices(other)]
+        try:
+            for s in pair:
+                s.target.start(logs)
+                if s.target.reason:
+                    print(f"{s.target.name} unavailable: {s.target.reason}", file=sys.stderr)
+                    return 1
+            stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
+            for n, s in enumerate(pair, start=1):  # warmed up on request numbers no slice uses
+                wrk.run(
+                    s.target.url,
+                    load.path,
+                    conns=CONNS,
+                    duration_s=1 if args.smoke else 3,
+                    start=n * stretch,
+                    headers=CLIENT_HEADERS,
+                )
+            run = len(pair)
+            for i in range(slices):
+                for s in pair if i % 2 == 0 else pair[::-1]:
+                    run += 1
+                    measure(s, load, run * stretch)
+        finally:
+            for s in pair:
+                s.target.stop()
+            up_proc.stop()
+    print("\n".join(report(pair[0], pair[1], args.workload)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
