@@ -1,7 +1,7 @@
 """Two prefixpins side by side in one-second slices: a small difference told from the host's drift.
 
     python -m benchmarks.bench_paired                          # prefixpin against itself recording every request
-    python -m benchmarks.bench_paired --compare-ref f56259b    # this tree against git revision f56259b
+    python -m benchmarks.bench_paired --compare-ref f56259b    # this tree against git revision f56259b instead
     python -m benchmarks.bench_paired --workload mix           # the conversation mix (default: body)
     python -m benchmarks.bench_paired --smoke                  # two slices each: proves it works (CI)
 
@@ -121,11 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         load = workloads.repeated(work) if args.workload == "body" else workloads.conversations(work, 64, 8)
         up_proc, up = nginx.upstream(work, logs)
-        if args.compare_ref:
-            other = prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=checkout(args.compare_ref, work / "ref"))
-        else:
-            other = prefixpin(up, name="prefixpin-trace", config=recording_config(work))
-        pair = [Slices(prefixpin(up)), Slices(other)]
+        if args.compare_ref:  # this tree over the revision
+            ref = checkout(args.compare_ref, work / "ref")
+            pair = [Slices(prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=ref)), Slices(prefixpin(up))]
+        else:  # recording over not
+            pair = [Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=recording_config(work)))]
         try:
             for s in pair:
                 s.target.start(logs)
