@@ -14,8 +14,9 @@ with wrk (``wrk -t1``; Debian's, installed as root when missing) on two
 workloads: one repeated hermes body, and a mix of conversations in which each
 request continues one (``overhead/workloads.py``).  Saturation is ``-c16``
 (``--conns``), latency is ``-c1``; the targets take turns in each of ``--repeat``
-rounds (in reverse order every other round) and each row reports the medians.  Before trusting a ratio to nginx, the
-report checks that wrk straight to the upstream out-runs nginx in front of it.
+rounds (in reverse order every other round) and each row reports the medians.
+Before trusting a ratio to nginx, the report checks that wrk straight to the
+upstream out-runs nginx in front of it.
 
 A benchmark, not a test: it asserts nothing about time.  ``--smoke`` exits
 non-zero if a target answered with errors (status >= 400, socket errors,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.bench_overhead import recording_config
 from benchmarks.overhead import nginx, workloads, wrk
-from benchmarks.overhead.rounds import PASSES_PER_RUN
+from benchmarks.overhead.rounds import PASSES_PER_RUN, turns
 from benchmarks.overhead.targets import CLIENT_HEADERS, Target, checkout, prefixpin
 from benchmarks.overhead.tools import BIN_DIR
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             run = len(pair)
             for i in range(slices):
-                for s in pair if i % 2 == 0 else pair[::-1]:
+                for s in turns(pair, i):
                     run += 1
                     measure(s, load, run * stretch)
         finally:

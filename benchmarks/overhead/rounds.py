@@ -30,9 +30,10 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -41,6 +42,7 @@ from benchmarks.overhead.targets import CLIENT_HEADERS, Target
 from benchmarks.overhead.workloads import Workload
 
 Run = dict[str, Any]
+T = TypeVar("T")
 PASSES_PER_RUN = 10_000  # request numbers reserved per wrk run, in passes over the templates
 
 
@@ -219,7 +221,7 @@ class Runner:
         return results
 
 
-def turns(targets: list[Target], round_: int) -> list[Target]:
+def turns(targets: Sequence[T], round_: int) -> list[T]:
     """The order the targets take in round ``round_`` (from 0): as given, reversed in odd rounds."""
     return list(targets) if round_ % 2 == 0 else list(reversed(targets))
 
