@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.overhead.tools import CACHE
+from benchmarks.overhead.tools import CACHE, exclusive
 from tests.infra.procs import REPO
 
 PINS = (
@@ -35,11 +35,14 @@ def python() -> Path:
     exe = venv / "bin" / "python"
     if (venv / ".complete").exists():
         return exe
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    pip = [str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--require-hashes", "-r", str(REPO / "requirements.lock")], check=True)
-    subprocess.run([*pip, *PINS], check=True)
-    (venv / ".complete").touch()
+    with exclusive(venv.with_name(venv.name + ".lock")):  # another run may be building it
+        if (venv / ".complete").exists():
+            return exe
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        pip = [str(exe), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "--require-hashes", "-r", str(REPO / "requirements.lock")], check=True)
+        subprocess.run([*pip, *PINS], check=True)
+        (venv / ".complete").touch()
     return exe
 
 

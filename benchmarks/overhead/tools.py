@@ -8,10 +8,13 @@ library is used, so no module is ever downloaded (``GOPROXY=off``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -91,7 +94,7 @@ def go_binary(name: str) -> Path:
     if out.exists():
         return out
     BIN_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # another run may build it too: the last rename wins
     done = subprocess.run(
         [go, "build", "-trimpath", "-o", str(tmp), str(src)], capture_output=True, text=True, env=env, cwd=src.parent
     )
@@ -99,6 +102,19 @@ def go_binary(name: str) -> Path:
         raise RuntimeError(f"go build {src} failed:\n{done.stderr}")
     tmp.replace(out)
     return out
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created) for the block: one process at a
+    time builds what the cache shares."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def loadavg() -> str:
