@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.overhead.tools import CACHE, exclusive
+from benchmarks.overhead.tools import CACHE
+from tests.infra.llama import cache_lock
 from tests.infra.procs import REPO
 
 PINS = (
@@ -35,7 +36,8 @@ def python() -> Path:
     exe = venv / "bin" / "python"
     if (venv / ".complete").exists():
         return exe
-    with exclusive(venv.with_name(venv.name + ".lock")):  # another run may be building it
+    building = cache_lock(f"bench-http-{digest}")  # another run may be building it
+    try:
         if (venv / ".complete").exists():
             return exe
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
@@ -43,6 +45,8 @@ def python() -> Path:
         subprocess.run([*pip, "--require-hashes", "-r", str(REPO / "requirements.lock")], check=True)
         subprocess.run([*pip, *PINS], check=True)
         (venv / ".complete").touch()
+    finally:
+        building.close()
     return exe
 
 

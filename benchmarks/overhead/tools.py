@@ -8,13 +8,10 @@ library is used, so no module is ever downloaded (``GOPROXY=off``).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -102,19 +99,6 @@ def go_binary(name: str) -> Path:
         raise RuntimeError(f"go build {src} failed:\n{done.stderr}")
     tmp.replace(out)
     return out
-
-
-@contextlib.contextmanager
-def exclusive(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created) for the block: one process at a
-    time builds what the cache shares."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def loadavg() -> str:

@@ -1,4 +1,4 @@
-"""What the benchmarks build into the shared cache is built by one run at a time."""
+"""What the tests and benchmarks build into the shared cache is built by one run at a time."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.overhead.tools import exclusive
+from tests.infra import llama
 
 
-def test_exclusive_holds_the_lock_for_the_block_only(tmp_path: Path) -> None:
-    lock = tmp_path / "sub" / "venv.lock"
-    with exclusive(lock), open(lock) as other, pytest.raises(BlockingIOError):
+def test_the_cache_lock_is_held_until_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llama, "CACHE", tmp_path / "sub")
+    lock = llama.cache_lock("venv")
+    with open(tmp_path / "sub" / ".venv.lock") as other, pytest.raises(BlockingIOError):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open of the file (another run) is kept out
-    with open(lock) as other:
+    lock.close()
+    with open(tmp_path / "sub" / ".venv.lock") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again

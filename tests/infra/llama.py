@@ -23,6 +23,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import IO
 
 SDIST_VERSION = "0.3.36"
 LLAMA_COMMIT = "0c1e57098"  # the llama.cpp commit vendored by SDIST_VERSION
@@ -37,7 +38,9 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
     subprocess.run(cmd, cwd=cwd, check=True, stdout=sys.stderr.fileno())
 
 
-def _locked(name: str):  # type: ignore[no-untyped-def]
+def cache_lock(name: str) -> IO[str]:
+    """An exclusive ``flock`` on ``<cache>/.<name>.lock``, held until the returned file is
+    closed: one process at a time builds what the cache shares (test runs may overlap)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     fh = open(CACHE / f".{name}.lock", "w")  # noqa: SIM115 - held for the build
     fcntl.flock(fh, fcntl.LOCK_EX)
@@ -53,7 +56,7 @@ def ensure_server() -> Path:
     target = server_path()
     if target.exists():
         return target
-    lock = _locked("llama-build")
+    lock = cache_lock("llama-build")
     try:
         if target.exists():
             return target
@@ -126,7 +129,7 @@ def ensure_model(layers: int = 2, embd: int = 128) -> Path:
     target = model_path(layers, embd)
     if target.exists():
         return target
-    lock = _locked("model")
+    lock = cache_lock("model")
     try:
         if not target.exists():
             from tests.infra.tiny_gguf import write_model

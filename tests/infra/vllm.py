@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.infra.llama import CACHE, _locked, _run
+from tests.infra.llama import CACHE, _run, cache_lock
 from tests.infra.procs import Proc, free_port
 
 VLLM_VERSION = "0.32.0"
@@ -54,7 +54,7 @@ def ensure_venv() -> Path:
     stamp = venv_path() / ".installed"
     if stamp.exists():
         return python_path()
-    lock = _locked("vllm-venv")
+    lock = cache_lock("vllm-venv")
     try:
         if stamp.exists():
             return python_path()
@@ -79,7 +79,7 @@ def ensure_model() -> Path:
     if (target / ".complete").exists():
         return target
     python = ensure_venv()
-    lock = _locked("vllm-model")
+    lock = cache_lock("vllm-model")
     try:
         if not (target / ".complete").exists():
             shutil.rmtree(target, ignore_errors=True)
