@@ -153,10 +153,11 @@ def make_targets(args: argparse.Namespace, upstream: Proc, up: str, work: Path) 
 TRACE_MAX_BYTES = 64 << 20  # the recording target rotates (and removes) as it goes: a run writes GBs
 
 
-def recording_config(work: Path) -> Path:
-    """``prefixpin-trace``'s config: every request recorded to the run's temp dir."""
+def recording_config(work: Path, trace_path: str | None = None) -> Path:
+    """``prefixpin-trace``'s config: every request recorded to the run's temp dir (or
+    to ``trace_path``)."""
     path = work / "recording.yaml"
-    trace = {"path": str(work / "trace.jsonl"), "max_bytes": TRACE_MAX_BYTES, "keep": 1}
+    trace = {"path": trace_path or str(work / "trace.jsonl"), "max_bytes": TRACE_MAX_BYTES, "keep": 1}
     path.write_text(json.dumps({"trace": trace}))  # JSON is YAML
     return path
 

@@ -3,6 +3,7 @@
     python -m benchmarks.bench_paired                          # prefixpin against itself recording every request
     python -m benchmarks.bench_paired --compare-ref f56259b    # this tree against git revision f56259b instead
     python -m benchmarks.bench_paired --workload mix           # the conversation mix (default: body)
+    python -m benchmarks.bench_paired --trace-path /dev/null   # recording to there (default: a file, rotated)
     python -m benchmarks.bench_paired --smoke                  # two slices each: proves it works (CI)
 
 ``bench_overhead`` measures each target for 10 s in a round; on a shared host whose
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", choices=("body", "mix"), default="body")
     ap.add_argument("--slices", type=int, default=50, help="one-second runs per target")
     ap.add_argument("--smoke", action="store_true", help="two slices each: for CI")
+    ap.add_argument(
+        "--trace-path", metavar="PATH", help="where prefixpin-trace records (default: a file in the run's temp dir)"
+    )
     args = ap.parse_args(argv)
     slices = 2 if args.smoke else args.slices
     logs = BIN_DIR / "logs-paired"
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             ref = checkout(args.compare_ref, work / "ref")
             pair = [Slices(prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=ref)), Slices(prefixpin(up))]
         else:  # recording over not
-            pair = [Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=recording_config(work)))]
+            config = recording_config(work, args.trace_path)
+            pair = [Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=config))]
         try:
             for s in pair:
                 s.target.start(logs)
