@@ -36,8 +36,7 @@ def python() -> Path:
     exe = venv / "bin" / "python"
     if (venv / ".complete").exists():
         return exe
-    building = cache_lock(f"bench-http-{digest}")  # another run may be building it
-    try:
+    with cache_lock(f"bench-http-{digest}"):  # another run may be building it
         if (venv / ".complete").exists():
             return exe
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
@@ -45,8 +44,6 @@ def python() -> Path:
         subprocess.run([*pip, "--require-hashes", "-r", str(REPO / "requirements.lock")], check=True)
         subprocess.run([*pip, *PINS], check=True)
         (venv / ".complete").touch()
-    finally:
-        building.close()
     return exe
 
 

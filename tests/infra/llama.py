@@ -40,7 +40,8 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
 
 def cache_lock(name: str) -> IO[str]:
     """An exclusive ``flock`` on ``<cache>/.<name>.lock``, held until the returned file is
-    closed: one process at a time builds what the cache shares (test runs may overlap)."""
+    closed (``with cache_lock(name):``): one process at a time builds what the cache
+    shares (test runs may overlap)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     fh = open(CACHE / f".{name}.lock", "w")  # noqa: SIM115 - held for the build
     fcntl.flock(fh, fcntl.LOCK_EX)
@@ -56,8 +57,7 @@ def ensure_server() -> Path:
     target = server_path()
     if target.exists():
         return target
-    lock = cache_lock("llama-build")
-    try:
+    with cache_lock("llama-build"):
         if target.exists():
             return target
         for tool in ("cmake", "ninja", "g++"):
@@ -116,8 +116,6 @@ def ensure_server() -> Path:
             shutil.copy2(build / "bin" / "llama-server", tmp_target)
             tmp_target.replace(target)
         return target
-    finally:
-        lock.close()
 
 
 def model_path(layers: int = 2, embd: int = 128) -> Path:
@@ -129,8 +127,7 @@ def ensure_model(layers: int = 2, embd: int = 128) -> Path:
     target = model_path(layers, embd)
     if target.exists():
         return target
-    lock = cache_lock("model")
-    try:
+    with cache_lock("model"):
         if not target.exists():
             from tests.infra.tiny_gguf import write_model
 
@@ -139,8 +136,6 @@ def ensure_model(layers: int = 2, embd: int = 128) -> Path:
             write_model(tmp, layers=layers, embd=embd)
             tmp.replace(target)
         return target
-    finally:
-        lock.close()
 
 
 def main() -> None:

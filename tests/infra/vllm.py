@@ -54,8 +54,7 @@ def ensure_venv() -> Path:
     stamp = venv_path() / ".installed"
     if stamp.exists():
         return python_path()
-    lock = cache_lock("vllm-venv")
-    try:
+    with cache_lock("vllm-venv"):
         if stamp.exists():
             return python_path()
         shutil.rmtree(venv_path(), ignore_errors=True)
@@ -65,8 +64,6 @@ def ensure_venv() -> Path:
         _run([*pip, "uninstall", "-y", "-q", *UNUSED])
         stamp.write_text(VLLM_VERSION + "\n")
         return python_path()
-    finally:
-        lock.close()
 
 
 def model_dir() -> Path:
@@ -79,16 +76,13 @@ def ensure_model() -> Path:
     if (target / ".complete").exists():
         return target
     python = ensure_venv()
-    lock = cache_lock("vllm-model")
-    try:
+    with cache_lock("vllm-model"):
         if not (target / ".complete").exists():
             shutil.rmtree(target, ignore_errors=True)
             script = Path(__file__).with_name("vllm_model.py")
             _run([str(python), str(script), str(target)])
             (target / ".complete").touch()
         return target
-    finally:
-        lock.close()
 
 
 def start_vllm(log_dir: Path, name: str = "vllm", *, wait: bool = True) -> tuple[Proc, str]:
