@@ -21,6 +21,7 @@ from canonicalize.jsonspan import JsonDoc
 SHARED = frozenset({"assistant", "tool"})
 
 Span = tuple[int, int]
+_WS = b" \t\n\r"  # JSON's whitespace
 _ENDS = 32  # at most this many last bytes compared before a body's layout is found (it costs a serialization)
 
 
@@ -306,7 +307,11 @@ def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: lis
     if start >= end:
         return False
     new = orjson.loads(b"".join((b"[", memoryview(raw)[start:end], b"]")))  # the gap copied once
-    if len(new) == 1:  # one item: the gap is its span
+    if len(new) == 1:  # one item: the gap is its span, without whitespace around it
+        while raw[start] in _WS:
+            start += 1
+        while raw[end - 1] in _WS:
+            end -= 1
         spans.append((start, end))
         items += new
         return True

@@ -145,6 +145,19 @@ def test_only_the_changed_message_is_parsed_and_the_rest_is_the_kept_objects() -
     assert all(a is b for a, b in zip(again[1:-1], now[1:-1], strict=True))  # the middle run, found again
 
 
+def test_a_new_item_with_whitespace_around_it_has_the_span_a_scan_finds() -> None:
+    rng = random.Random(3)
+    bodies = Bodies()
+    first = _session(rng, 4)
+    _check(bodies, _compact(first))
+    second = copy.deepcopy(first)
+    second["messages"].append({"role": "user", "content": "next"})
+    raw = _compact(second)
+    at = raw.rindex(b',{"role"') + 1
+    _check(bodies, raw[:at] + b" \n " + raw[at:])  # every item's span, as JsonDoc finds it
+    assert bodies.reused == 1
+
+
 def test_bodies_not_written_as_orjson_writes_them_are_parsed_whole() -> None:
     rng = random.Random(2)
     bodies = Bodies()
