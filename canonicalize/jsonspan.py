@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import orjson
 
-__all__ = ["EditConflict", "Edits", "JsonDoc", "Member", "Path", "PathError"]
+__all__ = ["EditConflict", "Edits", "JsonDoc", "Member", "Path", "PathError", "has_line_break"]
 
 Path = tuple[str | int, ...]
 """Keys and indexes from the top-level value: ``("messages", 0, "content")``; ``()`` is the whole value."""
@@ -112,6 +112,11 @@ def _escaped(raw: bytes, pos: int) -> bool:
     return (pos - i) % 2 == 1
 
 
+def has_line_break(raw: bytes, start: int, end: int) -> bool:
+    """Whether ``raw[start:end]`` holds a CR or LF."""
+    return raw.find(b"\n", start, end) >= 0 or raw.find(b"\r", start, end) >= 0
+
+
 def _malformed(pos: int) -> ValueError:
     return ValueError(f"malformed JSON at byte {pos}")
 
@@ -152,6 +157,16 @@ class JsonDoc:
         # The span of each item of the top-level array named here, known from elsewhere
         # (canonicalize.bodies): a path into an item is looked up in that item's bytes alone.
         self.known_items: tuple[str, list[tuple[int, int]]] | None = None
+        # Whether the bytes hold no raw line break (CR or LF: in JSON text, whitespace
+        # between tokens), when known without looking (canonicalize.bodies: a body parsed
+        # by pieces of one without any, and none in its new bytes); None: not known.
+        self.flat: bool | None = None
+
+    def is_flat(self) -> bool:
+        """Whether the bytes hold no raw line break (:attr:`flat`, looked for once)."""
+        if self.flat is None:
+            self.flat = not has_line_break(self.raw, 0, len(self.raw))
+        return self.flat
 
     # -- public lookups -------------------------------------------------------------
     def span(self, path: Path) -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from canonicalize.jsonspan import JsonDoc
+from canonicalize.jsonspan import JsonDoc, has_line_break
 
 # The roles of the items no request writes to (it writes system texts and date notes
 # on user messages): the only items shared between requests; every other is copied.
@@ -221,9 +221,11 @@ def _assemble(
     pos, after_item = len(old.head), False
     old_items, old_writable = old.items, old.writable
     copies: list[int] = []
+    breaks = False  # a line break in the new bytes (the gaps): the rest are old's
     try:
         for first, start, count in runs:
             n_before = len(items)
+            breaks = breaks or has_line_break(raw, pos, start)
             if not _gap(raw, pos, start, after_item, True, items, new_spans):
                 return None
             copies += writable(items, n_before)
@@ -239,6 +241,7 @@ def _assemble(
                 new_spans += spans[first : first + count]
             pos, after_item = e0 + shift, True
         n_before = len(items)
+        breaks = breaks or has_line_break(raw, pos, close)
         if not _gap(raw, pos, close, after_item, False, items, new_spans):
             return None
         copies += writable(items, n_before)
@@ -247,6 +250,10 @@ def _assemble(
     top = dict(old.top)
     top[old.key] = items
     doc = JsonDoc(raw)
+    if breaks:
+        doc.flat = False
+    elif old.doc.is_flat():  # (its head and tail are old's too)
+        doc.flat = True
     _carry(old, doc, moves, close)
     known = (-1, -1) not in new_spans
     if known:

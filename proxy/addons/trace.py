@@ -27,6 +27,7 @@ class Trace:
     def done(self, flow: Flow) -> None:
         inbound, answer, outcome = flow.inbound, flow.answer, flow.outcome
         usage = answer.reply.usage if answer.reply is not None else None
+        parsed = flow.get(Parsed)
         self.recorder.put(
             Entry(
                 t=time.time() - (time.perf_counter() - inbound.started),  # when the request came in
@@ -34,7 +35,8 @@ class Trace:
                 query=inbound.query,
                 headers=inbound.headers.raw,
                 body=inbound.raw,
-                parsed=flow.get(Parsed) is not None,
+                parsed=parsed is not None,
+                flat=parsed is not None and parsed.doc.flat is True and parsed.doc.raw is inbound.raw,
                 tenant=flow.tenant if flow.get(Skip) is None else None,
                 lineage=outcome.record.id if outcome is not None else None,
                 role=flow.role,
@@ -59,6 +61,7 @@ def rejected(recorder: Recorder, scope: Scope, status: int) -> None:
             headers=scope["headers"],
             body=b"",
             parsed=False,
+            flat=False,
             tenant=None,
             lineage=None,
             role="rejected",

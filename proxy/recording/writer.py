@@ -64,7 +64,8 @@ class Recorder:
         self.max_bytes = max_bytes
         self._queue: deque[tuple[Entry | Line, int]] = deque()  # (entry or line, its bytes)
         self._bytes = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # put() takes it alone: a Condition's own `with` is Python code
+        self._cond = threading.Condition(self._lock)
         self._closing = False
         self._busy = False  # the thread holds a batch it has not written yet
         self._warned = 0.0
@@ -85,7 +86,7 @@ class Recorder:
                 log.exception("trace: a line could not be encoded")
                 self.lost(1, f"{type(exc).__name__} while encoding")
                 return False
-        with self._cond:
+        with self._lock:
             full = len(self._queue) >= self.max_lines or self._bytes + size > self.max_bytes
             if full or self._closing:
                 dropped = True

@@ -15,7 +15,7 @@ import pytest
 import xxhash
 
 from canonicalize.bodies import SHARED, Bodies, lead
-from canonicalize.jsonspan import JsonDoc
+from canonicalize.jsonspan import JsonDoc, has_line_break
 
 
 def _text(rng: random.Random) -> str:
@@ -91,6 +91,8 @@ def _check(bodies: Bodies, raw: bytes, scope: str = "t") -> dict[str, Any]:
     assert body == fresh[0] == orjson.loads(raw)
     for path, span in doc._quick.items():
         assert fresh[1].span(path) == span, path
+    if doc.flat is not None:  # known without looking: as looking finds
+        assert doc.flat is not has_line_break(raw, 0, len(raw))
     for i, msg in enumerate(body["messages"]):  # through the item spans the doc knows, or its own search
         for path in [("messages", i), *((("messages", i, k) for k in msg) if isinstance(msg, dict) else ())]:
             assert doc.span(path) == JsonDoc(raw).span(path), path
@@ -122,6 +124,28 @@ def test_a_session_parsed_by_pieces_is_parsed_as_orjson_parses_it_whole(seed: in
                     part["text"] = "edited"
         body["tools"] = []
     assert bodies.reused > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_whether_a_body_holds_a_line_break_is_known_from_its_pieces(seed: int) -> None:
+    # Line breaks where JSON allows them (whitespace): in the head, the tail, or
+    # before an item of the array (a gap the next turn may reuse or parse anew).
+    rng = random.Random(seed)
+    bodies, session, known = Bodies(), _session(rng, 4), 0
+    for turn in range(30):
+        session = _mutate(rng, session, turn)
+        raw = _compact(session)
+        where = rng.choice([b"", b"", b'{"model"', b'"tools"', b',{"role"'])
+        if where:
+            at = raw.find(where, rng.randrange(len(raw) // 2) if where == b',{"role"' else 0)
+            if at >= 0:
+                cut = at + 1 if where[:1] == b"," else at if where != b'{"model"' else 1
+                raw = raw[:cut] + rng.choice([b"\n", b"\r\n", b" \n "]) + raw[cut:]
+        _check(bodies, raw)
+        doc = bodies.newest("t").doc
+        known += doc.flat is not None
+        assert doc.is_flat() is not has_line_break(raw, 0, len(raw))
+    assert known > 0
 
 
 def test_only_the_changed_message_is_parsed_and_the_rest_is_the_kept_objects() -> None:

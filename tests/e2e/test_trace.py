@@ -301,3 +301,35 @@ def test_a_request_refused_before_its_body_is_recorded_without_it(
     assert "trace.jsonl:1: skipped: prefixpin refused this request (413) before reading its body" in out.stderr
     report = json.loads(out.stdout)
     assert [r["index"] for r in report["requests"]] == [1]
+
+
+def test_each_turn_is_one_line_whatever_its_line_breaks(
+    tmp_path: Path, provider: str, serve_traced: Callable[..., tuple[str, Proc]]
+) -> None:
+    """A conversation whose turns the proxy parses by pieces of the one before: compact,
+    then a new message after a line break, compact again, pretty-printed, compact.
+    Each line holds its turn's bytes with every CR and LF a space (at its offset), no
+    more: the turns known to hold none are written as they are."""
+    config = tmp_path / "c.yaml"
+    config.write_text("{}\n")
+    trace = tmp_path / "trace.jsonl"
+    base, _ = serve_traced(provider, trace, config)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse.\nAnswer in one line."}]
+    sent: list[bytes] = []
+    headers = {"authorization": "Bearer sk-replay-key", "content-type": "application/json"}
+    with httpx.Client(base_url=base, trust_env=False, timeout=60, headers=headers) as client:
+        for turn in range(6):
+            messages += [{"role": "user", "content": f"question {turn}\r\nplease"}]
+            raw = json.dumps({"model": "m", "messages": messages}, separators=(",", ":")).encode()
+            if turn == 1:  # the new message after a line break: a gap the proxy parses anew
+                at = raw.rindex(b',{"role":"user"') + 1
+                raw = raw[:at] + b"\r\n" + raw[at:]
+            elif turn == 4:
+                raw = json.dumps({"model": "m", "messages": messages}, indent=1).encode()
+            reply = client.post("/v1/chat/completions", content=raw)
+            assert reply.status_code == 200
+            sent.append(raw)
+            messages.append({"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"]})
+    wait_until(lambda: len(_lines(trace)) == len(sent), message="every turn recorded")
+    for line, raw in zip(_lines(trace), sent, strict=True):
+        assert line[line.index(b',"body":') + 8 : -1] == raw.replace(b"\r", b" ").replace(b"\n", b" ")

@@ -35,6 +35,7 @@ def entry(body: bytes = BODY, *, parsed: bool = True, **kw: Any) -> Entry:
         "headers": [(b"content-type", b"application/json")],
         "body": body,
         "parsed": parsed,
+        "flat": False,
         "tenant": "k0123",
         "lineage": "abc",
         "role": "continuation",
