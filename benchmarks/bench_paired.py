@@ -4,6 +4,7 @@
     python -m benchmarks.bench_paired --compare-ref f56259b    # this tree against git revision f56259b instead
     python -m benchmarks.bench_paired --workload mix           # the conversation mix (default: body)
     python -m benchmarks.bench_paired --trace-path /dev/null   # recording to there (default: a file, rotated)
+    python -m benchmarks.bench_paired --runs 3 --slices 30     # three runs, each with fresh processes
     python -m benchmarks.bench_paired --smoke                  # two slices each: proves it works (CI)
 
 ``bench_overhead`` measures each target for 10 s in a round; on a shared host whose
@@ -15,6 +16,11 @@ median ratio with its interquartile range.  Besides req/s it reports the CPU eac
 target spent per request, of its event loop thread alone (the thread every request
 waits for) and of the whole process (with the recording writer thread), read from
 ``/proc/PID/task/TID/schedstat`` (nanoseconds, not clock ticks).
+
+A run's median ratio moves by about a percent from one run to the next, more than
+its interquartile range suggests: each run starts fresh processes (another hash
+seed, another memory layout, other cores).  ``--runs N`` starts the pair N times
+and reports each run and the median of the runs' medians.
 
 Same targets, workloads and instant upstream (nginx) as ``bench_overhead``
 (``overhead/``).  A benchmark, not a test: it asserts nothing about time.
@@ -86,6 +92,18 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
+def ratios(a: Slices, b: Slices) -> list[tuple[str, tuple[float, float, float]]]:
+    """``b`` over ``a`` slice by slice: (label, quartiles) for req/s and the CPU per request."""
+    out = []
+    for label, xs, ys in (
+        ("req/s", b.rps, a.rps),
+        ("event loop CPU per request", b.loop_us, a.loop_us),
+        ("process CPU per request", b.process_us, a.process_us),
+    ):
+        out.append((label, quartiles([x / y for x, y in zip(xs, ys, strict=True) if y])))
+    return out
+
+
 def report(a: Slices, b: Slices, workload: str) -> list[str]:
     def weighted(s: Slices, us: list[float]) -> float:
         return sum(u * n for u, n in zip(us, s.requests, strict=True)) / max(sum(s.requests), 1)
@@ -98,13 +116,20 @@ def report(a: Slices, b: Slices, workload: str) -> list[str]:
             f"{weighted(s, s.process_us):.1f} |"
         )
     out += ["", f"{b.target.name} over {a.target.name}, slice by slice (median, interquartile range):"]
-    for label, xs, ys in (
-        ("req/s", b.rps, a.rps),
-        ("event loop CPU per request", b.loop_us, a.loop_us),
-        ("process CPU per request", b.process_us, a.process_us),
-    ):
-        q1, q2, q3 = quartiles([x / y for x, y in zip(xs, ys, strict=True) if y])
+    for label, (q1, q2, q3) in ratios(a, b):
         out.append(f"- {label}: {q2:.3f}x ({q1:.3f}-{q3:.3f})")
+    return out
+
+
+def summary(runs: list[tuple[Slices, Slices]]) -> list[str]:
+    """The runs' median ratios side by side, and their median."""
+    per_run = [ratios(a, b) for a, b in runs]
+    a, b = runs[0]
+    out = [f"{b.target.name} over {a.target.name}, {len(runs)} runs (each run's median; the median of them):"]
+    for k, (label, _) in enumerate(per_run[0]):
+        medians = [r[k][1][1] for r in per_run]
+        each = ", ".join(f"{m:.3f}x" for m in medians)
+        out.append(f"- {label}: {each}; median {statistics.median(medians):.3f}x")
     return out
 
 
@@ -113,51 +138,75 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-ref", metavar="REF", help="against git revision REF instead of recording")
     ap.add_argument("--workload", choices=("body", "mix"), default="body")
     ap.add_argument("--slices", type=int, default=50, help="one-second runs per target")
+    ap.add_argument("--runs", type=int, default=1, help="times the pair is started afresh (default 1)")
     ap.add_argument("--smoke", action="store_true", help="two slices each: for CI")
     ap.add_argument(
         "--trace-path", metavar="PATH", help="where prefixpin-trace records (default: a file in the run's temp dir)"
     )
     args = ap.parse_args(argv)
+    if args.runs < 1 or args.slices < 1:
+        ap.error("--runs and --slices: at least 1")
     slices = 2 if args.smoke else args.slices
     logs = BIN_DIR / "logs-paired"
     logs.mkdir(parents=True, exist_ok=True)
+    runs: list[tuple[Slices, Slices]] = []
     with tempfile.TemporaryDirectory(prefix="prefixpin-paired-") as tmp:
         work = Path(tmp)
         load = workloads.repeated(work) if args.workload == "body" else workloads.conversations(work, 64, 8)
+        ref = checkout(args.compare_ref, work / "ref") if args.compare_ref else None
         up_proc, up = nginx.upstream(work, logs)
-        if args.compare_ref:  # this tree over the revision
-            ref = checkout(args.compare_ref, work / "ref")
-            pair = [Slices(prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=ref)), Slices(prefixpin(up))]
-        else:  # recording over not
-            config = recording_config(work, args.trace_path)
-            pair = [Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=config))]
         try:
-            for s in pair:
-                s.target.start(logs)
-                if s.target.reason:
-                    print(f"{s.target.name} unavailable: {s.target.reason}", file=sys.stderr)
+            for n in range(args.runs):
+                if ref is not None:  # this tree over the revision
+                    pair = (
+                        Slices(prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=ref)),
+                        Slices(prefixpin(up)),
+                    )
+                else:  # recording over not
+                    config = recording_config(work, args.trace_path)
+                    pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=config)))
+                if not one_run(pair, load, logs, slices, smoke=args.smoke):
                     return 1
-            stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
-            for n, s in enumerate(pair, start=1):  # warmed up on request numbers no slice uses
-                wrk.run(
-                    s.target.url,
-                    load.path,
-                    conns=CONNS,
-                    duration_s=1 if args.smoke else 3,
-                    start=n * stretch,
-                    headers=CLIENT_HEADERS,
-                )
-            run = len(pair)
-            for i in range(slices):
-                for s in turns(pair, i):
-                    run += 1
-                    measure(s, load, run * stretch)
+                runs.append(pair)
+                if args.runs > 1:
+                    print("\n".join(["", f"run {n + 1} of {args.runs}:", *report(*pair, args.workload)]), flush=True)
         finally:
-            for s in pair:
-                s.target.stop()
             up_proc.stop()
-    print("\n".join(report(pair[0], pair[1], args.workload)))
+    if args.runs == 1:
+        print("\n".join(report(*runs[0], args.workload)))
+    else:
+        print("\n".join(["", *summary(runs)]))
     return 0
+
+
+def one_run(pair: tuple[Slices, Slices], load: workloads.Workload, logs: Path, slices: int, *, smoke: bool) -> bool:
+    """The pair started, warmed up, measured ``slices`` times each in turns, stopped;
+    False (said why) when a target cannot start."""
+    try:
+        for s in pair:
+            s.target.start(logs)
+            if s.target.reason:
+                print(f"{s.target.name} unavailable: {s.target.reason}", file=sys.stderr)
+                return False
+        stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
+        for n, s in enumerate(pair, start=1):  # warmed up on request numbers no slice uses
+            wrk.run(
+                s.target.url,
+                load.path,
+                conns=CONNS,
+                duration_s=1 if smoke else 3,
+                start=n * stretch,
+                headers=CLIENT_HEADERS,
+            )
+        run = len(pair)
+        for i in range(slices):
+            for s in turns(list(pair), i):
+                run += 1
+                measure(s, load, run * stretch)
+    finally:
+        for s in pair:
+            s.target.stop()
+    return True
 
 
 if __name__ == "__main__":

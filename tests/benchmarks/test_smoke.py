@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
     [
         ["-m", "benchmarks.bench_cache", "--smoke"],
         ["-m", "benchmarks.bench_overhead", "--smoke", "--no-install"],
-        ["-m", "benchmarks.bench_paired", "--smoke"],
+        ["-m", "benchmarks.bench_paired", "--smoke", "--runs", "2"],
         ["-m", "benchmarks.bench_provider", "--smoke"],
         ["-m", "benchmarks.bench_bigbody", "--smoke"],
         ["-m", "benchmarks.bench_memory", "--smoke"],
