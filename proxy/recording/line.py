@@ -36,6 +36,7 @@ from urllib.parse import unquote_plus
 import orjson
 
 from canonicalize import Usage
+from canonicalize.jsonspan import has_line_break
 from proxy.redact import is_secret_param
 
 CREDENTIAL_HEADERS = frozenset(
@@ -156,9 +157,7 @@ def _embeddable(body: bytes, parsed: bool, flat: bool) -> bytes | None:
     """``body`` as a JSON value on one line, or None when it is not JSON text."""
     if not parsed and not (len(body) <= CHECK_MAX_BYTES and _is_json(body)):
         return None
-    if flat:
-        return body
-    if b"\n" in body or b"\r" in body:  # whitespace between tokens (a string cannot hold them raw)
+    if not flat and has_line_break(body, 0, len(body)):  # whitespace between tokens (a string cannot hold them raw)
         return body.translate(_NEWLINES)
     return body
 
