@@ -40,8 +40,12 @@ class Measure:
         if usage is not None:
             model = m.model_label(flow.model, answered=200 <= answer.status < 300)  # a junk name gets no slot
             m.prompt_tokens.labels(model, role).inc(usage.prompt)
-            m.cached_tokens.labels(model, role).inc(usage.cached)
-            m.cache_write_tokens.labels(model, role).inc(usage.cache_write)
+            # Each series exists once its labels are used; a zero is not added (an inc takes a lock).
+            cached, written = m.cached_tokens.labels(model, role), m.cache_write_tokens.labels(model, role)
+            if usage.cached:
+                cached.inc(usage.cached)
+            if usage.cache_write:
+                written.inc(usage.cache_write)
             for cause, tokens in split_uncached(p, usage.prompt, usage.cached).items():
                 m.uncached_tokens.labels(cause).inc(tokens)
         if reply is not None and reply.blocked:
