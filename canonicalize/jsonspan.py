@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
 
-__all__ = ["EditConflict", "Edits", "JsonDoc", "Member", "Path", "PathError", "has_line_break"]
+__all__ = ["EditConflict", "Edits", "JsonDoc", "Member", "Path", "PathError", "has_line_break", "moved"]
 
 Path = tuple[str | int, ...]
 """Keys and indexes from the top-level value: ``("messages", 0, "content")``; ``()`` is the whole value."""
@@ -645,6 +646,92 @@ class _Edit(NamedTuple):
     end: int
     data: bytes
     seq: int  # order of adding: a later edit supersedes the edits inside its range
+
+
+def moved(origin: JsonDoc, raw: bytes, strings: Sequence[tuple[int, int]]) -> JsonDoc | None:
+    """``raw``'s document when ``raw`` is proven to be ``origin``'s bytes with the string
+    values at ``strings`` (spans in ``origin``) replaced by other strings, and members
+    perhaps appended to the top-level object: what :func:`canonicalize.edits.render`
+    makes of ``SetString`` and ``AddMember`` edits.  A span ``origin`` has located (or
+    locates) is moved there instead of being looked for again; None when ``raw`` is
+    not that (the caller makes a :class:`JsonDoc` of it).
+
+    The proof is of bytes alone: every byte outside the strings is compared, each new
+    string is read to its closing quote at its place, and what follows the top-level
+    object's last member is a ``,`` and members that parse.  So ``raw`` has
+    ``origin``'s structure, each of its values where ``origin``'s was, shifted by the
+    strings' changes in length before it; paths under an appended key are looked
+    for in ``raw`` itself (one may repeat a key: the last is the one that counts)."""
+    old = origin.raw
+    close = origin._root[1] - 1  # the top-level closing brace
+    if old[close] != 0x7D:
+        return None
+    try:
+        doc = _Moved(raw, origin)
+    except ValueError:
+        return None
+    view = memoryview(old)
+    moves: list[tuple[int, int, int]] = []
+    pos = shift = 0
+    for start, end in sorted(set(strings)):
+        if start < pos or end > close or old[start] != _QUOTE or not raw.startswith(view[pos:start], pos + shift):
+            return None
+        at = start + shift
+        if raw[at : at + 1] != b'"':
+            return None
+        try:
+            shift = doc._string_end(at) - end
+        except ValueError:
+            return None
+        moves.append((start, end, shift))
+        pos = end
+    if not raw.startswith(view[pos:close], pos + shift):
+        return None
+    tail = old[close:]
+    rest = raw[close + shift :]
+    if rest != tail:
+        if len(rest) <= len(tail) or rest[0] != 0x2C or not rest.endswith(tail):
+            return None
+        try:
+            members = orjson.loads(b"{" + rest[1 : len(rest) - len(tail)] + b"}")
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(members, dict) or not members:
+            return None
+        doc.appended = frozenset(members)
+    doc.moves = moves
+    return doc
+
+
+class _Moved(JsonDoc):
+    """A document proven its origin's with some strings replaced (:func:`moved`)."""
+
+    def __init__(self, raw: bytes, origin: JsonDoc) -> None:
+        super().__init__(raw)
+        self.origin = origin
+        self.moves: list[tuple[int, int, int]] = []  # each replaced string's span in origin, and the shift after it
+        self.appended: frozenset[str] = frozenset()  # top-level keys appended
+
+    def span(self, path: Path) -> tuple[int, int] | None:
+        if not path or path[0] in self.appended:
+            return super().span(path)
+        found = self.origin.span(path)
+        if found is None:
+            return None  # not in origin: nor here (the same structure but for the appended members)
+        start, end = found
+        d_start = d_end = 0
+        for s, e, after in self.moves:
+            if e <= start:
+                d_start = d_end = after
+            elif e <= end:
+                if s < start:
+                    return super().span(path)  # (a span straddling a string: not a value's)
+                d_end = after
+            elif s < end:
+                return super().span(path)
+            else:
+                break
+        return start + d_start, end + d_end
 
 
 class Edits:

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from canonicalize import chain
-from canonicalize.jsonspan import JsonDoc
+from canonicalize.edits import SetString
+from canonicalize.jsonspan import JsonDoc, moved
 from canonicalize.lineage import LineageRecord, Origin
 from canonicalize.pipeline import Canonicalized
 
@@ -76,13 +77,18 @@ def again(done: Canonicalized, forwarded: bytes, missing: Sequence[str]) -> dict
 
 
 def _located(done: Canonicalized, forwarded: bytes) -> JsonDoc:
-    """``forwarded``'s document: the request's own when no edit changed its bytes (what
-    it located, a new conversation's system message and tools[] among it, is where it
-    was, and is not looked for again), else a new one."""
+    """``forwarded``'s document: the request's own when no edit changed its bytes; when
+    its edits replaced strings (a pinned value, a stripped counter) and appended
+    members, one that takes its spans from the request's, moved by the edits
+    (:func:`canonicalize.jsonspan.moved`): what the request located, or locates now,
+    is not looked for again in ``forwarded``, and stays with the request's document
+    for its conversation's next body (canonicalize.pieces); else a new one."""
     doc = done.doc
     if forwarded is doc.raw or forwarded == doc.raw:
         return doc
-    return JsonDoc(forwarded)
+    strings = [span for op in done.ops if isinstance(op, SetString) and (span := doc.span(op.path)) is not None]
+    found = moved(doc, forwarded, strings)
+    return found if found is not None else JsonDoc(forwarded)
 
 
 def _parts(done: Canonicalized, doc: JsonDoc, wanted: Sequence[str]) -> dict[str, bytes]:

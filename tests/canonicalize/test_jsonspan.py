@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from canonicalize.jsonspan import EditConflict, Edits, JsonDoc, Member, Path, PathError
+from canonicalize.edits import AddMember, DeleteMember, Op, SetMember, SetString, SetValue, render
+from canonicalize.jsonspan import EditConflict, Edits, JsonDoc, Member, Path, PathError, moved
 
 
 def at(raw: bytes, path: Path) -> bytes | None:
@@ -608,3 +609,91 @@ def test_a_member_after_a_long_array_is_found_from_the_end() -> None:
     assert JsonDoc(later).span(("tools",)) == _exact(later, ("tools",))
     nested = b'{"a":{"tools":[1]},"b":2}'
     assert JsonDoc(nested)._tail_span("tools") is None and JsonDoc(nested).span(("tools",)) is None
+
+
+# -- a document moved through string edits (canonicalize.jsonspan.moved) --------------------------
+# The bytes a request is forwarded with are its own with some strings replaced (a pin, a
+# stripped counter) and members appended (stream_options): their spans are the request's,
+# moved.  Compared with a fresh document of the forwarded bytes, on every path.
+
+
+def _strings(value: Any) -> list[Path]:
+    return [p for p in _paths(value) if isinstance(_get(value, p), str)]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_moved_document_has_the_spans_of_a_fresh_one(seed: int) -> None:
+    rng = random.Random(seed)
+    raw = _chat_body(rng)
+    value = orjson.loads(raw)
+    doc = JsonDoc(raw)
+    strings = [p for p in _strings(value) if doc.span(p) is not None]  # (a key's earlier duplicate: not a path)
+    ops: list[Op] = [
+        SetString(p, rng.choice(["", "x", 'q"\\ é', "y" * 900]))
+        for p in rng.sample(strings, min(len(strings), rng.randrange(4)))
+    ]
+    if rng.randrange(2):
+        key = rng.choice(["stream_options", "model", "messages", "tools"])  # (a key it has: the appended one counts)
+        ops.append(AddMember(key, rng.choice([b"1", b'{"include_usage":true}', b'"s"'])))
+    forwarded = render(doc, ops)
+    spans = [s for op in ops if isinstance(op, SetString) and (s := doc.span(op.path)) is not None]
+    found = moved(JsonDoc(raw), forwarded, spans)
+    if not (raw.strip() == b"{}" and len(ops) > len(spans)):  # (a member added to {} has no comma before it)
+        assert found is not None
+    if found is None:
+        return
+    after = orjson.loads(forwarded)
+    for path in [*_paths(after), *_chat_paths(rng, after), ("absent",), ("messages", 0, "content", 1)]:
+        assert found.span(path) == _exact(forwarded, path), path
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_document_edited_otherwise_is_not_moved(seed: int) -> None:
+    """A value that is not a string replaced, a member set or removed: no proof (the bytes
+    outside the strings differ), or, where the edit left the bytes as they were, the spans
+    are still the fresh document's."""
+    rng = random.Random(seed)
+    raw = _chat_body(rng)
+    value = orjson.loads(raw)
+    doc = JsonDoc(raw)
+    paths = [p for p in _paths(value) if p and doc.span(p) is not None]
+    if not paths:
+        return
+    path = rng.choice(paths)
+    parent = path[:-1]
+    ops: list[Op] = rng.choice(
+        [
+            [SetValue(path, b"[1, 2]")],
+            [DeleteMember(parent, path[-1])] if isinstance(path[-1], str) else [SetValue(path, b"0")],
+            [SetMember((), "zz", b"0")],
+        ]
+    )
+    try:
+        forwarded = render(doc, ops)
+    except (KeyError, ValueError):
+        return
+    spans = [s for p in _strings(value) if (s := doc.span(p)) is not None]
+    found = moved(JsonDoc(raw), forwarded, spans)
+    if found is None:
+        return
+    after = orjson.loads(forwarded)
+    for path in [*_paths(after), ("absent",)]:
+        assert found.span(path) == _exact(forwarded, path), path
+
+
+def test_moved_spans_are_found_in_the_origin() -> None:
+    """What the origin located is not looked for again, and what is located through the
+    moved document stays with the origin (its conversation's next body carries it)."""
+    system = '{"role":"system","content":"Now: 10:41. ' + "s" * 5000 + '"}'
+    raw = ('{"model":"m","messages":[' + system + ',{"role":"user","content":"hi"}],"tools":[{"a":1}]}').encode()
+    doc = JsonDoc(raw)
+    edit = SetString(("messages", 0, "content"), "Now: <pinned>. " + "s" * 5000)
+    forwarded = render(doc, [edit, AddMember("stream_options", b'{"include_usage":true}')])
+    found = moved(doc, forwarded, [doc.span(edit.path)])  # type: ignore[list-item]
+    assert found is not None and found.appended == {"stream_options"}
+    assert found.span(("tools",)) == _exact(forwarded, ("tools",))
+    assert ("tools",) in doc._quick and found._quick == {} and found._nodes == {}  # located once, in the origin
+    assert found.span(("messages", 0)) == _exact(forwarded, ("messages", 0))
+    assert found.span(("stream_options",)) == _exact(forwarded, ("stream_options",))
+    other = forwarded.replace(b'"m"', b'"n"')  # a byte outside the strings: no proof
+    assert moved(doc, other, [doc.span(edit.path)]) is None  # type: ignore[list-item]
