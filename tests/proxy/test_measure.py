@@ -83,3 +83,20 @@ def test_causes_sum_to_prompt_minus_cached_with_an_eviction_and_a_break() -> Non
     assert final["system_changed"] > 900
     assert final["new"] >= 1000 + 30
     assert set(final) == set(UNCACHED_CAUSES)
+
+
+def test_a_request_with_nothing_cached_still_has_its_token_series() -> None:
+    """Zero cached and cache-write tokens are not added (an inc takes a lock), but the
+    series of the request's model and role exist, at 0, for dashboards and rate()."""
+    app = create_app(load(None, env={}), transport=httpx.MockTransport(Scripted([(1000, 0)])))
+    with TestClient(app) as client:
+        r = client.post(
+            "/v1/chat/completions", content=orjson.dumps(body([{"role": "user", "content": "hi"}])), headers=KEY
+        )
+        assert r.status_code == 200
+        uncached(client, 1)  # (the counting hooks ran)
+        text = client.get("/metrics").text
+    labels = '{model="m",role="root"}'
+    assert f"prefixpin_prompt_tokens_total{labels} 1000.0" in text
+    assert f"prefixpin_cached_tokens_total{labels} 0.0" in text
+    assert f"prefixpin_cache_write_tokens_total{labels} 0.0" in text
