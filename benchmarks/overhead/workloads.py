@@ -67,8 +67,9 @@ def _write(work: Path, name: str, templates: list[str], about: str) -> Workload:
     return Workload(name, path, tuple(templates), about)
 
 
-def repeated(work: Path) -> Workload:
-    templates = body.templates(stream=False)
+def repeated(work: Path, sessions: int | None = None) -> Workload:
+    """``sessions``: the first so many of the load generator's sessions (default all)."""
+    templates = body.templates(stream=False)[:sessions]
     about = f"one repeated hermes body ({len(templates)} sessions, a new last user message per request)"
     return _write(work, "body", templates, about)
 

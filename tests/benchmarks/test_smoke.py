@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         ["-m", "benchmarks.bench_agents", "--cost", "--repeat", "1"],
         ["-m", "benchmarks.bench_learning", "--repeat", "1"],
         ["-m", "benchmarks.bench_instructions", "--smoke", "--branches"],
+        ["-m", "benchmarks.bench_opcodes", "--smoke", "--sessions", "1"],
     ],
     ids=[
         "cache",
@@ -50,6 +51,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         "agents-cost",
         "learning",
         "instructions",
+        "opcodes",
     ],
 )
 def test_benchmark_smoke_run(argv: list[str]) -> None:
