@@ -54,7 +54,7 @@ def _module(filename: str, tree: Path) -> str:
     try:
         return str(Path(filename).resolve().relative_to(tree.resolve()))
     except ValueError:
-        return re.sub(r"^.*/(site-packages|python3\.\d+)/", "", filename)
+        return re.sub(r"^.*/python3\.\d+/", "", filename)  # the standard library
 
 
 def measure(tree: Path, source: Path | None, wl: workloads.Workload, work: Path, upstream: str, seconds: int) -> Counts:
