@@ -5,6 +5,7 @@
     python3 -m benchmarks.bench_mypyc --json     # the same as JSON
     python3 -m benchmarks.bench_mypyc --tests    # also the memo/no-memo tests against the compiled copy
     python3 -m benchmarks.bench_mypyc --evict 8  # with 8 MiB written between requests: cold caches
+    python3 -m benchmarks.bench_mypyc --live     # two live prefixpin serve processes, paired slices (~5 min)
 
 The core is compiled in a copy (:mod:`benchmarks.mypyc_build`: every module that
 compiles and imports, the rest left pure; cached under ``~/.cache/prefixpin/mypyc``,
@@ -19,6 +20,14 @@ ratio pure / compiled; a ratio above 1 means the compiled core is faster.
 ``--evict N`` writes N MiB of other memory between requests, as
 ``bench_inprocess --evict`` does: the cost of a request whose code and kept objects
 other work pushed out of the caches, as a live server's requests find them.
+
+``--live`` measures the live server instead: two ``prefixpin serve`` processes of
+this checkout, one with the compiled core in place of ``canonicalize/``, in front of
+one instant upstream, taking turns in one-second ``wrk -c16`` slices
+(:mod:`benchmarks.bench_paired`: its table, per workload, ``--runs`` times with
+fresh processes).  Before the slices, each workload's first requests go through
+both one at a time and must get the same roles; and a process started where each
+runs imports the build's compiled modules there, none in the other.
 """
 
 from __future__ import annotations
@@ -39,8 +48,11 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_inprocess, mypyc_build
+from benchmarks import bench_inprocess, bench_paired, mypyc_build
 from benchmarks.mypyc_build import REPO
+from benchmarks.overhead import nginx, roles, workloads
+from benchmarks.overhead.targets import prefixpin
+from benchmarks.overhead.tools import BIN_DIR
 
 TESTS = ("tests/canonicalize/test_memo.py",)  # the memo/no-memo property tests
 VARIANTS = ("pure", "compiled")
@@ -184,6 +196,87 @@ def report(out: dict[str, Any]) -> None:
         print(f"\nMemo/no-memo tests against the compiled core ({', '.join(t['tests'])}): {t['summary']}")
 
 
+def live_trees(build: Path, work: Path) -> dict[str, Path]:
+    """Two runnable copies of this checkout's ``proxy/`` under ``work``: one with the core
+    as sources, one with the compiled copy in ``build`` (its modules, and at its top the
+    runtime library they share)."""
+    skip = shutil.ignore_patterns("__pycache__")
+    trees = {v: work / v for v in VARIANTS}
+    for variant, tree in trees.items():
+        shutil.copytree(REPO / "proxy", tree / "proxy", ignore=skip)
+        core = mypyc_build.SOURCE if variant == "pure" else build / "canonicalize"
+        shutil.copytree(core, tree / "canonicalize", ignore=skip)
+    for lib in build.iterdir():
+        if lib.is_file() and lib.name.endswith(tuple(EXTENSION_SUFFIXES)):
+            shutil.copy2(lib, trees["compiled"])
+    return trees
+
+
+def loaded_core(tree: Path) -> list[str]:
+    """The compiled modules of the core a process started in ``tree`` imports (a
+    ``prefixpin serve`` there runs ``python -m proxy.cli`` with ``tree`` first on its path)."""
+    done = spawn(tree, ["--child-core", str(tree)])
+    if done.returncode != 0:
+        raise SystemExit(f"the core in {tree} does not import:\n{done.stderr[-3000:]}")
+    return sorted(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def live(build: mypyc_build.Build, args: argparse.Namespace) -> int:
+    """``--live`` (module docstring): per workload, the pure core's process against the
+    compiled one's, ``args.runs`` times; 1 when a check failed."""
+    logs = BIN_DIR / "logs-mypyc-live"
+    logs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="prefixpin-mypyc-live-") as tmp:
+        work = Path(tmp)
+        trees = live_trees(build.path, work)
+        for variant, tree in trees.items():
+            loaded = loaded_core(tree)
+            if loaded != (sorted(build.compiled) if variant == "compiled" else []):
+                print(f"{variant}: its core imports these compiled modules: {loaded}", file=sys.stderr)
+                return 1
+        up_proc, up = nginx.upstream(work, logs)
+        try:
+            for name in ("body", "mix"):
+                load = workloads.repeated(work) if name == "body" else workloads.conversations(work, 64, 8)
+                lines = _live_workload(build, trees, up, load, logs, args)
+                if lines is None:
+                    return 1
+                print("\n".join([*lines, ""]), flush=True)
+        finally:
+            up_proc.stop()
+    return 0
+
+
+def _live_workload(
+    build: mypyc_build.Build,
+    trees: dict[str, Path],
+    upstream: str,
+    load: workloads.Workload,
+    logs: Path,
+    args: argparse.Namespace,
+) -> list[str] | None:
+    """One workload's pairs (``bench_paired``'s report); None when a check failed."""
+    count = 32 if load.name == "body" else 128  # the mix: two turns of each of its 64 conversations
+
+    def check(pair: tuple[bench_paired.Slices, bench_paired.Slices]) -> str | None:
+        pure, compiled = (roles.sample(s.target.base or "", load, start=0, count=count) for s in pair)
+        if pure != compiled:
+            return f"{load.name}: the compiled core gave other roles: {dict(compiled)} (pure: {dict(pure)})"
+        return None
+
+    runs = []
+    for _ in range(args.runs):
+        pair = (
+            bench_paired.Slices(prefixpin(upstream, name="prefixpin (pure core)", source=trees["pure"])),
+            bench_paired.Slices(prefixpin(upstream, name="prefixpin (compiled core)", source=trees["compiled"])),
+        )
+        slices = 2 if args.smoke else args.slices
+        if not bench_paired.one_run(pair, load, logs, slices, smoke=args.smoke, check=check):
+            return None
+        runs.append(pair)
+    return bench_paired.report(*runs[0], load.name) if len(runs) == 1 else bench_paired.summary(runs)
+
+
 def _one_mib(text: str) -> float:
     """``--evict``'s value: one amount, as ``bench_inprocess --evict`` takes them."""
     sizes = bench_inprocess.mib_list(text)
@@ -202,9 +295,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tests", action="store_true", help="also run the memo/no-memo tests against the compiled core")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--evict", type=_one_mib, default=0, metavar="MIB", help="MiB written between requests")
+    ap.add_argument("--live", action="store_true", help="two live prefixpin serve processes, paired slices")
+    ap.add_argument("--slices", type=int, default=30, help="--live: one-second runs per process and workload")
+    ap.add_argument("--runs", type=int, default=1, help="--live: times each pair is started afresh")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--child-tests", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--child-core", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.live and (args.json or args.tests or args.evict):
+        ap.error("--live reports bench_paired's tables: it takes --runs, --slices and --smoke")
+    if args.runs < 1 or args.slices < 1:
+        ap.error("--runs and --slices: at least 1")
     if args.smoke:
         args.requests, args.conversations, args.turns, args.repeat = 64, 8, 3, 1  # SMOKE's sizes
     return args
@@ -216,7 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         return child(args.child, args.requests, args.conversations, args.turns, args.evict)
     if args.child_tests:
         return child_tests(args.child_tests)
+    if args.child_core:
+        print(json.dumps(core_modules(args.child_core)))
+        return 0
     build, cached = mypyc_build.compiled_core(serves, log=True)
+    if args.live:
+        return live(build, args)
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "cpus": os.cpu_count()}
     out["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     out["evict_mib"] = args.evict

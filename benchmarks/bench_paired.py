@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,15 +180,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def one_run(pair: tuple[Slices, Slices], load: workloads.Workload, logs: Path, slices: int, *, smoke: bool) -> bool:
+def one_run(
+    pair: tuple[Slices, Slices],
+    load: workloads.Workload,
+    logs: Path,
+    slices: int,
+    *,
+    smoke: bool,
+    check: Callable[[tuple[Slices, Slices]], str | None] | None = None,
+) -> bool:
     """The pair started, warmed up, measured ``slices`` times each in turns, stopped;
-    False (said why) when a target cannot start."""
+    False (said why) when a target cannot start, or ``check`` (called once both are
+    up, before the warm-up) says what is wrong with them."""
     try:
         for s in pair:
             s.target.start(logs)
             if s.target.reason:
                 print(f"{s.target.name} unavailable: {s.target.reason}", file=sys.stderr)
                 return False
+        wrong = check(pair) if check is not None else None
+        if wrong:
+            print(wrong, file=sys.stderr)
+            return False
         stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
         for n, s in enumerate(pair, start=1):  # warmed up on request numbers no slice uses
             wrk.run(
