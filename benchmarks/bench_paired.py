@@ -6,6 +6,7 @@
     python -m benchmarks.bench_paired --trace-path /dev/null   # recording to there (default: a file, rotated)
     python -m benchmarks.bench_paired --runs 3 --slices 30     # three runs, each with fresh processes
     python -m benchmarks.bench_paired --smoke                  # two slices each: proves it works (CI)
+    python -m benchmarks.bench_paired --without proxy.addons.measure:Measure.done   # a part switched off
 
 ``bench_overhead`` measures each target for 10 s in a round; on a shared host whose
 speed moves by up to a quarter from one 10-s run to the next, its rounds spread
@@ -22,6 +23,14 @@ its interquartile range suggests: each run starts fresh processes (another hash
 seed, another memory layout, other cores).  ``--runs N`` starts the pair N times
 and reports each run and the median of the runs' medians.
 
+``--without MODULE:NAME[=VALUE]`` (repeatable) pairs prefixpin with itself where the
+function ``NAME`` of ``MODULE`` (``Class.method`` for a method, named as its callers
+look it up) does nothing and returns ``VALUE`` (a Python literal; default None):
+what that part of a request's life costs live, an upper bound of what making it
+cheaper can give (``without/sitecustomize.py`` replaces it, in that process only;
+the run stops if a name is not there).  What it leaves out must leave the requests
+what they were: switch off a counting hook, not a step whose answer the next needs.
+
 Same targets, workloads and instant upstream (nginx) as ``bench_overhead``
 (``overhead/``).  A benchmark, not a test: it asserts nothing about time.
 """
@@ -29,6 +38,8 @@ Same targets, workloads and instant upstream (nginx) as ``bench_overhead``
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
 import statistics
 import sys
@@ -42,6 +53,8 @@ from benchmarks.overhead import nginx, workloads, wrk
 from benchmarks.overhead.rounds import PASSES_PER_RUN, turns
 from benchmarks.overhead.targets import CLIENT_HEADERS, Target, checkout, prefixpin
 from benchmarks.overhead.tools import BIN_DIR
+
+WITHOUT = Path(__file__).resolve().parent / "without"  # its sitecustomize (--without)
 
 CONNS = 16
 SLICE_S = 1
@@ -144,9 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--trace-path", metavar="PATH", help="where prefixpin-trace records (default: a file in the run's temp dir)"
     )
+    ap.add_argument(
+        "--without",
+        action="append",
+        type=without_spec,
+        default=[],
+        metavar="MODULE:NAME[=VALUE]",
+        help="against itself with this function doing nothing (repeatable)",
+    )
     args = ap.parse_args(argv)
     if args.runs < 1 or args.slices < 1:
         ap.error("--runs and --slices: at least 1")
+    if args.without and args.compare_ref:
+        ap.error("--without pairs this tree with itself: not with --compare-ref")
     slices = 2 if args.smoke else args.slices
     logs = BIN_DIR / "logs-paired"
     logs.mkdir(parents=True, exist_ok=True)
@@ -158,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         up_proc, up = nginx.upstream(work, logs)
         try:
             for n in range(args.runs):
-                if ref is not None:  # this tree over the revision
+                check = None
+                if args.without:  # this tree over itself with parts switched off
+                    env, check = without_env(args.without, work / f"without-{n}.txt")
+                    pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-without", env=env)))
+                elif ref is not None:  # this tree over the revision
                     pair = (
                         Slices(prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=ref)),
                         Slices(prefixpin(up)),
@@ -166,18 +193,62 @@ def main(argv: list[str] | None = None) -> int:
                 else:  # recording over not
                     config = recording_config(work, args.trace_path)
                     pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=config)))
-                if not one_run(pair, load, logs, slices, smoke=args.smoke):
+                if not one_run(pair, load, logs, slices, smoke=args.smoke, check=check):
                     return 1
                 runs.append(pair)
                 if args.runs > 1:
                     print("\n".join(["", f"run {n + 1} of {args.runs}:", *report(*pair, args.workload)]), flush=True)
         finally:
             up_proc.stop()
+    if args.without:
+        print("prefixpin-without: prefixpin where these do nothing: " + ", ".join(_said(w) for w in args.without))
     if args.runs == 1:
         print("\n".join(report(*runs[0], args.workload)))
     else:
         print("\n".join(["", *summary(runs)]))
     return 0
+
+
+Without = tuple[str, str, object]  # module, qualified name, the value it returns
+
+
+def without_spec(text: str) -> Without:
+    """``--without``'s ``MODULE:NAME[=VALUE]``."""
+    where, eq, value = text.partition("=")
+    module, colon, name = where.partition(":")
+    if not colon or not module or not name:
+        raise argparse.ArgumentTypeError(f"MODULE:NAME[=VALUE], e.g. proxy.addons.measure:Measure.done (got {text!r})")
+    try:
+        returned = ast.literal_eval(value) if eq else None
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Python literal") from None
+    return module, name, returned
+
+
+def _said(w: Without) -> str:
+    return f"{w[0]}:{w[1]}" + (f" (returns {w[2]!r})" if w[2] is not None else "")
+
+
+Check = Callable[[tuple[Slices, Slices]], str | None]  # once both are up: what is wrong, or None
+
+
+def without_env(without: list[Without], done: Path) -> tuple[dict[str, str], Check]:
+    """The environment of the process with ``without`` switched off, and the check that
+    it was: every name replaced (``without/sitecustomize.py`` lists them in ``done``)."""
+    env = {
+        "PYTHONPATH": str(WITHOUT),
+        "PREFIXPIN_WITHOUT": json.dumps([list(w) for w in without]),
+        "PREFIXPIN_WITHOUT_DONE": str(done),
+    }
+
+    def check(pair: tuple[Slices, Slices]) -> str | None:
+        listed = done.read_text(encoding="utf-8").split() if done.exists() else []
+        wanted = sorted(f"{m}:{n}" for m, n, _ in without)
+        if sorted(listed) != wanted:
+            return f"prefixpin-without replaced {listed or 'nothing'}, not {wanted} (a name not there is !module:name)"
+        return None
+
+    return env, check
 
 
 def one_run(
@@ -187,7 +258,7 @@ def one_run(
     slices: int,
     *,
     smoke: bool,
-    check: Callable[[tuple[Slices, Slices]], str | None] | None = None,
+    check: Check | None = None,
 ) -> bool:
     """The pair started, warmed up, measured ``slices`` times each in turns, stopped;
     False (said why) when a target cannot start, or ``check`` (called once both are

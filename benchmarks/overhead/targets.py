@@ -128,16 +128,21 @@ def direct(upstream: Proc, base: str) -> Target:
 
 # -- prefixpin -------------------------------------------------------------------------------
 def prefixpin(
-    upstream: str, *, name: str = "prefixpin", source: Path | None = None, config: Path | None = None
+    upstream: str,
+    *,
+    name: str = "prefixpin",
+    source: Path | None = None,
+    config: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Target:
     """``prefixpin serve`` of this checkout (``python -m proxy.cli`` in it, not the
     ``prefixpin`` on PATH, which may be another tree's editable install); ``source``: a
     checkout of another revision, whose code runs instead; ``config``: a config file
-    (default: none, the default config)."""
+    (default: none, the default config); ``env``: set in its environment."""
 
     def launch(log_dir: Path) -> tuple[list[Proc], str]:
         proc, base = start_prefixpin(
-            log_dir, upstream=upstream, name=name.replace("@", "-"), source=source or REPO, config=config
+            log_dir, upstream=upstream, name=name.replace("@", "-"), source=source or REPO, config=config, env=env
         )
         return [proc], base
 
