@@ -242,10 +242,12 @@ def without_env(without: list[Without], done: Path) -> tuple[dict[str, str], Che
     }
 
     def check(pair: tuple[Slices, Slices]) -> str | None:
-        listed = done.read_text(encoding="utf-8").split() if done.exists() else []
         wanted = sorted(f"{m}:{n}" for m, n, _ in without)
-        if sorted(listed) != wanted:
-            return f"prefixpin-without replaced {listed or 'nothing'}, not {wanted} (a name not there is !module:name)"
+        if not done.exists():
+            return f"prefixpin-without did not import every module of {wanted}: nothing replaced"
+        listed = sorted(done.read_text(encoding="utf-8").split())
+        if listed != wanted:
+            return f"prefixpin-without replaced {listed}, not {wanted} (a name not there is !module:name)"
         return None
 
     return env, check
