@@ -63,7 +63,7 @@ def measure(
     """One target: instructions (and with ``branches`` mispredicted branches) per request
     on each workload (its own process per workload)."""
     out: dict[str, Any] = {}
-    for wl in (workloads.repeated(work), workloads.conversations(work, 64, 8)):
+    for wl in (workloads.named(work, "body"), workloads.named(work, "mix")):
         if wl.name not in only:
             continue
         dump = work / f"callgrind-{name}-{wl.name}.out"

@@ -237,7 +237,7 @@ def live(build: mypyc_build.Build, args: argparse.Namespace) -> int:
         up_proc, up = nginx.upstream(work, logs)
         try:
             for name in ("body", "mix"):
-                load = workloads.repeated(work) if name == "body" else workloads.conversations(work, 64, 8)
+                load = workloads.named(work, name)
                 lines = _live_workload(build, trees, up, load, logs, args)
                 if lines is None:
                     return 1
@@ -256,7 +256,7 @@ def _live_workload(
     args: argparse.Namespace,
 ) -> list[str] | None:
     """One workload's pairs (``bench_paired``'s report); None when a check failed."""
-    count = 32 if load.name == "body" else 128  # the mix: two turns of each of its 64 conversations
+    count = 32 if load.name == "body" else 2 * workloads.MIX_CONVERSATIONS  # the mix: two turns of each
 
     def check(pair: tuple[bench_paired.Slices, bench_paired.Slices]) -> str | None:
         pure, compiled = (roles.sample(s.target.base or "", load, start=0, count=count) for s in pair)

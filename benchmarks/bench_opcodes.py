@@ -118,7 +118,7 @@ def main() -> None:
         (work / "logs").mkdir()
         loads = {
             "body": workloads.repeated(work, args.sessions),
-            "mix": workloads.conversations(work, 64, 8),
+            "mix": workloads.named(work, "mix"),
         }
         up, base = nginx.upstream(work, work / "logs")
         try:

@@ -74,8 +74,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="CORES",
         help="measure a run again (up to 3 times) if other processes used more than CORES meanwhile (inf: never)",
     )
-    ap.add_argument("--conversations", type=int, default=64, help="mix: conversations in flight (round robin)")
-    ap.add_argument("--turns", type=int, default=8, help="mix: turns per conversation before new ones start")
+    ap.add_argument(
+        "--conversations",
+        type=int,
+        default=workloads.MIX_CONVERSATIONS,
+        help="mix: conversations in flight (round robin)",
+    )
+    ap.add_argument(
+        "--turns", type=int, default=workloads.MIX_TURNS, help="mix: turns per conversation before new ones start"
+    )
     ap.add_argument(
         "--priority",
         type=int,

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[tuple[Slices, Slices]] = []
     with tempfile.TemporaryDirectory(prefix="prefixpin-paired-") as tmp:
         work = Path(tmp)
-        load = workloads.repeated(work) if args.workload == "body" else workloads.conversations(work, 64, 8)
+        load = workloads.named(work, args.workload)
         ref = checkout(args.compare_ref, work / "ref") if args.compare_ref else None
         up_proc, up = nginx.upstream(work, logs)
         try:

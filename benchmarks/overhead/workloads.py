@@ -74,6 +74,15 @@ def repeated(work: Path, sessions: int | None = None) -> Workload:
     return _write(work, "body", templates, about)
 
 
+MIX_CONVERSATIONS = 64  # the mix's conversations in flight, and the turns each takes before new ones start
+MIX_TURNS = 8
+
+
+def named(work: Path, name: str) -> Workload:
+    """``body`` or ``mix`` at the sizes ``bench_overhead`` measures by default."""
+    return repeated(work) if name == "body" else conversations(work, MIX_CONVERSATIONS, MIX_TURNS)
+
+
 def conversations(work: Path, conversations: int, turns: int) -> Workload:
     about = (
         f"conversation mix ({conversations} conversations round robin, {turns} turns each, "
@@ -82,4 +91,4 @@ def conversations(work: Path, conversations: int, turns: int) -> Workload:
     return _write(work, "mix", mix.templates(conversations, turns), about)
 
 
-__all__ = ["Workload", "conversations", "render", "repeated"]
+__all__ = ["MIX_CONVERSATIONS", "MIX_TURNS", "Workload", "conversations", "named", "render", "repeated"]
