@@ -12,7 +12,15 @@ import orjson
 import pytest
 
 from benchmarks import bench_agents
+from benchmarks.overhead import mix
+from benchmarks.overhead.targets import CLIENT_HEADERS as HEADERS
 from canonicalize import learn, textdiff
+from canonicalize.ruleset import Settings
+from canonicalize.wire import match
+from proxy.config import load as load_config
+from proxy.offline import Offline
+from proxy.store import Bounds
+from proxy.store.memory import MemoryStore
 from tests.agents.capture import AGENTS, load
 
 AGENT_NAMES = sorted(AGENTS)
@@ -93,3 +101,44 @@ def _text(message: dict[str, Any]) -> str:
     if isinstance(content, list):
         return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return str(content or "")
+
+
+class _Walking(MemoryStore):
+    """The embedded store that walks every lookup (no alone lineage's shortcut)."""
+
+    def _owners(self, tenant: str, links: Any, depth: int, lo: int, now: float) -> Any:
+        return self._walk(tenant, links, depth, lo, now)
+
+
+@pytest.mark.parametrize("agent", [*AGENT_NAMES, "overhead mix"])
+@pytest.mark.parametrize("bounded", [False, True], ids=["unbounded", "small"])
+def test_the_embedded_store_forwards_as_it_would_walking_every_lookup(agent: str, bounded: bool) -> None:
+    """The captured agents (learn: pin) and three turns of the overhead benchmark's
+    conversation mix through the request flow, once on the embedded store and once on
+    one that walks every lookup, unbounded and under a bound that evicts (the mix's
+    oldest links go): the same
+    bytes forwarded, the same roles and rewrites."""
+    if agent == "overhead mix":
+        lines = [
+            {"path": "/v1/chat/completions", "body": orjson.loads(t.replace(mix.GEN, "00000001")), "headers": HEADERS}
+            for t in mix.templates(12, 3)
+        ]
+    else:
+        lines = load(agent)
+    bounds = Bounds(600, 2**30, 256) if bounded else Bounds(10**9, 2**62, 256)
+
+    async def through(store: MemoryStore) -> list[tuple[str, bytes, tuple[str, ...]]]:
+        offline = Offline(load_config(None, env={}), settings=Settings(learn="pin"), store=store)
+        out = []
+        for line in lines:
+            exchange = match(line["path"])
+            assert exchange is not None
+            reply = line.get("response")
+            flow = await offline.send(line["body"], exchange=exchange, headers=line["headers"], reply=reply)
+            out.append((flow.role, flow.out, tuple(flow.rewrites)))
+        return out
+
+    stores = [cls(max_entries=bounds.tenant_max_entries, bounds=bounds) for cls in (MemoryStore, _Walking)]
+    fast, walked = (asyncio.run(through(s)) for s in stores)
+    assert fast == walked
+    assert {role for role, _, _ in fast} >= {"root", "continuation"}

@@ -7,6 +7,7 @@ conversation's home, which the Redis store keeps in one hash slot."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -678,3 +679,106 @@ def test_store_failures_are_warned_once_per_kind_per_10_s(caplog: pytest.LogCapt
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 3, lines  # each kind once, then the first again 10 s later
     assert "ConnectionRefusedError" in lines[0] and "ReadOnlyError" in lines[1] and "READONLY" in lines[1]
+
+
+class _Counted(MemoryStore):
+    """The memory store, counting its lookups' walks."""
+
+    walks = 0
+
+    def _walk(self, tenant: str, links: Any, depth: int, lo: int, now: float) -> Any:
+        self.walks += 1
+        return super()._walk(tenant, links, depth, lo, now)
+
+
+class _Walking(_Counted):
+    """The memory store without the alone lineages' shortcut: every lookup walks."""
+
+    def _owners(self, tenant: str, links: Any, depth: int, lo: int, now: float) -> Any:
+        return self._walk(tenant, links, depth, lo, now)
+
+
+def _links(messages: list[str]) -> list[bytes]:
+    out, prev = [], b""
+    for m in messages:
+        prev = xxhash.xxh3_128_digest(prev + m.encode())
+        out.append(prev)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> None:
+    """Random traffic (new conversations, some opening alike; turns appended, a burst
+    past max_links_per_request; rewinds; forks; the clock moving on, past the TTL at
+    times) through two memory stores under small bounds, classified as the pipeline
+    does (no link found: a root; else the first candidate's continuation, or a fork):
+    the store that answers an alone lineage's lookup without walking gives every
+    lookup the same answer as the one that always walks, and holds the same entries
+    in the same use order after every request."""
+    rnd = random.Random(seed)
+    clock = Clock()
+    bounds = Bounds(tenant_max_entries=120, tenant_max_bytes=10_000, max_links_per_request=16)
+    fast = _Counted(ttl_s=300, max_entries=200, bounds=bounds, clock=clock)
+    slow = _Walking(ttl_s=300, max_entries=200, bounds=bounds, clock=clock)
+    convs: list[tuple[str, list[str]]] = []
+    fresh = iter(range(10**9))
+
+    def said() -> str:
+        return f"m{next(fresh)}"
+
+    async def request(tenant: str, messages: list[str]) -> None:
+        links = _links(messages)
+        lk, walked = [await s.lookup(tenant, links, None) for s in (fast, slow)]
+        assert (lk.depth, [c.id for c in lk.candidates], lk.depths) == (
+            walked.depth,
+            [c.id for c in walked.candidates],
+            walked.depths,
+        )
+        new_id = f"L{next(fresh)}"
+        if not lk.depth or not lk.candidates:
+            record, start = LineageRecord(id=new_id, requests=1), 0
+        elif rnd.random() < 0.15:
+            parent = lk.candidates[0]
+            fork = LineageRecord(id=new_id, kind="fork", parent=parent.id, requests=1)
+            record, start = fork, lk.depth - rnd.randint(0, 1)  # from the branch point, or the link before
+        else:
+            parent = lk.candidates[0]
+            record, start = parent.evolve(requests=parent.requests + 1), lk.depth - 1
+        reply = said()
+        messages.append(reply)
+        written = _links(messages)[start:]
+        for s in (fast, slow):
+            await s.record(tenant, record, written, {}, [])
+        assert list(fast._data.items()) == list(slow._data.items())
+        assert {t: list(share.keys) for t, share in fast._shares.items()} == {
+            t: list(share.keys) for t, share in slow._shares.items()
+        }
+
+    async def go() -> None:
+        for _ in range(600):
+            step = rnd.random()
+            if step < 0.15 or not convs:  # a new conversation, at times opening as another of its tenant's
+                tenant = rnd.choice(("t", "u"))
+                same = [m for t, m in convs if t == tenant]
+                opening = rnd.choice(same)[: rnd.randint(1, 3)] if same and rnd.random() < 0.3 else []
+                convs.append((tenant, [*opening, *(said() for _ in range(rnd.randint(1, 12)))]))
+                tenant, messages = convs[-1]
+            elif step < 0.65:  # its next turn; at times more messages than a record keeps links of
+                tenant, messages = rnd.choice(convs)
+                messages += [said() for _ in range(20 if rnd.random() < 0.02 else rnd.randint(1, 2))]
+            elif step < 0.75:  # a rewind
+                tenant, messages = rnd.choice(convs)
+                del messages[rnd.randint(1, len(messages)) :]
+                messages.append(said())
+            elif step < 0.85:  # a side conversation from a point of another
+                tenant, messages = rnd.choice(convs)
+                convs.append((tenant, [*messages[: rnd.randint(1, len(messages))], said()]))
+                tenant, messages = convs[-1]
+            else:
+                clock.now += rnd.choice((1, 5, 150, 320))
+                continue
+            await request(tenant, messages)
+
+    run(go())
+    assert fast.walks < slow.walks / 2  # most lookups were an alone lineage's
+    assert fast.walks > 0
