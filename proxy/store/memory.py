@@ -90,12 +90,14 @@ class MemoryStore:
         _, value = self._data.pop(key)
         share = self._shares[key[0]]
         del share.keys[key]
-        kind = key[1]
-        if kind == "l":  # its lineages lost a link: another lineage may record it again alone
-            for lineage_id in value:
-                self._alone.pop((key[0], lineage_id), None)
-        elif kind == "g":
-            self._alone.pop((key[0], key[2]), None)
+        alone = self._alone
+        if alone:
+            kind = key[1]
+            if kind == "l":  # its lineages lost a link: another lineage may record it again alone
+                for lineage_id in value:
+                    alone.pop((key[0], lineage_id), None)
+            elif kind == "g":
+                alone.pop((key[0], key[2]), None)
         if isinstance(value, bytes):
             self._bytes -= len(value)
             share.bytes -= len(value)
@@ -201,6 +203,8 @@ class MemoryStore:
         links names it alone or is missing, and the walk passes them by.
         ``tests/proxy/test_store.py`` holds the two to the same answers and the same
         entries on random traffic."""
+        if not self._alone:
+            return self._walk(tenant, links, depth, lo, now)
         deepest = (tenant, "l", links[depth - 1])
         ids = self._data[deepest][1]  # live: _deepest found it
         if len(ids) == 1 and self._alone.get((tenant, ids[0]), 0.0) > now:
