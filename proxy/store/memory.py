@@ -2,7 +2,10 @@
 bounds per tenant (a tenant over its share loses its own least recently used
 entries, never another tenant's), TTL on every entry, clock injected.  Homes and
 origins mean nothing here: every conversation of a tenant is in one dict, and its
-tenant-wide entries (marked links, evidence) are entries of the tenant's like any."""
+tenant-wide entries (marked links, evidence) are entries of the tenant's like any.
+A lookup whose deepest link belongs to a lineage no other shares a link with reads
+that link and the lineage's record, not the links past it (``_owners``); the note of
+those lineages holds one entry per lineage record held, dropped with it."""
 
 from __future__ import annotations
 

@@ -753,6 +753,8 @@ def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> 
         assert {t: list(share.keys) for t, share in fast._shares.items()} == {
             t: list(share.keys) for t, share in slow._shares.items()
         }
+        # The note of alone lineages is bounded by the lineage records held: each goes with its own.
+        assert {(t, i) for t, kind, i in fast._data if kind == "g"} >= set(fast._alone)
 
     async def go() -> None:
         for _ in range(600):
@@ -780,5 +782,8 @@ def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> 
             await request(tenant, messages)
 
     run(go())
+    assert fast._alone  # (some were alone at the end, some had stopped being)
+    run(fast.close())
+    assert not fast._alone
     assert fast.walks < slow.walks / 2  # most lookups were an alone lineage's
     assert fast.walks > 0
