@@ -22,6 +22,7 @@ from proxy.offline import Offline
 from proxy.store import Bounds
 from proxy.store.memory import MemoryStore
 from tests.agents.capture import AGENTS, load
+from tests.proxy.test_store import WalkingStore
 
 AGENT_NAMES = sorted(AGENTS)
 
@@ -103,21 +104,13 @@ def _text(message: dict[str, Any]) -> str:
     return str(content or "")
 
 
-class _Walking(MemoryStore):
-    """The embedded store that walks every lookup (no alone lineage's shortcut)."""
-
-    def _owners(self, tenant: str, links: Any, depth: int, lo: int, now: float) -> Any:
-        return self._walk(tenant, links, depth, lo, now)
-
-
 @pytest.mark.parametrize("agent", [*AGENT_NAMES, "overhead mix"])
 @pytest.mark.parametrize("bounded", [False, True], ids=["unbounded", "small"])
 def test_the_embedded_store_forwards_as_it_would_walking_every_lookup(agent: str, bounded: bool) -> None:
     """The captured agents (learn: pin) and three turns of the overhead benchmark's
     conversation mix through the request flow, once on the embedded store and once on
     one that walks every lookup, unbounded and under a bound that evicts (the mix's
-    oldest links go): the same
-    bytes forwarded, the same roles and rewrites."""
+    oldest links go): the same bytes forwarded, the same roles and rewrites."""
     if agent == "overhead mix":
         lines = [
             {"path": "/v1/chat/completions", "body": orjson.loads(t.replace(mix.GEN, "00000001")), "headers": HEADERS}
@@ -138,7 +131,7 @@ def test_the_embedded_store_forwards_as_it_would_walking_every_lookup(agent: str
             out.append((flow.role, flow.out, tuple(flow.rewrites)))
         return out
 
-    stores = [cls(max_entries=bounds.tenant_max_entries, bounds=bounds) for cls in (MemoryStore, _Walking)]
+    stores = [cls(max_entries=bounds.tenant_max_entries, bounds=bounds) for cls in (MemoryStore, WalkingStore)]
     fast, walked = (asyncio.run(through(s)) for s in stores)
     assert fast == walked
     assert {role for role, _, _ in fast} >= {"root", "continuation"}

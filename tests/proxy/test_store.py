@@ -691,8 +691,9 @@ class _Counted(MemoryStore):
         return super()._walk(tenant, links, depth, lo, now)
 
 
-class _Walking(_Counted):
-    """The memory store without the alone lineages' shortcut: every lookup walks."""
+class WalkingStore(_Counted):
+    """The memory store without the alone lineages' answer: every lookup walks (the
+    reference the embedded store is held to, here and in tests/agents)."""
 
     def _owners(self, tenant: str, links: Any, depth: int, lo: int, now: float) -> Any:
         return self._walk(tenant, links, depth, lo, now)
@@ -719,7 +720,7 @@ def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> 
     clock = Clock()
     bounds = Bounds(tenant_max_entries=120, tenant_max_bytes=10_000, max_links_per_request=16)
     fast = _Counted(ttl_s=300, max_entries=200, bounds=bounds, clock=clock)
-    slow = _Walking(ttl_s=300, max_entries=200, bounds=bounds, clock=clock)
+    slow = WalkingStore(ttl_s=300, max_entries=200, bounds=bounds, clock=clock)
     convs: list[tuple[str, list[str]]] = []
     fresh = iter(range(10**9))
 
