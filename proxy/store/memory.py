@@ -293,11 +293,10 @@ class MemoryStore:
         now = self.clock()
         data, expires, rec_id = self._data, now + self.ttl_s, record.id
         start = newest(links, self.bounds)
-        alone = (tenant, rec_id)
         if start:  # links of its history go unrecorded: it walks as any lineage from now on
-            self._alone.pop(alone, None)
+            self._alone.pop((tenant, rec_id), None)
         elif record.kind == "root" and record.requests <= 1 and (tenant, "g", rec_id) not in data:
-            self._alone[alone] = expires  # a new root: alone until a link that names it is shared or dropped
+            self._alone[(tenant, rec_id)] = expires  # a new root: alone until a link naming it is shared or dropped
         shared: list[str] = []  # the lineages of the links this record shares with another
         for link in links[start:]:
             key = (tenant, "l", link)
