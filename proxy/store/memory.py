@@ -1,11 +1,12 @@
 """The embedded store: one LRU dict bounded in entries and in blob bytes, the same
 bounds per tenant (a tenant over its share loses its own least recently used
-entries, never another tenant's), TTL on every entry, clock injected.  Homes and
-origins mean nothing here: every conversation of a tenant is in one dict, and its
-tenant-wide entries (marked links, evidence) are entries of the tenant's like any.
-A lookup whose deepest link belongs to a lineage no other shares a link with reads
-that link and the lineage's record, not the links past it (``_owners``); the note of
-those lineages holds one entry per lineage record held, dropped with it."""
+entries, never another tenant's), TTL on every entry, clock injected.  Homes mean
+nothing here: every conversation of a tenant is in one dict, and its tenant-wide
+entries (marked links, evidence) are entries of the tenant's like any.  A lookup
+whose deepest link belongs to a lineage no other shares a link with reads that link
+and the lineage's record, not the links past it (``_owners``); the note of those
+lineages holds one entry per lineage record held (and one index entry by its
+origin, its first link), dropped with it."""
 
 from __future__ import annotations
 
@@ -69,9 +70,11 @@ class MemoryStore:
         self._data: OrderedDict[Key, tuple[float, Any]] = OrderedDict()
         self._bytes = 0  # total size of the blobs held
         self._shares: dict[str, _Share] = {}
-        # (tenant, lineage) of each lineage every link naming it names alone (see _owners):
-        # when the first of those links expires
-        self._alone: dict[tuple[str, str], float] = {}
+        # Per tenant, each lineage every link naming it names alone (see _owners): when the
+        # first of those links expires, and its origin (its first link), by which
+        # ``_origins`` finds it.
+        self._alone: dict[str, dict[str, tuple[float, bytes]]] = {}
+        self._origins: dict[str, dict[bytes, str]] = {}
 
     def __len__(self) -> int:
         return len(self._data)
@@ -93,14 +96,8 @@ class MemoryStore:
         _, value = self._data.pop(key)
         share = self._shares[key[0]]
         del share.keys[key]
-        alone = self._alone
-        if alone:
-            kind = key[1]
-            if kind == "l":  # its lineages lost a link: another lineage may record it again alone
-                for lineage_id in value:
-                    alone.pop((key[0], lineage_id), None)
-            elif kind == "g":
-                alone.pop((key[0], key[2]), None)
+        if key[1] == "g" and self._alone:
+            self._unalone(key[0], key[2])
         if isinstance(value, bytes):
             self._bytes -= len(value)
             share.bytes -= len(value)
@@ -197,20 +194,28 @@ class MemoryStore:
         """The lineages of the links up to SCAN_UP past the deepest (at ``depth``), each
         with the deepest link of the request it owns.
 
-        When the deepest link names one lineage and that lineage is *alone* (``_alone``:
-        every link that names it names it alone, and none has expired yet), that
-        lineage is the answer and the links past the deepest are not read.  The walk
-        would do the same and nothing more: the deepest link's prefix is that
-        lineage's own (a new root's record covers its history from the first link,
-        each later record from the deepest link its lookup found), so each of those
-        links names it alone or is missing, and the walk passes them by.
-        ``tests/proxy/test_store.py`` holds the two to the same answers and the same
-        entries on random traffic."""
-        if not self._alone:
+        When the deepest link names one lineage and that lineage is *alone* (``_alone``),
+        that lineage is the answer and the links past the deepest are not read.  A
+        lineage is alone from its first record as a new root (which covers its history
+        from the first link) until a link naming it is shared with another lineage, its
+        record is dropped, a record of it leaves links of its history unrecorded, or
+        another lineage records anew (not held before) a link of a conversation from
+        the same origin (its first link; a record whose origin is a previous response's
+        lineage ends every note of its tenant); and no longer than its first link could
+        live.  Meanwhile each link past the deepest that is held names it alone: the
+        links of its history were its own when recorded, and one it lost (evicted,
+        expired) is held again only once recorded anew, by itself or by a conversation
+        with the same prefix, hence the same first link, which ends the note.  So the
+        walk would pass each of them by.  ``tests/proxy/test_store.py`` holds the two to
+        the same answers and the same entries on random traffic (with records written
+        after other requests evicted links) and on the cases that end a note."""
+        notes = self._alone.get(tenant)
+        if not notes:
             return self._walk(tenant, links, depth, lo, now)
         deepest = (tenant, "l", links[depth - 1])
         ids = self._data[deepest][1]  # live: _deepest found it
-        if len(ids) == 1 and self._alone.get((tenant, ids[0]), 0.0) > now:
+        note = notes.get(ids[0]) if len(ids) == 1 else None
+        if note is not None and note[0] > now:
             self._data.move_to_end(deepest)
             self._shares[tenant].keys.move_to_end(deepest)
             rec = self._get((tenant, "g", ids[0]), now)
@@ -294,10 +299,18 @@ class MemoryStore:
         data, expires, rec_id = self._data, now + self.ttl_s, record.id
         start = newest(links, self.bounds)
         if start:  # links of its history go unrecorded: it walks as any lineage from now on
-            self._alone.pop((tenant, rec_id), None)
-        elif record.kind == "root" and record.requests <= 1 and (tenant, "g", rec_id) not in data:
-            self._alone[(tenant, rec_id)] = expires  # a new root: alone until a link naming it is shared or dropped
+            self._unalone(tenant, rec_id)
+        # A new root: alone until a link naming it is shared, or a link of its origin is
+        # recorded anew by another lineage (see _owners).
+        new_root = (
+            not start
+            and bool(links)
+            and record.kind == "root"
+            and record.requests <= 1
+            and (tenant, "g", rec_id) not in data
+        )
         shared: list[str] = []  # the lineages of the links this record shares with another
+        fresh = False  # a link recorded that was not held
         for link in links[start:]:
             key = (tenant, "l", link)
             # ``_set(key, owners, now)`` after ``_get(key, now)``, in one lookup when it is live.
@@ -307,6 +320,7 @@ class MemoryStore:
                 item = None
             if item is None:
                 owners = [rec_id]  # a new link (most of a new conversation's): no generator to build
+                fresh = True
             else:
                 owners = item[1]
                 if len(owners) != 1 or owners[0] != rec_id:
@@ -320,12 +334,56 @@ class MemoryStore:
                 data[key] = (expires, owners)
                 data.move_to_end(key)
                 self._shares[tenant].keys.move_to_end(key)
-        for lineage_id in shared:
-            self._alone.pop((tenant, lineage_id), None)
+        if self._alone:
+            for lineage_id in shared:
+                self._unalone(tenant, lineage_id)
+            if fresh:
+                self._recorded_anew(tenant, rec_id, origin)
+        if new_root and rec_id not in shared:
+            self._note_alone(tenant, rec_id, expires, links[0])
         self._set((tenant, "g", record.id), record, now)
         for ref, raw in blobs.items():
             self._set((tenant, "b", ref), raw, now)
         return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
+
+    def _recorded_anew(self, tenant: str, rec_id: str, origin: Origin | None) -> None:
+        """Lineage ``rec_id`` recorded links that were not held, of a conversation from
+        ``origin``: one of them may be a link an alone lineage of that origin lost (every
+        link of a conversation chains from its first), which would name another lineage
+        now: that lineage is alone no more.  An origin that is not a first link (a
+        previous response's lineage, or not said): no alone lineage of the tenant is."""
+        if isinstance(origin, bytes):
+            other = self._origins.get(tenant, {}).get(origin)
+            if other is not None and other != rec_id:
+                self._unalone(tenant, other)
+        else:
+            self._alone.pop(tenant, None)
+            self._origins.pop(tenant, None)
+
+    def _note_alone(self, tenant: str, lineage_id: str, expires: float, origin: bytes) -> None:
+        """``lineage_id`` (a new root from ``origin``) is alone until ``expires``."""
+        origins = self._origins.setdefault(tenant, {})
+        other = origins.get(origin)
+        if other is not None and other != lineage_id:
+            self._unalone(tenant, other)
+            origins = self._origins.setdefault(tenant, {})
+        self._alone.setdefault(tenant, {})[lineage_id] = (expires, origin)
+        origins[origin] = lineage_id
+
+    def _unalone(self, tenant: str, lineage_id: str) -> None:
+        """``lineage_id`` is alone no more (nothing when it was not)."""
+        notes = self._alone.get(tenant)
+        if notes is None:
+            return
+        note = notes.pop(lineage_id, None)
+        if note is None:
+            return
+        origins = self._origins[tenant]
+        if origins.get(note[1]) == lineage_id:
+            del origins[note[1]]
+        if not notes:
+            del self._alone[tenant]
+            del self._origins[tenant]
 
     def _wide(self, tenant: str, lineage_id: str, wide: TenantWide) -> None:
         now = self.clock()
@@ -364,4 +422,5 @@ class MemoryStore:
         self._data.clear()
         self._shares.clear()
         self._alone.clear()
+        self._origins.clear()
         self._bytes = 0

@@ -699,12 +699,82 @@ class WalkingStore(_Counted):
         return self._walk(tenant, links, depth, lo, now)
 
 
+Written = tuple[str, LineageRecord, list[bytes], "bytes | str | None"]  # tenant, record, links, origin
+
+
 def _links(messages: list[str]) -> list[bytes]:
     out, prev = [], b""
     for m in messages:
         prev = xxhash.xxh3_128_digest(prev + m.encode())
         out.append(prev)
     return out
+
+
+@pytest.mark.parametrize("origin", ["first link", "a previous response's lineage"])
+def test_an_alone_lineage_that_lost_its_first_links_walks_once_another_records_them(origin: str) -> None:
+    """A conversation's early links evicted (recorded once, the least recently used)
+    leave it alone: nothing else names its links.  Another conversation that opens as
+    it did and records those links anew names them; the first then walks, and finds
+    both, as the store that always walks does."""
+    bounds = Bounds(tenant_max_entries=12, tenant_max_bytes=10**6, max_links_per_request=64)
+    clock = Clock()
+    fast, slow = _Counted(bounds=bounds, clock=clock), WalkingStore(bounds=bounds, clock=clock)
+    a = _links([f"a{i}" for i in range(8)])
+    other = _links([f"x{i}" for i in range(8)])
+    b = _links(["a0", "a1", "b2"])  # opens as a did
+
+    async def go() -> None:
+        for s in (fast, slow):
+            await s.record("t", LineageRecord(id="A", requests=1), a, {}, [], origin=a[0])
+            await s.lookup("t", a, None)  # a's deepest link: used; its first ones are not
+            await s.record("t", LineageRecord(id="X", requests=1), other[:4], {}, [], origin=other[0])
+        assert ("t", "l", a[0]) not in fast._data and ("t", "l", a[7]) in fast._data  # a's first links went
+        assert "A" in fast._alone["t"]  # and a is alone all the same
+        first = await fast.lookup("t", a, None)
+        assert [c.id for c in first.candidates] == ["A"] and fast.walks == 0
+        said = a[0] if origin == "first link" else "A0"
+        for s in (fast, slow):
+            assert (await s.lookup("t", b, None)).depth == 0  # none of b's links is held: a root
+            await s.record("t", LineageRecord(id="B", requests=1), b, {}, [], origin=said)
+        assert "A" not in fast._alone.get("t", {})
+        found, walked = [await s.lookup("t", a, None) for s in (fast, slow)]
+        assert [c.id for c in found.candidates] == [c.id for c in walked.candidates] == ["A", "B"]
+        assert fast.walks == 1
+
+    run(go())
+    assert list(fast._data.items()) == list(slow._data.items())
+
+
+@pytest.mark.parametrize("origin", ["first link", "a previous response's lineage"])
+def test_a_fork_recorded_after_its_branch_link_went_makes_its_parent_walk(origin: str) -> None:
+    """A fork looked up (its parent's link at the branch used), its parent going on,
+    the branch link evicted before the fork's record writes it again as the fork's:
+    a link of the parent's history names the fork now, and the parent's next lookup
+    walks and finds both, as the walking store's does.  (A record whose origin is a
+    lineage, not a first link, makes every lineage of its tenant walk.)"""
+    bounds = Bounds(tenant_max_entries=10, tenant_max_bytes=10**6, max_links_per_request=64)
+    clock = Clock()
+    fast, slow = _Counted(bounds=bounds, clock=clock), WalkingStore(bounds=bounds, clock=clock)
+    a = _links([f"a{i}" for i in range(6)])
+    f = _links([*(f"a{i}" for i in range(4)), "f4"])  # a fork of a's first four messages
+    other = _links([f"x{i}" for i in range(6)])  # with its record, pushes out a0 to a3
+
+    async def go() -> None:
+        for s in (fast, slow):
+            await s.record("t", LineageRecord(id="A", requests=1), a[:4], {}, [], origin=a[0])
+            assert [c.id for c in (await s.lookup("t", f, None)).candidates] == ["A"]  # the fork's lookup
+            await s.record("t", LineageRecord(id="A", requests=2), a[3:], {}, [], origin=a[0])  # a goes on
+            await s.record("t", LineageRecord(id="X", requests=1), other, {}, [], origin=other[0])
+            assert ("t", "l", a[3]) not in s._data and ("t", "l", a[5]) in s._data  # the branch link went
+            await s.lookup("t", a, None)  # (a's deepest link and record used: the fork's record leaves them)
+            fork = LineageRecord(id="F", kind="fork", parent="A", requests=1)
+            said = f[0] if origin == "first link" else "A"
+            await s.record("t", fork, f[3:], {}, [], origin=said)  # from the branch link, written anew
+        found, walked = [await s.lookup("t", a, None) for s in (fast, slow)]
+        assert [c.id for c in found.candidates] == [c.id for c in walked.candidates] == ["A", "F"]
+
+    run(go())
+    assert list(fast._data.items()) == list(slow._data.items())
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -727,7 +797,8 @@ def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> 
     def said() -> str:
         return f"m{next(fresh)}"
 
-    async def request(tenant: str, messages: list[str]) -> None:
+    async def look(tenant: str, messages: list[str]) -> Written:
+        """The request's lookup in both (the same answers), and what it will record."""
         links = _links(messages)
         lk, walked = [await s.lookup(tenant, links, None) for s in (fast, slow)]
         assert (lk.depth, [c.id for c in lk.candidates], lk.depths) == (
@@ -745,19 +816,29 @@ def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> 
         else:
             parent = lk.candidates[0]
             record, start = parent.evolve(requests=parent.requests + 1), lk.depth - 1
-        reply = said()
-        messages.append(reply)
-        written = _links(messages)[start:]
+        messages.append(said())  # the reply
+        full = _links(messages)
+        # Its origin: its first link; now and then a previous response's lineage, or none said.
+        origin: bytes | str | None = full[0] if rnd.random() < 0.97 else rnd.choice(("L0", None))
+        return tenant, record, full[start:], origin
+
+    async def write(w: Written) -> None:
+        tenant, record, written, origin = w
         for s in (fast, slow):
-            await s.record(tenant, record, written, {}, [])
+            await s.record(tenant, record, written, {}, [], origin=origin)
         assert list(fast._data.items()) == list(slow._data.items())
         assert {t: list(share.keys) for t, share in fast._shares.items()} == {
             t: list(share.keys) for t, share in slow._shares.items()
         }
-        # The note of alone lineages is bounded by the lineage records held: each goes with its own.
-        assert {(t, i) for t, kind, i in fast._data if kind == "g"} >= set(fast._alone)
+        # The note of alone lineages is bounded by the lineage records held: each goes with
+        # its own; and each is found by its origin.
+        alone = {(t, i) for t, notes in fast._alone.items() for i in notes}
+        assert {(t, i) for t, kind, i in fast._data if kind == "g"} >= alone
+        assert {(t, i) for t, by in fast._origins.items() for i in by.values()} == alone
+        assert all(fast._origins[t][o] == i for t, notes in fast._alone.items() for i, (_, o) in notes.items())
 
     async def go() -> None:
+        held: Written | None = None  # a request looked up, recorded after the next one
         for _ in range(600):
             step = rnd.random()
             if step < 0.15 or not convs:  # a new conversation, at times opening as another of its tenant's
@@ -780,11 +861,20 @@ def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> 
             else:
                 clock.now += rnd.choice((1, 5, 150, 320))
                 continue
-            await request(tenant, messages)
+            w = await look(tenant, messages)
+            if held is None and rnd.random() < 0.2:
+                held = w  # in flight while the next request comes and goes (its links may go meanwhile)
+                continue
+            await write(w)
+            if held is not None:
+                await write(held)
+                held = None
+        if held is not None:
+            await write(held)
 
     run(go())
     assert fast._alone  # (some were alone at the end, some had stopped being)
     run(fast.close())
-    assert not fast._alone
-    assert fast.walks < slow.walks / 2  # most lookups were an alone lineage's
+    assert not fast._alone and not fast._origins
+    assert fast.walks < slow.walks * 0.7  # most lookups were an alone lineage's
     assert fast.walks > 0
