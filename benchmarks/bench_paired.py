@@ -7,6 +7,7 @@
     python -m benchmarks.bench_paired --runs 3 --slices 30     # three runs, each with fresh processes
     python -m benchmarks.bench_paired --smoke                  # two slices each: proves it works (CI)
     python -m benchmarks.bench_paired --without proxy.addons.measure:Measure.done   # a part switched off
+    python -m benchmarks.bench_paired --compare-ref f56259b --bypass   # the HTTP shell alone, both sides
 
 ``bench_overhead`` measures each target for 10 s in a round; on a shared host whose
 speed moves by up to a quarter from one 10-s run to the next, its rounds spread
@@ -30,6 +31,9 @@ what that part of a request's life costs live, an upper bound of what making it
 cheaper can give (``without/sitecustomize.py`` replaces it, in that process only;
 the run stops if a name is not there).  What it leaves out must leave the requests
 what they were: switch off a counting hook, not a step whose answer the next needs.
+
+``--bypass`` sends every request to both with ``x-prefixpin-bypass: 1``: the HTTP
+shell alone (front, routing, the upstream, the response), no canonicalization.
 
 Same targets, workloads and instant upstream (nginx) as ``bench_overhead``
 (``overhead/``).  A benchmark, not a test: it asserts nothing about time.
@@ -89,7 +93,8 @@ def run_ns(pid: int) -> tuple[int, int]:
 def measure(s: Slices, load: workloads.Workload, start: int) -> None:
     pid = s.target.procs[0].popen.pid
     main0, all0 = run_ns(pid)
-    got = wrk.run(s.target.url, load.path, conns=CONNS, duration_s=SLICE_S, start=start, headers=CLIENT_HEADERS)
+    headers = {**CLIENT_HEADERS, **s.target.headers}
+    got = wrk.run(s.target.url, load.path, conns=CONNS, duration_s=SLICE_S, start=start, headers=headers)
     main1, all1 = run_ns(pid)
     n = max(got.requests, 1)
     s.requests.append(got.requests)
@@ -165,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="MODULE:NAME[=VALUE]",
         help="against itself with this function doing nothing (repeatable)",
     )
+    ap.add_argument("--bypass", action="store_true", help="both sent x-prefixpin-bypass: 1 (the HTTP shell alone)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.slices < 1:
         ap.error("--runs and --slices: at least 1")
@@ -193,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 else:  # recording over not
                     config = recording_config(work, args.trace_path)
                     pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=config)))
+                if args.bypass:
+                    for s in pair:
+                        s.target.headers["x-prefixpin-bypass"] = "1"
                 if not one_run(pair, load, logs, slices, smoke=args.smoke, check=check):
                     return 1
                 runs.append(pair)
@@ -283,7 +292,7 @@ def one_run(
                 conns=CONNS,
                 duration_s=1 if smoke else 3,
                 start=n * stretch,
-                headers=CLIENT_HEADERS,
+                headers={**CLIENT_HEADERS, **s.target.headers},
             )
         run = len(pair)
         for i in range(slices):
