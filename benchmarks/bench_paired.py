@@ -14,7 +14,9 @@ speed moves by up to a quarter from one 10-s run to the next, its rounds spread
 wider than a 5% difference.  Here the two targets take turns every second (wrk
 ``-c16 -d1s`` against each, ``--slices`` times, in reverse order every other turn),
 so a drift weighs on both alike, and each slice gives a ratio; the report is the
-median ratio with its interquartile range.  Besides req/s it reports the CPU each
+median ratio with its interquartile range.  (Before the warm-up each session's
+first request is sent alone, as ``bench_overhead``'s role sample does:
+``overhead.roles.prime``.)  Besides req/s it reports the CPU each
 target spent per request, of its event loop thread alone (the thread every request
 waits for) and of the whole process (with the recording writer thread), read from
 ``/proc/PID/task/TID/schedstat`` (nanoseconds, not clock ticks).
@@ -53,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.bench_overhead import recording_config
-from benchmarks.overhead import nginx, workloads, wrk
+from benchmarks.overhead import nginx, roles, workloads, wrk
 from benchmarks.overhead.rounds import PASSES_PER_RUN, turns
 from benchmarks.overhead.targets import CLIENT_HEADERS, Target, checkout, prefixpin
 from benchmarks.overhead.tools import BIN_DIR
@@ -286,6 +288,8 @@ def one_run(
             return False
         stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
         for n, s in enumerate(pair, start=1):  # warmed up on request numbers no slice uses
+            assert s.target.base is not None
+            roles.prime(s.target.base, load, start=n * stretch)
             wrk.run(
                 s.target.url,
                 load.path,

@@ -9,12 +9,14 @@
 Each ``MODULE:NAME`` (``Class.method`` for a method) is wrapped, in the served
 process only (``without/sitecustomize.py``), by a function that counts its calls and
 adds up the CPU time of the thread that runs it (``time.thread_time_ns``: waiting
-for the network is not counted).  After a warm-up the count runs for ``--seconds``
-of ``wrk -c CONNS``; the report gives each part's calls and µs per proxied request,
-next to the event loop thread's whole CPU time per request (``/proc``'s
-schedstat), so a part reads as a share of it.  ``--compare-ref`` measures a
-revision the same way, in turns (``--rounds``), its parts named by ``--ref-parts``
-where they have other names there (default: the same).
+for the network is not counted).  Each session's first request is sent alone
+(``overhead.roles.prime``, as ``bench_overhead``'s role sample does); after a
+warm-up the count runs for ``--seconds`` of ``wrk -c CONNS``.  The report gives
+each part's calls and µs per proxied request, next to the event loop thread's whole
+CPU time per request (``/proc``'s schedstat), so a part reads as a share of it.
+``--compare-ref`` measures a revision the same way, in turns (``--rounds``), its
+parts named by ``--ref-parts`` where they have other names there (default: the
+same).
 
 What it measures and what not: the wrapper itself costs ~1 µs per call (more for
 an ``async def``), so count a part's figure as that much high; a nested part is
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.bench_paired import WITHOUT, run_ns
-from benchmarks.overhead import nginx, workloads, wrk
+from benchmarks.overhead import nginx, roles, workloads, wrk
 from benchmarks.overhead.rounds import PASSES_PER_RUN
 from benchmarks.overhead.targets import CLIENT_HEADERS, Target, checkout, prefixpin
 from benchmarks.overhead.tools import BIN_DIR
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 t.missing = [f"{m}:{n}" for m, n in t.parts if f"{m}:{n}" not in listed]
             stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
             for n, t in enumerate(timed, start=1):  # warmed up on request numbers no round uses
+                assert t.target.base is not None
+                roles.prime(t.target.base, load, start=n * stretch)
                 warm = 1 if args.smoke else 3
                 wrk.run(
                     t.target.url,

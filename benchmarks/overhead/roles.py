@@ -37,6 +37,15 @@ def sample(base: str, workload: Workload, *, start: int, count: int) -> Counter[
     return seen
 
 
+def prime(base: str, workload: Workload, *, start: int) -> None:
+    """Send request ``start`` of each template (session or conversation) once, one at
+    a time, as an agent sends its conversation's first request.  A load generator's
+    connections would otherwise send a session's first requests at once, each a root
+    of its own, and those lineages would share every link from then on (the store
+    walks for them): a race of the run's first second, not of an agent's traffic."""
+    sample(base, workload, start=start, count=len(workload.templates))
+
+
 def counted(base: str) -> Counter[str] | None:
     """Requests handled so far, by role (None when /metrics does not answer in time)."""
     try:
