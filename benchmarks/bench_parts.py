@@ -23,7 +23,8 @@ an ``async def``), so count a part's figure as that much high; a nested part is
 inside its caller's figure too.  An ``async def`` that waits (for the upstream, a
 slow store) also counts what the event loop ran meanwhile: other requests' work at
 16 connections, little at ``--conns 1``.  A name not in the tree is reported, not
-an error (nor is a module the process never imported).  A benchmark, not a test: it asserts nothing about time.
+an error (nor is a module the process never imported); a name given twice is (it
+would be wrapped twice).  A benchmark, not a test: it asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def measure(t: Timed, load: workloads.Workload, conns: int, seconds: int, start:
     deadline = time.monotonic() + 10
     while not t.out_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not t.out_file.exists():
+        raise SystemExit(f"{t.target.name} wrote no counts within 10 s of the signal (see its log in {BIN_DIR})")
     counted = json.loads(t.out_file.read_text(encoding="utf-8"))
     t.requests += got.requests
     t.loop_ns += loop1 - loop0
@@ -142,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--ref-parts names REF's functions: with --compare-ref")
     if args.ref_parts and len(args.ref_parts) != len(args.parts):
         ap.error("--ref-parts: one for each part")
+    for named in (args.parts, args.ref_parts or []):
+        if len(set(named)) != len(named):
+            ap.error("a part named twice would be timed twice, inside itself")
     seconds, rounds = (1, 1) if args.smoke else (args.seconds, args.rounds)
     logs = BIN_DIR / "logs-parts"
     logs.mkdir(parents=True, exist_ok=True)

@@ -139,3 +139,5 @@ def test_parts_specs() -> None:
             bench_parts.part_spec(bad)
     with pytest.raises(SystemExit):
         bench_parts.main(["m:f", "--ref-parts", "m:g"])  # REF's names without a REF
+    with pytest.raises(SystemExit):
+        bench_parts.main(["m:f", "m:f"])  # it would time itself
