@@ -131,9 +131,10 @@ class _Without(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 if _SPEC:
-    _values = {f"{m}:{n}": v for m, n, v in json.loads(_SPEC)}
+    _wanted = [(m, n, v) for m, n, v in json.loads(_SPEC)]
+    _values = {f"{m}:{n}": v for m, n, v in _wanted}
     sys.meta_path.insert(
-        0, _Without([(m, n) for m, n, _ in json.loads(_SPEC)], lambda original, key: _nothing(original, _values[key]))
+        0, _Without([(m, n) for m, n, _ in _wanted], lambda original, key: _nothing(original, _values[key]))
     )
 elif _TIMED:
     sys.meta_path.insert(0, _Without([(m, n) for m, n in json.loads(_TIMED)], _timed))

@@ -362,13 +362,11 @@ class MemoryStore:
 
     def _note_alone(self, tenant: str, lineage_id: str, expires: float, origin: bytes) -> None:
         """``lineage_id`` (a new root from ``origin``) is alone until ``expires``."""
-        origins = self._origins.setdefault(tenant, {})
-        other = origins.get(origin)
-        if other is not None and other != lineage_id:
+        other = self._origins.get(tenant, {}).get(origin)
+        if other is not None and other != lineage_id:  # one alone lineage per origin: the index is 1:1
             self._unalone(tenant, other)
-            origins = self._origins.setdefault(tenant, {})
         self._alone.setdefault(tenant, {})[lineage_id] = (expires, origin)
-        origins[origin] = lineage_id
+        self._origins.setdefault(tenant, {})[origin] = lineage_id
 
     def _unalone(self, tenant: str, lineage_id: str) -> None:
         """``lineage_id`` is alone no more (nothing when it was not)."""
@@ -378,9 +376,7 @@ class MemoryStore:
         note = notes.pop(lineage_id, None)
         if note is None:
             return
-        origins = self._origins[tenant]
-        if origins.get(note[1]) == lineage_id:
-            del origins[note[1]]
+        del self._origins[tenant][note[1]]
         if not notes:
             del self._alone[tenant]
             del self._origins[tenant]
