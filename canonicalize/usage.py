@@ -83,6 +83,10 @@ _PATHS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("completion_tokens", ("completion_tokens",)),
     ("output_tokens", ("output_tokens",)),
 )
+_BY_FIRST: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
+for _order, (_name, _path) in enumerate(_PATHS):
+    _BY_FIRST.setdefault(_path[0], []).append((_order, _name, _path[1:]))
+_FIRSTS = frozenset(_BY_FIRST)
 
 
 def _fields(obj: dict[str, Any]) -> dict[str, int]:
@@ -94,14 +98,16 @@ def _fields(obj: dict[str, Any]) -> dict[str, int]:
     if obj.get("type") in ("response.completed", "response.incomplete") and isinstance(obj.get("response"), dict):
         usage = obj["response"].get("usage")
     if isinstance(usage, dict):
-        get = usage.get
-        for name, path in _PATHS:
-            # A path whose first member is absent (most are, in any one shape) finds
-            # nothing: skipped without the call.
-            if get(path[0]) is not None:
-                value = _int(usage, *path)
+        # Only the paths whose first member is there (a few, in any one shape), in _PATHS' order.
+        found = []
+        for first in _FIRSTS.intersection(usage):
+            for order, name, rest in _BY_FIRST[first]:
+                value = _int(usage[first], *rest)
                 if value is not None:
-                    out[name] = value
+                    found.append((order, name, value))
+        found.sort()
+        for _, name, value in found:
+            out[name] = value
     timings = obj.get("timings")
     if isinstance(timings, dict):
         for name in ("cache_n", "prompt_n"):

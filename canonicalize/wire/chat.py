@@ -14,6 +14,7 @@ because of it.
 from __future__ import annotations
 
 import re
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -70,14 +71,20 @@ class ChatExchange(RoleMessages):
         slots: list[Slot] = []
         roles = self.system_roles
         messages = self.messages(body)
-        history = [m for m in messages if not (type(m) is dict and type(r := m.get("role")) is str and r in roles)]
-        if len(history) == len(messages):
-            return slots, history
-        if len(history) + 1 == len(messages) and messages[0] is not (history[0] if history else None):
-            msg = messages[0]  # the one system message leads (the common case)
-            if "content" in msg:
-                text_slots(msg, "content", ("messages", 0, "content"), slots)
-            return slots, history
+        try:  # every message's role at C speed (a message not a dict: the loop below)
+            said = list(map(dict.get, messages, repeat("role")))
+        except TypeError:
+            said = None
+        if said is not None:
+            # (list.count compares by ==: only a str equals a system role's name)
+            system = sum(map(said.count, roles))
+            if not system:
+                return slots, list(messages)
+            if system == 1 and type(said[0]) is str and said[0] in roles:
+                msg = messages[0]  # the one system message leads (the common case)
+                if "content" in msg:
+                    text_slots(msg, "content", ("messages", 0, "content"), slots)
+                return slots, messages[1:]
         history = []
         for i, msg in enumerate(messages):
             if isinstance(msg, dict) and type(r := msg.get("role")) is str and r in roles:

@@ -264,3 +264,19 @@ def test_fields_skip_absent_paths_randomized() -> None:
         usage = node(2)
         obj = {"usage": usage}
         assert usage_module._fields(obj) == _fields_every_path(obj), usage
+
+
+@pytest.mark.parametrize("order", [0, 1, 2])
+def test_of_two_places_of_one_count_the_later_one_wins(order: int) -> None:
+    """Where a usage object holds one count in several of the places known for it, the
+    one listed later counts, whatever order the object's members come in."""
+    places = [
+        ("prompt_tokens_details", {"cache_write_tokens": 5, "cached_tokens": 40}),
+        ("cache_write_tokens", 7),
+        ("input_tokens_details", {"cache_write_tokens": 9}),
+    ]
+    members = [("prompt_tokens", 100), *places[order:], *places[:order]]
+    assert parse_usage({"usage": dict(members)}) == Usage(100, 40, 9)
+    assert parse_usage({"usage": dict(members[:1] + [p for p in members[1:] if p[0] != "input_tokens_details"])}) == (
+        Usage(100, 40, 7)
+    )
