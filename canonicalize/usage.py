@@ -54,9 +54,14 @@ def _int(d: Any, *path: str) -> int | None:
         if not isinstance(d, dict):
             return None
         d = d.get(key)
-    if isinstance(d, bool) or not isinstance(d, int | float):
+    if type(d) is int:  # (the usual count: no bool, no float to convert)
+        return d
+    if isinstance(d, bool) or not isinstance(d, _NUMBER):
         return None
     return int(d)
+
+
+_NUMBER = (int, float)  # (a tuple: ``int | float`` would be built again on every call)
 
 
 # Where each field sits in a usage object, in the order found values are taken (a
