@@ -101,10 +101,7 @@ def prepare(
     if kept is not None:  # what the next body's texts are analysed from
         kept.system = tuple(originals[s.path][1] for s in system_slots)
     tool_slots = _static_pass(rules, body, exchange, rewrites, originals)
-    tool_list = exchange.tools(body)
-    tools = None
-    if tool_list:
-        tools = memos.tools.identify(exchange, tool_list, hold=kept is not None, shared=not rules.edits_tools)
+    tool_list, tools = _tools(rules, memos, exchange, body, hold=kept is not None)
     if tool_slots and rules.pin_tools:
         spans += _tool_spans(rules, tool_slots, len(system_slots), originals)
     links, sizes = _chain(memos.histories, exchange, body, history, tip, scope, kept)
@@ -133,6 +130,17 @@ def prepare(
         scope,
         own,
     )
+
+
+def _tools(
+    rules: RuleSet, memos: Memos, exchange: Exchange, body: dict[str, Any], *, hold: bool
+) -> tuple[list[Any] | None, ToolsId | None]:
+    """The body's tools[] and its identity (None: no tools[]); ``hold``: the memo keeps
+    it for the conversation's next body."""
+    tool_list = exchange.tools(body)
+    if not tool_list:
+        return tool_list, None
+    return tool_list, memos.tools.identify(exchange, tool_list, hold=hold, shared=not rules.edits_tools)
 
 
 def _signals(

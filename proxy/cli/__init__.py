@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -104,7 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenAI-compatible reverse proxy that keeps LLM prefix caches hitting.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_serve, _add_check_config, _add_audit, _add_replay):
+        add(sub)
+    return parser
 
+
+Commands = Any  # argparse's subparsers action (its class is private to argparse)
+
+
+def _add_serve(sub: Commands) -> None:
     serve = sub.add_parser("serve", help="run the proxy")
     serve.add_argument("--config", help="YAML config file (default: $PREFIXPIN_CONFIG, else built-in defaults)")
     serve.add_argument("--upstream", help="upstream base URL, e.g. http://127.0.0.1:8080")
@@ -120,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_check_config(sub: Commands) -> None:
     check = sub.add_parser(
         "check-config", help="validate a config and print the effective one; exit 2 listing every problem"
     )
@@ -127,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     check.set_defaults(func=cmd_check_config)
 
+
+def _add_audit(sub: Commands) -> None:
     audit = sub.add_parser("audit", help="offline: predicted cacheable prefix before/after, breaks by cause")
     audit.add_argument("trace", help="trace file (JSON Lines)")
     audit.add_argument("--config", help="YAML config file")
@@ -152,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.set_defaults(func=cmd_audit)
 
+
+def _add_replay(sub: Commands) -> None:
     replay = sub.add_parser("replay", help="send a trace to an upstream (or through prefixpin) and report")
     replay.add_argument("trace", help="trace file (JSON Lines)")
     replay.add_argument("--upstream", required=True, help="upstream base URL")
@@ -162,7 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     replay.add_argument("--timing", action="store_true", help='honour the trace\'s "t" offsets')
     replay.set_defaults(func=cmd_replay)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

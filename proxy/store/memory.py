@@ -309,9 +309,27 @@ class MemoryStore:
             and record.requests <= 1
             and (tenant, "g", rec_id) not in data
         )
-        shared: list[str] = []  # the lineages of the links this record shares with another
-        fresh = False  # a link recorded that was not held
-        for link in links[start:]:
+        shared, fresh = self._link(tenant, rec_id, links[start:], now)
+        if self._alone:
+            for lineage_id in shared:
+                self._unalone(tenant, lineage_id)
+            if fresh:
+                self._recorded_anew(tenant, rec_id, origin)
+        if new_root and rec_id not in shared:
+            self._note_alone(tenant, rec_id, expires, links[0])
+        self._set((tenant, "g", record.id), record, now)
+        for ref, raw in blobs.items():
+            self._set((tenant, "b", ref), raw, now)
+        return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
+
+    def _link(self, tenant: str, rec_id: str, links: Links, now: float) -> tuple[list[str], bool]:
+        """``links`` named ``rec_id``'s (first among their owners), each then the most
+        recently used; returns the lineages of the links it shares with another, and
+        whether a link was not held before."""
+        data, expires = self._data, now + self.ttl_s
+        shared: list[str] = []
+        fresh = False
+        for link in links:
             key = (tenant, "l", link)
             # ``_set(key, owners, now)`` after ``_get(key, now)``, in one lookup when it is live.
             item = data.get(key)
@@ -334,17 +352,7 @@ class MemoryStore:
                 data[key] = (expires, owners)
                 data.move_to_end(key)
                 self._shares[tenant].keys.move_to_end(key)
-        if self._alone:
-            for lineage_id in shared:
-                self._unalone(tenant, lineage_id)
-            if fresh:
-                self._recorded_anew(tenant, rec_id, origin)
-        if new_root and rec_id not in shared:
-            self._note_alone(tenant, rec_id, expires, links[0])
-        self._set((tenant, "g", record.id), record, now)
-        for ref, raw in blobs.items():
-            self._set((tenant, "b", ref), raw, now)
-        return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
+        return shared, fresh
 
     def _recorded_anew(self, tenant: str, rec_id: str, origin: Origin | None) -> None:
         """Lineage ``rec_id`` recorded links that were not held, of a conversation from
