@@ -13,7 +13,8 @@ instructions the process executes per request does not move with the host.  Each
 target is ``prefixpin serve`` (default config) run under valgrind's callgrind (~50x
 slower), in front of ``bench_overhead``'s instant nginx upstream; wrk sends the same
 workloads with the same credentials (``benchmarks.overhead``) at 16 connections:
-first a warm-up, then callgrind's counters are zeroed (``callgrind_control -z``),
+first each session's first request alone (``overhead.roles.prime``, as an agent sends
+it), a warm-up, then callgrind's counters are zeroed (``callgrind_control -z``),
 then ``--seconds`` of load, then the counters are dumped (``callgrind_control -d``).
 The figure is the dump's instructions (Ir) over the requests wrk completed.
 
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overhead import nginx, targets, workloads, wrk
+from benchmarks.overhead import nginx, roles, targets, workloads, wrk
 from benchmarks.overhead.targets import CLIENT_HEADERS
 from tests.infra.procs import REPO, Proc, free_port, prefixpin_argv
 
@@ -79,6 +80,7 @@ def measure(
             base = f"http://127.0.0.1:{port}"
             proc.wait_http(base + "/healthz", timeout=300)
             url = base + "/v1/chat/completions"
+            roles.prime(base, wl, start=0)  # each session's first request alone, as an agent sends it
             wrk.run(url, wl.path, conns=CONNS, duration_s=warm, timeout_s=30, headers=CLIENT_HEADERS)
             _control("-z", proc)
             load = wrk.run(

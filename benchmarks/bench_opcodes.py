@@ -14,7 +14,8 @@ loaded into ``prefixpin serve`` through a ``sitecustomize`` on its PYTHONPATH:
 ``benchmarks/opcodes/``).  The tracer makes the process ~20x slower, so only counts
 are read, never times; counts do not move with the host.  Each target runs in front of
 ``bench_overhead``'s instant nginx upstream; wrk sends the same workloads at 16
-connections: a warm-up untraced, then ``--seconds`` traced.  The figure is the
+connections: each session's first request alone (``overhead.roles.prime``, as an agent
+sends it), a warm-up untraced, then ``--seconds`` traced.  The figure is the
 instructions counted over the requests wrk completed.
 
 What it does not see: C code (a library's, the interpreter's own), the kernel, memory
@@ -35,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.overhead import body, nginx, targets, workloads, wrk
+from benchmarks.overhead import body, nginx, roles, targets, workloads, wrk
 from benchmarks.overhead.targets import CLIENT_HEADERS
 from tests.infra.procs import REPO, start_prefixpin
 
@@ -64,6 +65,7 @@ def measure(tree: Path, source: Path | None, wl: workloads.Workload, work: Path,
     proc, base = start_prefixpin(work / "logs", upstream=upstream, env=env, source=source)
     try:
         url = base + "/v1/chat/completions"
+        roles.prime(base, wl, start=10**6)  # each session's first request alone, as an agent sends it
         wrk.run(url, wl.path, conns=CONNS, duration_s=WARM_S, start=10**6, headers=CLIENT_HEADERS)
         pid = proc.popen.pid
         os.kill(pid, signal.SIGUSR1)
