@@ -53,17 +53,21 @@ def _line_key(rule: Rule, text: str, start: int, end: int, on_line: Sequence[tup
 def find_spans(rules: Sequence[Rule], slots: Sequence[Slot]) -> list[Span]:
     """Every span of every pin rule in ``slots`` (in slot, then position order)."""
     spans: list[Span] = []
-    for i, slot in enumerate(slots):
+    for i, slot in enumerate(slots):  # (so the spans come in slot, then position order)
         text = slot.get()
         found = [(start, end, rule) for rule in rules for start, end in rule.spans(text)]
         if not found:
             continue
-        found.sort(key=lambda f: f[0])  # by position; rules in order at one position
+        if len(found) > 1:
+            found.sort(key=_first)  # by position; rules in order at one position
         where = [(start, end) for start, end, _ in found]
         for start, end, rule in found:
             spans.append(Span(rule, i, start, end, _line_key(rule, text, start, end, where), text[start:end]))
-    spans.sort(key=lambda s: (s.slot, s.start))
     return spans
+
+
+def _first(found: tuple[int, int, Rule]) -> int:
+    return found[0]
 
 
 def skeleton(slots: Sequence[Slot], spans: Sequence[Span]) -> str:

@@ -76,13 +76,15 @@ T = TypeVar("T")
 # The answers the shell sends back are the types the needs name (canonicalize.needs).
 Steps = Generator[Need[Any], Any, T]
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
+PARENT_HEADER = "x-prefixpin-parent"  # the request's declared parent lineage
 
 
 class Request(NamedTuple):
     """A request as the core sees it: the client's bytes, its wire API and tenant
     (the scope of every memo and need), its headers (a session header, a declared
-    parent), and ``fresh``, a new random lineage id (randomness is the shell's), the
-    request's if it starts a lineage, made to start with its conversation's home
+    parent: at least those :attr:`Canonicalizer.header_names` names), and ``fresh``,
+    a new random lineage id (randomness is the shell's), the request's if it starts
+    a lineage, made to start with its conversation's home
     (:func:`~canonicalize.lineage.homed`).  ``remember`` False: the body is parsed
     whole and nothing of it is kept for its conversation's next one (a body no one owns,
     or one too big to keep)."""
@@ -141,6 +143,9 @@ class Canonicalizer:
         self.settings = settings
         self.rules = RuleSet.compile(settings)
         self.memos = Memos() if memos is None else memos
+        # The request headers the steps read (lowercase): a Request's ``headers`` need
+        # hold no other (the shell hands it these, read once from the request's).
+        self.header_names: tuple[str, ...] = (PARENT_HEADER, *self.rules.identity_headers)
 
     @property
     def rule_names(self) -> tuple[str, ...]:
@@ -198,7 +203,7 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
         doc,
         body,
         req.exchange,
-        declared_parent=headers.get("x-prefixpin-parent") or None,
+        declared_parent=headers.get(PARENT_HEADER) or None,
         headers=headers,
         previous=previous,
         scope=req.tenant,

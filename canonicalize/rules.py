@@ -28,6 +28,7 @@ A pattern ``re`` cannot scan fast is better tried only where a match can start:
   faster than ``re`` steps through every ``" ["`` or ``"C"``).
 
 The rule's pattern is then tried at those places only, in order; the spans are the same.
+(A text shorter than :data:`SHORT`, a changed line, is read by the pattern whole.)
 
 A rule that is ``line``-local finds in each line of a text, taken alone, exactly
 what it finds there in the whole text (its matches and what its lookarounds read
@@ -44,10 +45,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Action = Literal["pin", "strip", "mask", "date"]
+# A text this short is read by the pattern at every position: finding where a match may
+# start first (``anchor``, ``seek``) costs more there than it saves (a changed line).
+SHORT = 256
 Scope = Literal["system", "tools", "all"]
 
 ACTIONS: tuple[Action, ...] = ("pin", "strip", "mask", "date")
@@ -72,6 +76,8 @@ class Rule:
     anchor_at: int = 0
     seek: tuple[tuple[str, int], ...] = ()
     line: bool = False  # line-local (module docstring)
+    # The span's group (module docstring), derived from ``pattern`` and ``action``.
+    group: str | int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -88,6 +94,9 @@ class Rule:
             raise RuleError("a rule has an anchor or seek literals, not both")
         if self.line and "\n" in self.replacement:
             raise RuleError("a line-local rule's replacement has no newline")
+        groups = self.pattern.groupindex
+        group = "v" if "v" in groups else "date" if self.action == "date" and "date" in groups else 0
+        object.__setattr__(self, "group", group)
 
     @property
     def static(self) -> bool:
@@ -117,29 +126,26 @@ class Rule:
     def _replace(self, m: re.Match[str], new: str) -> str:
         """The match ``m`` with its span (the rule's group) replaced by ``new``."""
         whole, base = m.group(0), m.start()
-        s, e = m.span(self._group)
+        s, e = m.span(self.group)
         if not 0 <= s < e:
             # An empty span (a lookaround-only pattern such as ``\b``) matches no
             # text: rewriting it would insert text everywhere.
             return whole
         return whole[: s - base] + new + whole[e - base :]
 
-    @property
-    def _group(self) -> str | int:
-        groups = self.pattern.groupindex
-        if "v" in groups:
-            return "v"
-        return "date" if self.action == "date" and "date" in groups else 0
-
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Start/end of every (non-empty) span this rule matches in ``text``."""
-        grp = self._group
-        return [(s, e) for s, e in (m.span(grp) for m in self._finditer(text)) if 0 <= s < e]
+        grp, out = self.group, []
+        for m in self._finditer(text):
+            s, e = m.span(grp)
+            if 0 <= s < e:
+                out.append((s, e))
+        return out
 
     def _finditer(self, text: str) -> Iterable[re.Match[str]]:
         """``pattern.finditer(text)``, the pattern tried only where ``anchor`` or ``seek`` say
         a match may start."""
-        if self.anchor is None and not self.seek:
+        if (self.anchor is None and not self.seek) or (self.seek and len(text) < SHORT):
             return self.pattern.finditer(text)
         found: list[re.Match[str]] = []
         end = 0

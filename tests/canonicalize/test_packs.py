@@ -21,6 +21,7 @@ from canonicalize import (
     Settings,
     analysis,
     compile_rule,
+    rules,
 )
 from canonicalize.packs import Pack
 from tests.flows import Harness, Sent
@@ -270,12 +271,15 @@ def test_iso_datetime_anchors_find_what_the_pattern_finds() -> None:
     assert all(ISO.spans(t) for t in seeds[:3])
 
 
+@pytest.mark.parametrize("short", [0, rules.SHORT], ids=["seek-always", "seek-past-short"])
 @pytest.mark.parametrize("name", ["hermes.memory_usage", "hermes.conversation_started", "hermes.session_id"])
-def test_seek_finds_and_rewrites_what_the_pattern_does(name: str) -> None:
+def test_seek_finds_and_rewrites_what_the_pattern_does(name: str, short: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Trying the pattern only at the ``seek`` places gives ``finditer``'s spans and
-    ``pattern.sub``'s text (a static rule), whatever comes before, between and after."""
+    ``pattern.sub``'s text (a static rule), whatever comes before, between and after;
+    with ``short`` 0 on every text, else on those of :data:`rules.SHORT` or more."""
     import random
 
+    monkeypatch.setattr(rules, "SHORT", short)
     r = rule("hermes", name)
     assert r.seek
     plain = dataclasses.replace(r, seek=())

@@ -8,9 +8,11 @@ from typing import Any
 
 import orjson
 import pytest
+from starlette.datastructures import Headers
 
 from canonicalize import CHAT, MESSAGES, Exchange
 from proxy.config import load
+from proxy.drive import read_named
 from proxy.offline import Offline
 from proxy.store.memory import MemoryStore
 from tests.arrivals import VARIANTS, Arrivals, switching_often
@@ -106,3 +108,21 @@ def test_big_bodies_offloaded_while_the_loop_serves_small_ones_never_fail_open()
     assert len(roles) == arrivals.requests and "fail-open" not in roles
     registry = offline.s.metrics.registry
     assert not registry.get_sample_value("prefixpin_fail_open_total", {"stage": "canonicalize"})
+
+
+def test_the_core_gets_the_first_value_of_each_header_it_names_and_no_other() -> None:
+    offline = Offline(load(None, env={}))
+    names = offline.s.canon.header_names
+    assert names[0] == "x-prefixpin-parent" and {"session-id", "x-claude-code-session-id"} <= set(names)
+    head = Headers(
+        raw=[
+            (b"authorization", b"Bearer sk-secret"),
+            (b"session-id", b"first"),
+            (b"x-prefixpin-parent", b"lin-1"),
+            (b"session-id", b"second"),
+            (b"x-other", b"1"),
+        ]
+    )
+    wanted = frozenset(n.encode() for n in names)
+    assert read_named(head, wanted) == {"session-id": "first", "x-prefixpin-parent": "lin-1"}
+    assert read_named(Headers(raw=[]), wanted) == {}
