@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 from starlette.types import Send
@@ -62,7 +62,7 @@ class Answering:
         flow.answer.status = resp.status
         decoder = self._decoder(flow, resp)
         headers = raw_response_headers(resp.headers, drop=(b"content-encoding",) if decoder else ())
-        ctype = next((v for k, v in headers if k == b"content-type"), b"")
+        ctype = _first(headers, b"content-type")
         before_end = functools.partial(self.before_last, flow) if self.runner.before_last_hooks else None
         if resp.status < 400 and b"text/event-stream" in ctype:
             await self._stream(send, resp, flow, tag(headers, flow), sent, watch, decoder, before_end)
@@ -223,6 +223,15 @@ class Answering:
             log.warning("the upstream cut a stream on %s: %s", flow.inbound.exchange.name, exc.logged)
             flow.answer.status = 502
             await send({"type": "http.response.body", "body": responses.stream_cut(flow.inbound.exchange, exc)})
+
+
+def _first(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes:
+    """The first value of header ``name`` (lowercase), else empty (a loop: a generator
+    left unfinished by ``next`` is closed by a raised ``GeneratorExit``)."""
+    for k, v in headers:
+        if k == name:
+            return v
+    return b""
 
 
 def tag(headers: Headers, flow: Flow) -> Headers:

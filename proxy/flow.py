@@ -52,8 +52,13 @@ class Inbound(NamedTuple):
 
     @property
     def bypassed(self) -> bool:
-        """``x-prefixpin-bypass: 1``: the client asks for it to go untouched."""
-        return self.headers.get("x-prefixpin-bypass", "").strip() == "1"
+        """``x-prefixpin-bypass: 1``: the client asks for it to go untouched.  (Its first
+        value, read from the raw headers: ``Headers.get`` raises a ``KeyError`` inside
+        for an absent header, and almost every request has none.)"""
+        for name, value in self.headers.raw:
+            if name == b"x-prefixpin-bypass":
+                return value.decode("latin-1").strip() == "1"
+        return False
 
 
 # -- the decisions ---------------------------------------------------------------------

@@ -44,3 +44,24 @@ def test_failing_open_drops_the_decisions_and_edits_but_the_facts() -> None:
     assert flow.get(Guarded) is None and not flow.outbound.ops and not flow.outbound.headers
     assert flow.tenant == "k1" and flow.model == "m" and flow.get(Skip) is None
     assert flow.out == b'{"model":"m"}'  # what the client sent
+
+
+@pytest.mark.parametrize(
+    ("raw", "bypassed"),
+    [
+        ([], False),
+        ([(b"x-prefixpin-bypass", b"1")], True),
+        ([(b"x-prefixpin-bypass", b" 1\t")], True),
+        ([(b"x-prefixpin-bypass", b"\xa01")], True),  # as Headers.get's value, stripped
+        ([(b"x-prefixpin-bypass", b"0")], False),
+        ([(b"x-prefixpin-bypass", b"true")], False),
+        ([(b"x-prefixpin-bypass", b"0"), (b"x-prefixpin-bypass", b"1")], False),  # the first value
+        ([(b"x-prefixpin-bypass", b"1"), (b"x-prefixpin-bypass", b"0")], True),
+        ([(b"x-other", b"1")], False),
+    ],
+)
+def test_bypassed_reads_the_first_value_as_headers_get_does(raw: list[tuple[bytes, bytes]], bypassed: bool) -> None:
+    headers = Headers(raw=raw)
+    inbound = Inbound(CHAT, "/v1/chat/completions", b"", headers, b"{}", 0.0)
+    assert inbound.bypassed is bypassed
+    assert (headers.get("x-prefixpin-bypass", "").strip() == "1") is bypassed
