@@ -97,7 +97,8 @@ def prepare(
     system_slots, history = exchange.split(body)
     base = kept.base if kept is not None and rules.system_lines else None
     near = base.system if base is not None else ()
-    spans, skeleton, head = _system_pass(rules, memos.texts, system_slots, scope, rewrites, originals, near)
+    edited = kept.edited if base is not None and kept is not None else {}
+    spans, skeleton, head = _system_pass(rules, memos.texts, system_slots, scope, rewrites, originals, near, edited)
     if kept is not None:  # what the next body's texts are analysed from
         kept.system = tuple(originals[s.path][1] for s in system_slots)
     tool_slots = _static_pass(rules, body, exchange, rewrites, originals)
@@ -177,11 +178,14 @@ def _system_pass(
     rewrites: list[str],
     originals: dict[Path, tuple[Slot, str]],
     near: Sequence[str],
+    edited: Mapping[Path, tuple[str, int, int]],
 ) -> tuple[list[pins.Span], str, str]:
     """The static rules on each system slot, and the pin spans, skeleton and head of
     them all.  A text seen before in ``scope`` is found by comparing it whole, never
     by hashing it, and carries its analysis and its slot's spans; a new one is
-    analysed from the previous body's text at its slot (``near``) where it can be."""
+    analysed from the previous body's text at its slot (``near``) where it can be,
+    and where its parse made it from a text (``edited``: :attr:`Kept.edited`), from
+    the characters it kept of it."""
     spans: list[pins.Span] = []
     masked_hashes, heads = [], []
     entry = None
@@ -191,7 +195,7 @@ def _system_pass(
         originals[slot.path] = (slot, text)
         res = derived.get("slot")
         if res is None:
-            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None)
+            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None, edited.get(slot.path))
             res = texts.derive(entry, "slot", res, len(res.text) if res.text is not text else 0)
         slot.set(texts.intern(scope, res.text))
         rewrites.extend(n for n in res.fired if n not in rewrites)
@@ -210,14 +214,24 @@ def _system_pass(
     return spans, *shape
 
 
-def _analyse(rules: RuleSet, texts: Texts, scope: str, text: str, near_text: str | None) -> SystemText:
+def _analyse(
+    rules: RuleSet,
+    texts: Texts,
+    scope: str,
+    text: str,
+    near_text: str | None,
+    made: tuple[str, int, int] | None = None,
+) -> SystemText:
     """The analysis of a system text not seen before: from ``near_text``'s (the same
-    slot of the body it was parsed from), kept in ``scope``, when it is there; else whole."""
+    slot of the body it was parsed from), kept in ``scope``, when it is there; else
+    whole.  ``made``: the text the parse made this one from, and how many of its first
+    and last characters it kept (what ``rescan`` would otherwise compare for)."""
     if near_text is not None and near_text is not text:
         entry = texts.known(scope, near_text)
         near = entry.derived.get("slot") if entry is not None else None
         if near is not None:
-            found = rescan(rules, near_text, near, text)
+            alike = made[1:] if made is not None and (made[0] is near_text or made[0] == near_text) else None
+            found = rescan(rules, near_text, near, text, alike)
             if found is not None:
                 return found
     return scan(rules, text)

@@ -137,9 +137,9 @@ class Bodies:
             found = reuse(old, raw, key)
             if found is None:
                 continue
-            top, doc, layout, copies = found
+            top, doc, layout, copies, edited = found
             body = Kept(raw, top, key, doc)
-            body.writable = copies
+            body.writable, body.edited = copies, edited
             if layout is not None:
                 body.open, body.close, body.head, body.tail = old.open, layout[0], old.head, old.tail
                 body.spans = layout[1]

@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from canonicalize.jsonspan import JsonDoc, has_line_break
+from canonicalize.jsonspan import JsonDoc, Path, has_line_break
+from canonicalize.strpiece import BIG, edited
 
 # The roles of the items no request writes to (it writes system texts and date notes
 # on user messages): the only items shared between requests; every other is copied.
@@ -34,6 +35,7 @@ class Kept:
         "base",
         "close",
         "doc",
+        "edited",
         "head",
         "hist",
         "items",
@@ -67,6 +69,9 @@ class Kept:
         self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
         self.system: tuple[str, ...] = ()  # its system texts as the memo of texts keeps them (analysis)
+        # The string members parsed as an edit of the base's (canonicalize.strpiece), by
+        # path: the old value, and how many of its first and last characters the new keeps.
+        self.edited: dict[Path, tuple[str, int, int]] = {}
         self.scope = ""  # the tenant whose memo holds it
         self.marks: list[tuple[str, int, int]] = []  # what finds it there (canonicalize.bodies.lead)
 
@@ -137,11 +142,14 @@ def shared_prefix(body: Kept, start: int, base: Kept, base_start: int, most: int
     return len(list(takewhile(bool, pairs)))
 
 
-def reuse(
-    old: Kept, raw: bytes, key: str
-) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int]] | None:
-    """``raw``'s parse, doc and layout (its close and item spans, when all are known)
-    as ``old``'s items where the bytes are equal, or None."""
+Edits = dict[Path, tuple[str, int, int]]  # Kept.edited
+Assembled = tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int], Edits]
+
+
+def reuse(old: Kept, raw: bytes, key: str) -> Assembled | None:
+    """``raw``'s parse, doc, layout (its close and item spans, when all are known),
+    the items a request gets copies of, and the string members parsed as edits, as
+    ``old``'s items where the bytes are equal; or None."""
     if old.key != key or not _same_end(old.raw, raw) or not old.layout():
         return None
     head, tail = old.head, old.tail
@@ -206,13 +214,12 @@ def _runs(old: Kept, raw: bytes, close: int) -> list[Run]:
     return runs
 
 
-def _assemble(
-    old: Kept, raw: bytes, runs: list[Run], close: int
-) -> tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int]] | None:
+def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled | None:
     """``raw``'s parse, doc and layout: ``old``'s items of ``runs``, the gaps between
     them (whole new items) parsed on their own (with no run: another conversation's
     body, whose head and tail, its model and tools, are reused); None when a gap is
-    not items."""
+    not items.  A gap of one item where one old item stood is first tried as that
+    item with a string member's lines changed (:mod:`canonicalize.strpiece`)."""
     spans = old.spans
     assert spans is not None
     items: list[Any] = []
@@ -222,12 +229,16 @@ def _assemble(
     old_items, old_writable = old.items, old.writable
     copies: list[int] = []
     breaks = False  # a line break in the new bytes (the gaps): the rest are old's
+    edits: Edits = {}
+    done = 0  # the old items before here: runs' and the gaps' they replaced
     try:
         for first, start, count in runs:
             n_before = len(items)
             breaks = breaks or has_line_break(raw, pos, start)
-            if not _gap(raw, pos, start, after_item, True, items, new_spans):
+            like = done if first - done == 1 else -1
+            if not _gap(raw, pos, start, after_item, True, items, new_spans, (old, like, edits)):
                 return None
+            done = first + count
             copies += writable(items, n_before)
             s0, e0 = spans[first][0], spans[first + count - 1][1]
             base = len(items) - first
@@ -242,7 +253,8 @@ def _assemble(
             pos, after_item = e0 + shift, True
         n_before = len(items)
         breaks = breaks or has_line_break(raw, pos, close)
-        if not _gap(raw, pos, close, after_item, False, items, new_spans):
+        like = done if len(spans) - done == 1 else -1
+        if not _gap(raw, pos, close, after_item, False, items, new_spans, (old, like, edits)):
             return None
         copies += writable(items, n_before)
     except (orjson.JSONDecodeError, TypeError):
@@ -258,7 +270,7 @@ def _assemble(
     known = (-1, -1) not in new_spans
     if known:
         doc.known_items = (old.key, new_spans)
-    return top, doc, ((close, new_spans) if known else None), copies
+    return top, doc, ((close, new_spans) if known else None), copies, edits
 
 
 def _same_end(old: bytes, raw: bytes) -> bool:
@@ -286,11 +298,22 @@ def _largest(n: int, ok: Any) -> int:
     return a
 
 
-def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: list[Any], spans: list[Span]) -> bool:
+def _gap(
+    raw: bytes,
+    start: int,
+    end: int,
+    after: bool,
+    before: bool,
+    items: list[Any],
+    spans: list[Span],
+    like: tuple[Kept, int, Edits],
+) -> bool:
     """Parse ``raw[start:end]``, between a reused item (``after``) or the '[', and a
     reused item (``before``) or the ']': new whole items and their separators, or
     just one separator.  Appends the items and their spans (found by their compact
-    serialization; unknown spans make the caller's body unusable later)."""
+    serialization; unknown spans make the caller's body unusable later).  ``like``:
+    the old body, the index of the one old item the gap stands in place of (-1:
+    none), and the edits to note one in (:func:`_edited`)."""
     if after and before:
         if end - start < 1 or raw[start] != 0x2C or raw[end - 1] != 0x2C:
             return False
@@ -313,6 +336,12 @@ def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: lis
         return True
     if start >= end:
         return False
+    if like[1] >= 0 and end - start >= BIG:
+        item = _edited(raw, start, end, like, len(items))
+        if item is not None:
+            items.append(item)
+            spans.append((start, end))
+            return True
     new = orjson.loads(b"".join((b"[", memoryview(raw)[start:end], b"]")))  # the gap copied once
     if len(new) == 1:  # one item: the gap is its span, without whitespace around it
         while raw[start] in _WS:
@@ -335,6 +364,21 @@ def _gap(raw: bytes, start: int, end: int, after: bool, before: bool, items: lis
             pos = -(1 << 62)
     items += new
     return True
+
+
+def _edited(raw: bytes, start: int, end: int, like: tuple[Kept, int, Edits], index: int) -> Any:
+    """The item ``raw[start:end]`` as the old item ``like`` names with a string member's
+    lines changed (:func:`canonicalize.strpiece.edited`), noted in ``like``'s edits at
+    its new ``index``; None: not that."""
+    old, j, edits = like
+    assert old.spans is not None
+    item = old.items[j]
+    found = edited(item, old.raw, *old.spans[j], raw, start, end)
+    if found is None:
+        return None
+    new, key, kept_start, kept_end = found
+    edits[(old.key, index, key)] = (item[key], kept_start, kept_end)
+    return new
 
 
 def _carry(old: Kept, doc: JsonDoc, moves: list[tuple[int, int, int, int, int]], close: int) -> None:

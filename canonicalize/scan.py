@@ -66,13 +66,20 @@ def scan(rules: RuleSet, text: str) -> SystemText:
     return _finish(new, fired, [(s.rule, s.start, s.end, s.key, s.value) for s in found], rewrites)
 
 
-def rescan(rules: RuleSet, near_text: str, near: SystemText, text: str) -> SystemText | None:
+def rescan(
+    rules: RuleSet, near_text: str, near: SystemText, text: str, alike: tuple[int, int] | None = None
+) -> SystemText | None:
     """``text``'s analysis from ``near_text``'s (``near``), reading only the lines that
-    differ; None when the rules are not line-local or most lines differ."""
+    differ; None when the rules are not line-local or most lines differ.  ``alike``:
+    how many characters the two texts are known to start and to end with alike (at
+    most as many as they do), instead of comparing them for it."""
     if not rules.system_lines or near.rewrites is None:
         return None
-    s = _common_suffix(near_text, text, min(len(near_text), len(text)))
-    p = _common_prefix(near_text, text, min(len(near_text), len(text)) - s)
+    if alike is not None:
+        p, s = alike
+    else:
+        s = _common_suffix(near_text, text, min(len(near_text), len(text)))
+        p = _common_prefix(near_text, text, min(len(near_text), len(text)) - s)
     a = text.rfind("\n", 0, p) + 1  # the first line that differs starts here, in both
     end = text.find("\n", len(text) - s)  # and the last one ends here (its newline, or the end)
     end = len(text) if end < 0 else end

@@ -37,8 +37,32 @@ def _message(rng: random.Random, i: int) -> dict[str, Any]:
     return {"role": "assistant", "content": f"answer {i} {_text(rng)}", "n": rng.randint(-5, 10**15)}
 
 
+def _prompt(rng: random.Random) -> str:
+    """A system prompt of one line, or of many (long enough to be parsed as an edit of
+    the previous one's, canonicalize.strpiece)."""
+    if rng.random() < 0.5:
+        return f"You are helpful. Now: 10:{rng.randint(10, 59)}. {_text(rng)}"
+    return "\n".join(f"{j} {_text(rng)}" for j in range(rng.randint(90, 140)))
+
+
+def _edit_prompt(rng: random.Random, text: str) -> str:
+    """A line of ``text`` changed, inserted or removed, or a tail appended."""
+    lines = text.split("\n")
+    at = rng.randrange(len(lines))
+    choice = rng.randrange(4)
+    if choice == 0:
+        lines[at] = _text(rng)
+    elif choice == 1:
+        lines.insert(at, _text(rng))
+    elif choice == 2 and len(lines) > 1:
+        del lines[at]
+    else:
+        return text + _text(rng)[:3] + "!"
+    return "\n".join(lines)
+
+
 def _session(rng: random.Random, n: int) -> dict[str, Any]:
-    system = {"role": "system", "content": f"You are helpful. Now: 10:{rng.randint(10, 59)}. {_text(rng)}"}
+    system = {"role": "system", "content": _prompt(rng)}
     tools = [{"type": "function", "function": {"name": f"t{j}", "parameters": {"type": "object"}}} for j in range(3)]
     return {"model": "m", "messages": [system, *(_message(rng, i) for i in range(n))], "tools": tools, "t": 0.5}
 
@@ -53,7 +77,7 @@ def _mutate(rng: random.Random, body: dict[str, Any], turn: int) -> dict[str, An
         elif op == 3 and len(msgs) > 1:  # the last message changed (a retry)
             msgs[-1] = _message(rng, 1000 * turn + 99)
         elif op == 4:  # the system prompt changed
-            msgs[0] = {"role": "system", "content": msgs[0]["content"] + _text(rng)[:3] + "!"}
+            msgs[0] = {"role": "system", "content": _edit_prompt(rng, msgs[0]["content"])}
         elif op == 5 and len(msgs) > 2:  # one in the middle changed, or removed, or inserted
             at = rng.randrange(1, len(msgs))
             choice = rng.randrange(3)
@@ -101,15 +125,31 @@ def _check(bodies: Bodies, raw: bytes, scope: str = "t") -> dict[str, Any]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_a_session_parsed_by_pieces_is_parsed_as_orjson_parses_it_whole(seed: int) -> None:
-    rng = random.Random(seed)
     bodies = Bodies()
+    _sessions(seed, bodies)
+    assert bodies.reused > 0
+
+
+def test_system_prompts_are_parsed_as_edits_of_the_previous_ones() -> None:
+    """A changed line of a long prompt: its parse made from the previous one's
+    (canonicalize.strpiece), checked as every parse above."""
+    assert sum(_sessions(seed, Bodies()) for seed in range(10)) > 10
+
+
+def _sessions(seed: int, bodies: Bodies) -> int:
+    """Three sessions' bodies, each a random change of its previous one, parsed and
+    checked; how many had a string parsed as an edit."""
+    rng = random.Random(seed)
     sessions = [_session(rng, rng.randint(0, 8)) for _ in range(3)]
+    edited = 0
     for turn in range(30):
         s = rng.randrange(len(sessions))
         sessions[s] = _mutate(rng, sessions[s], turn)
         raw = _compact(sessions[s])
         body = _check(bodies, raw)
-        doc = bodies.newest("t").doc
+        kept = bodies.newest("t")
+        edited += bool(kept.edited)
+        doc = kept.doc
         # What a request does to its copy (render's lookups, the pipeline's writes) never
         # reaches the kept parse.
         for i in range(len(body["messages"])):
@@ -123,7 +163,7 @@ def test_a_session_parsed_by_pieces_is_parsed_as_orjson_parses_it_whole(seed: in
                 for part in msg["content"]:
                     part["text"] = "edited"
         body["tools"] = []
-    assert bodies.reused > 0
+    return edited
 
 
 @pytest.mark.parametrize("seed", range(20))
