@@ -33,6 +33,7 @@ from canonicalize.identity import ToolsId, hash_text
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.lineage import Origin, Signals, origin_of
 from canonicalize.memo import Memos
+from canonicalize.pieces import Edits, Span
 from canonicalize.rules import Rule
 from canonicalize.ruleset import RuleSet
 from canonicalize.scan import HEAD_CHARS, SystemText, rescan, scan
@@ -178,7 +179,7 @@ def _system_pass(
     rewrites: list[str],
     originals: dict[Path, tuple[Slot, str]],
     near: Sequence[str],
-    edited: Mapping[Path, tuple[str, int, int]],
+    edited: Edits,
 ) -> tuple[list[pins.Span], str, str]:
     """The static rules on each system slot, and the pin spans, skeleton and head of
     them all.  A text seen before in ``scope`` is found by comparing it whole, never
@@ -220,7 +221,7 @@ def _analyse(
     scope: str,
     text: str,
     near_text: str | None,
-    made: tuple[str, int, int] | None = None,
+    made: tuple[str, int, int, Span] | None = None,
 ) -> SystemText:
     """The analysis of a system text not seen before: from ``near_text``'s (the same
     slot of the body it was parsed from), kept in ``scope``, when it is there; else
@@ -230,7 +231,7 @@ def _analyse(
         entry = texts.known(scope, near_text)
         near = entry.derived.get("slot") if entry is not None else None
         if near is not None:
-            alike = made[1:] if made is not None and (made[0] is near_text or made[0] == near_text) else None
+            alike = made[1:3] if made is not None and (made[0] is near_text or made[0] == near_text) else None
             found = rescan(rules, near_text, near, text, alike)
             if found is not None:
                 return found

@@ -22,6 +22,9 @@ from canonicalize.strpiece import BIG, edited
 SHARED = frozenset({"assistant", "tool"})
 
 Span = tuple[int, int]
+# Kept.edited: by path, the old value, the characters of its start and end the new one
+# kept, and the new value's span in the body.
+Edits = dict[Path, tuple[str, int, int, Span]]
 _WS = b" \t\n\r"  # JSON's whitespace
 _ENDS = 32  # at most this many last bytes compared before a body's layout is found (it costs a serialization)
 
@@ -71,7 +74,7 @@ class Kept:
         self.system: tuple[str, ...] = ()  # its system texts as the memo of texts keeps them (analysis)
         # The string members parsed as an edit of the base's (canonicalize.strpiece), by
         # path: the old value, and how many of its first and last characters the new keeps.
-        self.edited: dict[Path, tuple[str, int, int]] = {}
+        self.edited: Edits = {}
         self.scope = ""  # the tenant whose memo holds it
         self.marks: list[tuple[str, int, int]] = []  # what finds it there (canonicalize.bodies.lead)
 
@@ -142,7 +145,6 @@ def shared_prefix(body: Kept, start: int, base: Kept, base_start: int, most: int
     return len(list(takewhile(bool, pairs)))
 
 
-Edits = dict[Path, tuple[str, int, int]]  # Kept.edited
 Assembled = tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int], Edits]
 
 
@@ -267,6 +269,8 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
     elif old.doc.is_flat():  # (its head and tail are old's too)
         doc.flat = True
     _carry(old, doc, moves, close)
+    for path, (_, _, _, span) in edits.items():
+        doc._quick[path] = span  # (as a scan of the new item would find it)
     known = (-1, -1) not in new_spans
     if known:
         doc.known_items = (old.key, new_spans)
@@ -376,8 +380,8 @@ def _edited(raw: bytes, start: int, end: int, like: tuple[Kept, int, Edits], ind
     found = edited(item, old.raw, *old.spans[j], raw, start, end)
     if found is None:
         return None
-    new, key, kept_start, kept_end = found
-    edits[(old.key, index, key)] = (item[key], kept_start, kept_end)
+    new, key, kept_start, kept_end, span = found
+    edits[(old.key, index, key)] = (item[key], kept_start, kept_end, span)
     return new
 
 

@@ -37,14 +37,17 @@ BIG = 2048  # a string's bytes below this: its item is parsed whole (as cheap as
 _PROBE = 256  # bytes compared at once first when looking for where two items differ
 _BACKSLASH = 0x5C
 
-Edited = tuple[dict[str, Any], str, int, int]  # the new item, the member, characters kept of the old start and end
+# The new item, the member, the characters of the old value's start and end it kept,
+# and where the member's value (its literal, quotes included) is in the new bytes.
+Edited = tuple[dict[str, Any], str, int, int, tuple[int, int]]
 
 
 def edited(item: Any, old: bytes, a0: int, a1: int, raw: bytes, b0: int, b1: int) -> Edited | None:
     """``raw[b0:b1]``'s parse as ``item`` (whose compact serialization is ``old[a0:a1]``)
     with one string member's lines replaced (module docstring): the new item (a new
-    dict), the member's key, and how many characters of the old value's start and end
-    the new one keeps; None when it is not that."""
+    dict), the member's key, how many characters of the old value's start and end the
+    new one keeps, and the span of the member's value in ``raw``; None when it is not
+    that."""
     if type(item) is not dict:
         return None
     n = min(a1 - a0, b1 - b0)
@@ -79,7 +82,7 @@ def edited(item: Any, old: bytes, a0: int, a1: int, raw: bytes, b0: int, b1: int
         return None  # (never: the counts are the old literal's)
     new = dict(item)
     new[key] = "".join((value[:kept_start], piece, value[len(value) - kept_end :]))
-    return new, key, kept_start, kept_end
+    return new, key, kept_start, kept_end, (first - 1 - a0 + b0, close + 1 - a1 + b1)
 
 
 def _member(item: dict[str, Any], old: bytes, a0: int, a1: int, lo: int, hi: int) -> tuple[str, int, int] | None:

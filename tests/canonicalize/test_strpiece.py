@@ -96,8 +96,9 @@ def test_an_edit_is_the_parse_of_the_new_bytes(seed: int, monkeypatch: pytest.Mo
         if got is None:
             refused += 1
             continue
-        new, key, kept_start, kept_end = got
+        new, key, kept_start, kept_end, (start, end) = got
         assert want is not None, after
+        assert orjson.loads(raw[start:end]) == new[key] and raw[start] == raw[end - 1] == ord('"')
         assert new == want and list(new) == list(want), after
         assert new is not item and item["content"] == text  # the old parse is not touched
         value, was = new[key], item[key]
@@ -117,7 +118,11 @@ def test_only_a_long_string_member_is_parsed_as_an_edit() -> None:
         return edited(item, old, 0, len(old), raw, 0, len(raw))
 
     found = of({"role": "system", "content": text.replace("line 150:", "line 150!")})
-    assert found is not None and found[1:] == ("content", text.index("line 150:"), len(text) - text.index("\nline 151"))
+    assert found is not None and found[1:4] == (
+        "content",
+        text.index("line 150:"),
+        len(text) - text.index("\nline 151"),
+    )
     assert of({"role": "user", "content": text}) is None  # another member changed
     assert of({"role": "system", "content": text, "name": "x"}) is None  # a member added
     assert of({"role": "system", "content": text}) is None  # nothing changed
