@@ -102,6 +102,7 @@ def prepare(
     spans, skeleton, head = _system_pass(rules, memos.texts, system_slots, scope, rewrites, originals, near, edited)
     if kept is not None:  # what the next body's texts are analysed from
         kept.system = tuple(originals[s.path][1] for s in system_slots)
+        kept.edited = {}  # (the old values it holds were for this analysis only)
     tool_slots = _static_pass(rules, body, exchange, rewrites, originals)
     tool_list, tools = _tools(rules, memos, exchange, body, hold=kept is not None)
     if tool_slots and rules.pin_tools:

@@ -7,7 +7,9 @@ retry, a system prompt whose counter moved.  :class:`Bodies` keeps the newest
 body of each conversation in flight with its parse and the byte span of each
 item of its item array (chat and Messages ``messages``, Responses ``input``), and
 parses a new body as a remembered one's items wherever the bytes are equal, with
-``orjson.loads`` only of the gaps between them.
+``orjson.loads`` only of the gaps between them; a gap of one item where one old item
+stood that differs from it only inside a long string (a system prompt whose minute
+moved) is that item with the changed lines replaced (:mod:`canonicalize.strpiece`).
 
 A body finds its conversation's previous body by its *lead*: the bytes of the
 first two items of its item array (a system prompt and the first user message,

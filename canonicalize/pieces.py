@@ -72,8 +72,8 @@ class Kept:
         self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
         self.system: tuple[str, ...] = ()  # its system texts as the memo of texts keeps them (analysis)
-        # The string members parsed as an edit of the base's (canonicalize.strpiece), by
-        # path: the old value, and how many of its first and last characters the new keeps.
+        # The string members parsed as an edit of the base's (canonicalize.strpiece), until
+        # the analysis read them (Edits).
         self.edited: Edits = {}
         self.scope = ""  # the tenant whose memo holds it
         self.marks: list[tuple[str, int, int]] = []  # what finds it there (canonicalize.bodies.lead)
