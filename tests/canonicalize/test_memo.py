@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from canonicalize import CHAT, MESSAGES, RESPONSES, Fingerprint, Settings, compile_rule, identity
+from canonicalize import CHAT, MESSAGES, RESPONSES, Fingerprint, Settings, compile_rule, identity, pieces, strpiece
 from canonicalize.memo import Memos
 from canonicalize.pipeline import Canonicalizer
 from canonicalize.texts import HEAD, TAIL, Texts
@@ -408,3 +408,28 @@ def test_the_no_memo_form_remembers_nothing() -> None:
         parsed = off.bodies.parse(raw, "messages", "t")
         assert parsed is not None and parsed[2] is None
     assert off.bodies.reused == 0
+
+
+def test_a_prompt_parsed_from_its_previous_one_is_analysed_from_its_lines_and_not_held_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The next requests' prompts (the minute moved) are made from the previous ones by
+    their lines (canonicalize.strpiece); their analysis is the one a canonicalizer that
+    remembers nothing gives; the previous prompt the parse noted is not held past it."""
+    made: list[bool] = []
+
+    def edited(*args: Any) -> Any:
+        found = strpiece.edited(*args)
+        made.append(found is not None)
+        return found
+
+    monkeypatch.setattr(pieces, "edited", edited)
+    memo, fresh = Harness(), Harness(memos=Memos.off())
+    history = [{"role": "user", "content": "hi"}]
+    for minute in ("02:30 PM", "02:31 PM", "02:32 PM"):
+        body = hermes.request(hermes.system_prompt(minute=minute), list(history), hermes.tools_full())
+        assert memo.send(body).raw == fresh.send(body).raw
+        kept = memo.canon.memos.bodies.newest(next(iter(memo.canon.memos.bodies._scopes)))
+        assert kept is not None and kept.edited == {}
+        history += [{"role": "assistant", "content": f"at {minute}"}, {"role": "user", "content": "next"}]
+    assert memo.canon.memos.bodies.reused == 2 and made == [True, True]
