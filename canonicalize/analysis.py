@@ -232,7 +232,7 @@ def _analyse(
         entry = texts.known(scope, near_text)
         near = entry.derived.get("slot") if entry is not None else None
         if near is not None:
-            alike = made[1:3] if made is not None and (made[0] is near_text or made[0] == near_text) else None
+            alike = made[1:3] if made is not None and made[0] == near_text else None  # (== is identity first)
             found = rescan(rules, near_text, near, text, alike)
             if found is not None:
                 return found

@@ -69,7 +69,7 @@ def edited(item: Any, old: bytes, a0: int, a1: int, raw: bytes, b0: int, b1: int
         return None  # the escape or quote at the second cut does not start there in the new bytes
     try:
         piece = orjson.loads(b"".join((b'"', raw[new_cut:new_end], b'"')))
-        was = orjson.loads(b"".join((b'"', old[cut:end], b'"')))
+        was = _chars(old, cut, end)
         if close - end <= cut - first:  # the shorter of the two old parts is read
             kept_end = len(_chars(old, end, close))
             kept_start = len(value) - kept_end - len(was)
@@ -133,7 +133,9 @@ def _even_before(buf: bytes, i: int, lo: int) -> bool:
 
 
 def _chars(buf: bytes, start: int, end: int) -> str:
-    """``buf[start:end]``, whole escapes and characters of a string literal, read."""
+    """``buf[start:end]``, whole escapes and characters of a canonical (orjson-written)
+    string literal, read.  (Not for the new bytes: read without orjson, a raw control
+    character or an unescaped quote there would pass.)"""
     piece = buf[start:end]
     if b"\\" not in piece:
         return piece.decode("utf-8")
@@ -145,7 +147,9 @@ def _prefix(x: bytes, xs: int, y: bytes, ys: int, most: int) -> int:
     """How many bytes ``x[xs:]`` and ``y[ys:]`` start with alike, ``most`` at most: all
     but the last ``_PROBE`` compared at once first (a prompt changes near its end as
     often as not), else halving down to ``_PROBE`` bytes (views of ``x``: nothing
-    copied), then the first differing byte of those read from the two as integers."""
+    copied), then the first differing byte of those read from the two as integers.
+    (:mod:`canonicalize.scan` compares two ``str`` the same way, halving to the end:
+    a ``str`` has neither views nor an integer reading.)"""
     view = memoryview(x)
     lo, hi = 0, most  # x[xs:xs+lo] == y[ys:ys+lo]; the first difference is before hi
     if most > _PROBE and y.startswith(view[xs : xs + most - _PROBE], ys):
