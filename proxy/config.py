@@ -12,6 +12,7 @@ here and nowhere else.  Secrets (a password in
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import ssl
@@ -777,6 +778,58 @@ def _validate_url(key: str, url: str) -> None:
         raise ConfigError(f"{key}: {exc}") from None
 
 
+def _validate_not_itself(config: Config) -> None:
+    """No upstream is prefixpin's own listening address: each request would be
+    forwarded to itself until the client gave up (the same host and port, where a
+    listener on 0.0.0.0 or :: is reached by every local address)."""
+    problems = _Problems()
+    listen = config.listen
+    own = _local_names(listen.host)
+    for key, url in _upstream_urls(config):
+        parts = urlsplit(url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            continue  # named by _validate_url
+        host = (parts.hostname or "").lower()
+        if port == listen.port and (host in own or (own is _ANY_LOCAL and _is_local(host))):
+            problems.found.append(
+                f"{key}: is prefixpin's own address (listen {listen.host}:{listen.port}); every request "
+                f"would be forwarded to itself: point it at the model server (got {redact(url)!r})"
+            )
+    problems.raise_any()
+
+
+def _upstream_urls(config: Config) -> list[tuple[str, str]]:
+    pool = config.upstream.pool
+    return [(f"upstream.pool[{i}]", u) for i, u in enumerate(pool)] if pool else [("upstream.url", config.upstream.url)]
+
+
+_ANY_LOCAL = frozenset({"0.0.0.0", "::", ""})  # a listener there accepts on every local address
+
+
+def _local_names(host: str) -> frozenset[str]:
+    """The host names an upstream URL may give for the listen host."""
+    host = host.lower().strip("[]")
+    if host in _ANY_LOCAL:
+        return _ANY_LOCAL
+    if host in ("localhost", "127.0.0.1", "::1"):  # connecting to 0.0.0.0 or :: reaches loopback too
+        return frozenset({host, "localhost", "0.0.0.0", "::", "::1" if host == "::1" else "127.0.0.1"})
+    return frozenset({host})
+
+
+def _is_local(host: str) -> bool:
+    """A host that names this machine without a lookup: localhost, a loopback or
+    unspecified address."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
 def _validate_affinity(config: Config) -> None:
     problems = _Problems()
     for i, u in enumerate(config.upstream.pool):
@@ -874,6 +927,7 @@ _CHECKS: tuple[Callable[[Config], None], ...] = (
     _validate_tenant_bounds,
     _validate_upstream,
     _validate_affinity,
+    _validate_not_itself,
     _validate_tls,
     _validate_proxies,
     _validate_store,

@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import track
 from tests.infra import rawupstream as raw
-from tests.infra.procs import Proc, free_port, start_prefixpin
+from tests.infra.procs import Proc, closed_port, free_port, start_prefixpin
 from tests.infra.tinyproxy import Tinyproxy
 from tests.infra.tls import Pair, issue, make_ca, server_context
 
@@ -239,21 +239,25 @@ def test_plain_http_through_http_proxy(proxy: Any, prefixpin: Any) -> None:
 def test_no_proxy_reaches_the_upstream_directly(
     https_upstream: raw.RawUpstream, pki: dict[str, Pair], prefixpin: Any
 ) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    env = {"HTTPS_PROXY": dead, "NO_PROXY": "example.com,localhost", "SSL_CERT_FILE": str(pki["ca"].cert)}
-    base, _ = prefixpin(https_upstream.url, env=env)
-    assert _chat(base, stream=False) == "ok"
+    with closed_port() as port:  # nothing listens there
+        env = {
+            "HTTPS_PROXY": f"http://127.0.0.1:{port}",
+            "NO_PROXY": "example.com,localhost",
+            "SSL_CERT_FILE": str(pki["ca"].cert),
+        }
+        base, _ = prefixpin(https_upstream.url, env=env)
+        assert _chat(base, stream=False) == "ok"
 
 
 def test_a_dead_proxy_is_a_502_naming_it(https_upstream: raw.RawUpstream, pki: dict[str, Pair], prefixpin: Any) -> None:
-    port = free_port()
-    base, _ = prefixpin(https_upstream.url, env={"HTTPS_PROXY": f"http://u:{SECRET}@127.0.0.1:{port}"})
-    r = _post(base)
-    assert r.status_code == 502
-    assert f"egress proxy http://127.0.0.1:{port}" in r.json()["error"]["message"]
-    assert SECRET not in r.text
-    ready = httpx.get(base + "/readyz", timeout=10)
-    assert ready.status_code == 503 and "egress proxy" in ready.text
+    with closed_port() as port:  # nothing listens there
+        base, _ = prefixpin(https_upstream.url, env={"HTTPS_PROXY": f"http://u:{SECRET}@127.0.0.1:{port}"})
+        r = _post(base)
+        assert r.status_code == 502
+        assert f"egress proxy http://127.0.0.1:{port}" in r.json()["error"]["message"]
+        assert SECRET not in r.text
+        ready = httpx.get(base + "/readyz", timeout=10)
+        assert ready.status_code == 503 and "egress proxy" in ready.text
 
 
 def test_every_replica_of_a_pool_gets_the_same_tls_and_proxy(pki: dict[str, Pair], proxy: Any, prefixpin: Any) -> None:

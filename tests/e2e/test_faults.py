@@ -18,7 +18,7 @@ import pytest
 from tests import hermes
 from tests.conftest import Recorder, track
 from tests.infra import tcp
-from tests.infra.procs import free_port, prefixpin_logs
+from tests.infra.procs import closed_port, prefixpin_logs
 from tests.infra.wait import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -31,21 +31,22 @@ def _http() -> httpx.Client:
 
 
 def test_upstream_down_is_502_with_openai_error(serve: Callable[..., str]) -> None:
-    proxy = serve(f"http://127.0.0.1:{free_port()}")
-    with _http() as http:
-        r = http.post(proxy + "/v1/chat/completions", json=BODY)
-    assert r.status_code == 502
-    err = r.json()["error"]
-    assert err["code"] == "upstream_unavailable" and err["type"] == "upstream_error"
-    assert "could not connect to the upstream" in err["message"]
-    client = track(openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0))
-    with pytest.raises(openai.APIStatusError) as info:
-        client.chat.completions.create(model="m", messages=BODY["messages"])
-    assert info.value.status_code == 502
-    with _http() as http:
-        ready = http.get(proxy + "/readyz")
-        assert ready.status_code == 503 and "upstream" in ready.json()["reasons"][0]
-        assert http.get(proxy + "/healthz").status_code == 200
+    with closed_port() as port:
+        proxy = serve(f"http://127.0.0.1:{port}")
+        with _http() as http:
+            r = http.post(proxy + "/v1/chat/completions", json=BODY)
+        assert r.status_code == 502
+        err = r.json()["error"]
+        assert err["code"] == "upstream_unavailable" and err["type"] == "upstream_error"
+        assert "could not connect to the upstream" in err["message"]
+        client = track(openai.OpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0))
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model="m", messages=BODY["messages"])
+        assert info.value.status_code == 502
+        with _http() as http:
+            ready = http.get(proxy + "/readyz")
+            assert ready.status_code == 503 and "upstream" in ready.json()["reasons"][0]
+            assert http.get(proxy + "/healthz").status_code == 200
 
 
 def test_upstream_timeout_is_504(

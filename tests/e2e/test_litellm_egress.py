@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import track
 from tests.e2e import test_egress as egress
 from tests.infra import rawupstream as raw
-from tests.infra.procs import free_port
+from tests.infra.procs import closed_port
 from tests.infra.tls import Pair, server_context
 
 pytestmark = [  # only prefixpin imports LiteLLM: an import here would fetch its cost map from the internet
@@ -201,21 +201,25 @@ def test_https_through_upstream_proxy_with_credentials_that_are_never_printed(
 def test_no_proxy_reaches_the_upstream_directly(
     https_upstream: raw.RawUpstream, pki: dict[str, Pair], prefixpin: Any
 ) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    env = {"HTTPS_PROXY": dead, "NO_PROXY": "example.com,localhost", "SSL_CERT_FILE": str(pki["ca"].cert)}
-    base, _ = prefixpin(https_upstream.url, config=_litellm(), env=env)
-    _every_path(base)
+    with closed_port() as port:  # nothing listens there
+        env = {
+            "HTTPS_PROXY": f"http://127.0.0.1:{port}",
+            "NO_PROXY": "example.com,localhost",
+            "SSL_CERT_FILE": str(pki["ca"].cert),
+        }
+        base, _ = prefixpin(https_upstream.url, config=_litellm(), env=env)
+        _every_path(base)
 
 
 def test_a_dead_proxy_is_a_502_naming_it(https_upstream: raw.RawUpstream, prefixpin: Any) -> None:
-    port = free_port()
-    base, proc = prefixpin(https_upstream.url, config=_litellm(proxy=f"http://u:{SECRET}@127.0.0.1:{port}"))
-    for model in MODELS:
-        r = _post(base, model)
-        assert r.status_code == 502, (model, r.text)
-        assert f"egress proxy http://127.0.0.1:{port}" in r.json()["error"]["message"], (model, r.text)
-        assert SECRET not in r.text
-    assert SECRET not in proc.log_tail(400)
+    with closed_port() as port:  # nothing listens there
+        base, proc = prefixpin(https_upstream.url, config=_litellm(proxy=f"http://u:{SECRET}@127.0.0.1:{port}"))
+        for model in MODELS:
+            r = _post(base, model)
+            assert r.status_code == 502, (model, r.text)
+            assert f"egress proxy http://127.0.0.1:{port}" in r.json()["error"]["message"], (model, r.text)
+            assert SECRET not in r.text
+        assert SECRET not in proc.log_tail(400)
 
 
 def test_the_body_cannot_move_litellm_elsewhere_or_turn_verification_off(

@@ -123,14 +123,15 @@ def test_fork_guard_on_a_real_stream(serve: Callable[..., str], recorder: Record
 def test_prefixpins_own_errors_use_the_openai_shape(
     serve: Callable[..., str], write_config: Callable[[dict[str, Any]], Path]
 ) -> None:
-    from tests.infra.procs import free_port
+    from tests.infra.procs import closed_port
 
-    proxy = serve(f"http://127.0.0.1:{free_port()}", write_config({"limits": {"max_body_bytes": 2048}}))
-    with httpx.Client(trust_env=False, timeout=30) as http:
-        big = http.post(proxy + PATH, content=b'{"x": "' + b"a" * 4096 + b'"}', headers=KEY)
-    assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
-    client = _client(proxy)
-    with pytest.raises(openai.APIStatusError) as info:
-        client.responses.create(model="m", input="hi")
+    with closed_port() as port:
+        proxy = serve(f"http://127.0.0.1:{port}", write_config({"limits": {"max_body_bytes": 2048}}))
+        with httpx.Client(trust_env=False, timeout=30) as http:
+            big = http.post(proxy + PATH, content=b'{"x": "' + b"a" * 4096 + b'"}', headers=KEY)
+        assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
+        client = _client(proxy)
+        with pytest.raises(openai.APIStatusError) as info:
+            client.responses.create(model="m", input="hi")
     assert info.value.status_code == 502
     assert info.value.code == "upstream_unavailable"  # the SDK read error.code: the OpenAI shape

@@ -195,23 +195,24 @@ def test_messages_route_errors_use_the_anthropic_shape(
 ) -> None:
     import anthropic
 
-    from tests.infra.procs import free_port
+    from tests.infra.procs import closed_port
 
-    proxy = serve(f"http://127.0.0.1:{free_port()}", write_config({"limits": {"max_body_bytes": 2048}}))
-    with _http() as http:
-        big = http.post(proxy + "/v1/messages", content=b'{"x": "' + b"a" * 4096 + b'"}', headers=KEY)
-        down = http.post(proxy + "/v1/messages", json={"model": "c", "max_tokens": 1, "messages": []}, headers=KEY)
-        chat = http.post(proxy + "/v1/chat/completions", json={"model": "m", "messages": []}, headers=KEY)
-    assert big.status_code == 413
-    assert big.json()["type"] == "error" and big.json()["error"]["type"] == "request_too_large"
-    assert down.status_code == 502
-    assert down.json()["type"] == "error" and down.json()["error"]["type"] == "api_error"
-    assert "127.0.0.1" not in down.text  # never the upstream's address
-    assert chat.status_code == 502 and chat.json()["error"]["code"] == "upstream_unavailable"
-    client = track(anthropic.Anthropic(base_url=proxy, api_key="sk-ant", max_retries=0))
-    with pytest.raises(anthropic.APIStatusError) as info:
-        client.messages.create(model="c", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
-    assert info.value.status_code == 502 and info.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+    with closed_port() as port:
+        proxy = serve(f"http://127.0.0.1:{port}", write_config({"limits": {"max_body_bytes": 2048}}))
+        with _http() as http:
+            big = http.post(proxy + "/v1/messages", content=b'{"x": "' + b"a" * 4096 + b'"}', headers=KEY)
+            down = http.post(proxy + "/v1/messages", json={"model": "c", "max_tokens": 1, "messages": []}, headers=KEY)
+            chat = http.post(proxy + "/v1/chat/completions", json={"model": "m", "messages": []}, headers=KEY)
+        assert big.status_code == 413
+        assert big.json()["type"] == "error" and big.json()["error"]["type"] == "request_too_large"
+        assert down.status_code == 502
+        assert down.json()["type"] == "error" and down.json()["error"]["type"] == "api_error"
+        assert "127.0.0.1" not in down.text  # never the upstream's address
+        assert chat.status_code == 502 and chat.json()["error"]["code"] == "upstream_unavailable"
+        client = track(anthropic.Anthropic(base_url=proxy, api_key="sk-ant", max_retries=0))
+        with pytest.raises(anthropic.APIStatusError) as info:
+            client.messages.create(model="c", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+        assert info.value.status_code == 502 and info.value.body["error"]["type"] == "api_error"  # type: ignore[index]
 
 
 @pytest.mark.parametrize(

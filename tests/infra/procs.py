@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,6 +25,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def closed_port() -> Iterator[int]:
+    """A port nothing listens on, for the block: bound and never listening, so a
+    connection to it is refused, and no process (a prefixpin started in the block
+    included) can take it as it could one :func:`free_port` found free."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
 
 
 def _new_log(log_dir: Path, name: str) -> tuple[Path, IO[bytes]]:

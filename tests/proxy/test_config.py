@@ -131,6 +131,64 @@ def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
     assert message in str(info.value)
 
 
+SELF = "is prefixpin's own address"
+
+
+@pytest.mark.parametrize(
+    ("listen", "upstream"),
+    [
+        ({}, {"url": "http://127.0.0.1:8787"}),
+        ({}, {"url": "http://localhost:8787/v1"}),
+        ({}, {"url": "http://LOCALHOST:8787"}),
+        ({}, {"url": "http://0.0.0.0:8787"}),
+        ({"port": 80}, {"url": "http://127.0.0.1"}),
+        ({"port": 443}, {"url": "https://localhost/"}),
+        ({"host": "0.0.0.0"}, {"url": "http://127.0.0.2:8787"}),
+        ({"host": "0.0.0.0"}, {"url": "http://[::1]:8787"}),
+        ({"host": "::"}, {"url": "http://app.localhost:8787"}),
+        ({"host": "::1"}, {"url": "http://[::1]:8787"}),
+        ({"host": "10.1.2.3", "port": 9000}, {"url": "http://10.1.2.3:9000"}),
+        ({}, {"pool": ["http://127.0.0.1:8080", "http://localhost:8787"]}),
+    ],
+)
+def test_an_upstream_that_is_prefixpin_itself_is_refused(
+    listen: dict[str, object], upstream: dict[str, object]
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping({"listen": listen, "upstream": upstream})
+    key = "upstream.pool[1]" if "pool" in upstream else "upstream.url"
+    assert f"{key}: {SELF}" in str(info.value) and "every request would be forwarded to itself" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("listen", "upstream"),
+    [
+        ({}, {"url": "http://127.0.0.1:8080"}),
+        ({}, {"url": "http://127.0.0.2:8787"}),  # another loopback address than the one listened on
+        ({}, {"url": "http://10.1.2.3:8787"}),
+        ({}, {"url": "https://127.0.0.1"}),  # port 443
+        ({"host": "10.1.2.3"}, {"url": "http://10.1.2.4:8787"}),
+        ({"host": "0.0.0.0"}, {"url": "http://model.internal:8787"}),  # no lookup: another machine by name
+        ({"port": 9000}, {"url": "http://localhost:8787"}),
+    ],
+)
+def test_an_upstream_elsewhere_is_not_taken_for_prefixpin(
+    listen: dict[str, object], upstream: dict[str, object]
+) -> None:
+    from_mapping({"listen": listen, "upstream": upstream})
+
+
+def test_serve_refuses_an_upstream_that_is_itself(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*prefixpin_argv(), "serve", "--upstream", "http://localhost:8911/v1", "--port", "8911"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert out.returncode == 2 and f"upstream.url: {SELF} (listen 127.0.0.1:8911)" in out.stderr
+
+
 def test_provider_cache_keys_from_yaml(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("provider_cache: {anthropic_ttl: 1h, openai_retention: off, diagnostics: off}\n")

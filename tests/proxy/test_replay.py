@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Recorder
-from tests.infra.procs import free_port, prefixpin_argv
+from tests.infra.procs import closed_port, free_port, prefixpin_argv
 
 SYSTEM = "You are Hermes.\nSession ID: 20260513_204511_d02a5d"
 
@@ -161,7 +161,8 @@ def test_gateway_errors_are_retried_like_an_sdk_would_and_reported(recorder: Rec
 
 
 def test_an_unreachable_upstream_is_a_failure_per_request(trace) -> None:
-    code, out, _ = replay_json(trace({"body": body("a")}, {"body": body("b")}), f"http://127.0.0.1:{free_port()}")
+    with closed_port() as port:
+        code, out, _ = replay_json(trace({"body": body("a")}, {"body": body("b")}), f"http://127.0.0.1:{port}")
     assert code == 1
     assert [r["status"] for r in out["requests"]] == [None, None]
     assert all("ConnectError" in r["error"] and len(r["retried"]) == 2 for r in out["requests"])

@@ -404,17 +404,18 @@ def test_one_conversation_is_one_slot_and_a_tenant_spreads(redis_url: str) -> No
 
 def test_redis_down_raises_store_error() -> None:
     from proxy.errors import StoreError
-    from tests.infra.procs import free_port
+    from tests.infra.procs import closed_port
 
-    async def go() -> None:
-        s = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    async def go(port: int) -> None:
+        s = RedisStore(f"redis://127.0.0.1:{port}/0", timeout_s=0.2)
         with pytest.raises(StoreError):
             await s.lookup("t", L[:2], None)
         with pytest.raises(StoreError):
             await s.ping()
         await s.close()
 
-    run(go())
+    with closed_port() as port:
+        run(go(port))
 
 
 # -- per-tenant bounds (#16: a noisy neighbour) -------------------------------------
