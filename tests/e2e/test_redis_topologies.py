@@ -15,7 +15,7 @@ import redis
 
 from tests.conftest import Recorder
 from tests.infra.agent_trace import Conversation, Talk, trace
-from tests.infra.procs import Proc, free_port, redis_server_path
+from tests.infra.procs import Proc, closed_port, free_port, redis_server_path
 from tests.infra.redis_topologies import Cluster, SentinelGroup, info, start_cluster, start_sentinel_group
 from tests.infra.wait import wait_until
 
@@ -222,12 +222,12 @@ def test_forks_recover_after_data_loss(
 
 def test_redis_down_at_start(serve: Serve, write_config: Config, recorder: Recorder, log_dir: Path) -> None:
     """serve starts, says so in a WARNING, /readyz names it, and requests go through."""
-    port = free_port()
-    base = serve(recorder.base, config=write_config(_store(f"redis://127.0.0.1:{port}/0")))
-    r = _ready(base)
-    assert r.status_code == 503 and f"127.0.0.1:{port}" in r.text
-    talk = Talk([base])
-    assert talk.turn(Conversation(0)) == "fail-open"
+    with closed_port() as port:
+        base = serve(recorder.base, config=write_config(_store(f"redis://127.0.0.1:{port}/0")))
+        r = _ready(base)
+        assert r.status_code == 503 and f"127.0.0.1:{port}" in r.text
+        talk = Talk([base])
+        assert talk.turn(Conversation(0)) == "fail-open"
     logs = "".join(p.read_text(errors="replace") for p in log_dir.glob("prefixpin-*.log"))
     assert "WARNING" in logs and "store failed" in logs
 
