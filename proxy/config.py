@@ -781,12 +781,20 @@ def _validate_url(key: str, url: str) -> None:
 def _validate_not_itself(config: Config) -> None:
     """No upstream is prefixpin's own listening address: each request would be
     forwarded to itself until the client gave up (the same host and port, where a
-    listener on 0.0.0.0 or :: is reached by every local address)."""
+    listener on 0.0.0.0 or :: is reached by every local address).  Not judged where an
+    egress proxy may carry the request (it resolves the name, on its own host)."""
     problems = _Problems()
-    listen = config.listen
+    listen, env, egress = config.listen, config.environment, config.upstream.proxy
     own = _local_names(listen.host)
     for key, url in _upstream_urls(config):
         parts = urlsplit(url)
+        proxied = (
+            egress != "direct"
+            if egress is not None
+            else (env.https_proxy if parts.scheme == "https" else env.http_proxy)
+        )
+        if proxied:
+            continue
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError:
@@ -814,7 +822,8 @@ def _local_names(host: str) -> frozenset[str]:
     if host in _ANY_LOCAL:
         return _ANY_LOCAL
     if host in ("localhost", "127.0.0.1", "::1"):  # connecting to 0.0.0.0 or :: reaches loopback too
-        return frozenset({host, "localhost", "0.0.0.0", "::", "::1" if host == "::1" else "127.0.0.1"})
+        addresses = {"127.0.0.1", "::1"} if host == "localhost" else {host}
+        return frozenset({*addresses, "localhost", "0.0.0.0", "::"})
     return frozenset({host})
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from proxy.cli import build_parser
-from proxy.config import Config, ConfigError, from_mapping, load
+from proxy.config import Config, ConfigError, Environment, from_mapping, load
 from tests.infra.procs import REPO, prefixpin_argv
 
 
@@ -147,6 +147,8 @@ SELF = "is prefixpin's own address"
         ({"host": "0.0.0.0"}, {"url": "http://[::1]:8787"}),
         ({"host": "::"}, {"url": "http://app.localhost:8787"}),
         ({"host": "::1"}, {"url": "http://[::1]:8787"}),
+        ({"host": "localhost"}, {"url": "http://[::1]:8787"}),
+        ({}, {"url": "http://localhost:8787", "proxy": "direct"}),
         ({"host": "10.1.2.3", "port": 9000}, {"url": "http://10.1.2.3:9000"}),
         ({}, {"pool": ["http://127.0.0.1:8080", "http://localhost:8787"]}),
     ],
@@ -170,6 +172,8 @@ def test_an_upstream_that_is_prefixpin_itself_is_refused(
         ({"host": "10.1.2.3"}, {"url": "http://10.1.2.4:8787"}),
         ({"host": "0.0.0.0"}, {"url": "http://model.internal:8787"}),  # no lookup: another machine by name
         ({"port": 9000}, {"url": "http://localhost:8787"}),
+        ({}, {"url": "http://[::1]:8787"}),  # listening on 127.0.0.1 only
+        ({}, {"url": "http://localhost:8787", "proxy": "http://proxy.internal:3128"}),  # the proxy's localhost
     ],
 )
 def test_an_upstream_elsewhere_is_not_taken_for_prefixpin(
@@ -178,12 +182,21 @@ def test_an_upstream_elsewhere_is_not_taken_for_prefixpin(
     from_mapping({"listen": listen, "upstream": upstream})
 
 
+def test_an_upstream_an_egress_proxy_reaches_is_not_judged() -> None:
+    env = Environment(http_proxy="http://proxy.internal:3128")
+    assert from_mapping({"upstream": {"url": "http://localhost:8787"}}, env).upstream.url == "http://localhost:8787"
+    with pytest.raises(ConfigError, match=SELF):  # https goes direct: no proxy named for it
+        from_mapping({"upstream": {"url": "https://localhost:8787"}}, env)
+
+
 def test_serve_refuses_an_upstream_that_is_itself(tmp_path: Path) -> None:
+    direct = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     out = subprocess.run(
         [*prefixpin_argv(), "serve", "--upstream", "http://localhost:8911/v1", "--port", "8911"],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
+        env=direct,
         timeout=60,
     )
     assert out.returncode == 2 and f"upstream.url: {SELF} (listen 127.0.0.1:8911)" in out.stderr
