@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import canonicalize.analysis
+import canonicalize.bodies
 import canonicalize.finalize
 import proxy.drive
 import proxy.offline
@@ -69,10 +70,15 @@ MAX_EVICT_MIB = 4096  # --evict holds twice this much memory while it runs
 # await.  A label starting with "  of which" is part of the step above it (not in "the rest").
 STAGES = (
     ("parse", Bodies, "parse"),
+    ("  of which finding the conversation (its first two items hashed)", canonicalize.bodies, "lead"),
+    ("  of which the pieces reused and the gaps parsed", canonicalize.bodies, "reuse"),
     ("analysis", canonicalize.analysis, "prepare"),
-    ("  of which a changed system text read again", canonicalize.analysis, "rescan"),
+    ("  of which the system texts", canonicalize.analysis, "_system_pass"),
+    ("    of which a changed system text read again", canonicalize.analysis, "rescan"),
+    ("  of which the history's links", canonicalize.analysis, "_chain"),
     ("store lookup", MemoryStore, "lookup"),
     ("finalize", canonicalize.finalize, "finalize"),
+    ("  of which the pinned values put back", canonicalize.finalize, "_restore"),
     ("splice", proxy.offline, "render"),
     ("turn", proxy.drive, "turn"),
     ("store record", MemoryStore, "record"),
