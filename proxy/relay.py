@@ -106,6 +106,12 @@ async def relay(
     it; ``before_end`` is awaited just before the last bytes go out, or before the
     stream's last event does if that comes first (a client that stops reading there
     has what it waits for only once ``before_end`` is done)."""
+    if type(body) is One and pieces is None:  # an answer read whole: its one piece ends the response
+        body._read = True
+        if before_end is not None:
+            await before_end()
+        await send({"type": "http.response.body", "body": body.content})
+        return
     ended = False
     wait = before_end  # None once awaited
     async for chunk in body:

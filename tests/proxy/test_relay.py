@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from proxy.relay import relay
+from proxy.relay import One, relay
 
 
 class Chunks:
@@ -66,3 +66,18 @@ def test_the_record_goes_before_the_last_bytes_once() -> None:
     body = Chunks(b"data: {}\n\n", b"data: [DONE]\n\n")
     assert _run(body, Events()) == [b"data: {}\n\n", "recorded", b"data: [DONE]\n\n"]
     assert _run(Chunks(b"a", b"b"), None) == [b"a", "recorded", b"b"]
+
+
+def test_an_answer_read_whole_ends_the_response_in_one_message_after_the_record() -> None:
+    body = One(b'{"id": "x"}')
+    assert _run(body, None) == ["recorded", b'{"id": "x"}']  # type: ignore[arg-type]
+    assert body.at_end()
+    messages: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    asyncio.run(relay(send, One(b"")))  # type: ignore[arg-type]
+    assert messages == [{"type": "http.response.body", "body": b""}]  # no more_body: the end
+    # The same bytes as a body of one piece read by iteration would give.
+    assert _run(Chunks(b'{"id": "x"}'), None) == ["recorded", b'{"id": "x"}']
