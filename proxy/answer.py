@@ -58,16 +58,40 @@ class Answering:
 
     async def write(self, send: Send, resp: Response, flow: Flow, watch: ClientWatch, sent: float) -> bytes:
         """``resp`` to the client (``sent``: when the request went upstream); returns the
-        whole answer as sent (empty for a stream, or one relayed unread)."""
-        flow.answer.status = resp.status
+        whole answer as sent (empty for a stream, or one relayed unread).  A whole answer
+        is read, then sent in one piece, here (not in a coroutine of its own: each wait
+        suspends and resumes every frame of the chain)."""
+        status, answer = resp.status, flow.answer
+        answer.status = status
         decoder = self._decoder(flow, resp)
         headers = raw_response_headers(resp.headers, drop=(b"content-encoding",) if decoder else ())
         ctype = _first(headers, b"content-type")
         before_end = functools.partial(self.before_last, flow) if self.runner.before_last_hooks else None
-        if resp.status < 400 and b"text/event-stream" in ctype:
+        if status < 400 and b"text/event-stream" in ctype:
             await self._stream(send, resp, flow, tag(headers, flow), sent, watch, decoder, before_end)
             return b""
-        return await self._whole(send, resp, flow, headers, sent, watch, decoder, before_end)
+        with watch:
+            content = await read_whole(resp.body, decoder, self.limits.max_decoded_bytes)
+        if isinstance(content, Over):
+            self.m.fail_open.labels("decode").inc()
+            log.warning("an answer on %s is over limits.max_decoded_bytes: relayed unread", flow.inbound.exchange.name)
+            with watch:
+                await self._as_sent(send, resp, flow, content.raw, before_end)
+            return b""  # not read: nothing to judge a 404 by
+        self.m.upstream_ttft.observe(time.perf_counter() - sent)
+        if status >= 400:
+            self.m.upstream_errors.labels(f"http_{status // 100}xx").inc()
+            answer.unread()
+        elif answer.reply is not None:
+            if answer.reply.offered is not None:  # the guard may change what the client gets: read first
+                content = self._complete(flow, answer.reply, content)
+            else:
+                answer.whole = content  # read once the client has it (or just before, for a record)
+        if not (status < 200 or status in _NO_LENGTH):
+            headers.append((b"content-length", b"%d" % len(content)))
+        await send({"type": "http.response.start", "status": status, "headers": tag(headers, flow)})
+        await relay(send, One(content), before_end=before_end)
+        return content
 
     async def before_last(self, flow: Flow) -> None:
         """The moment before the client's last bytes: the reply read, then its hooks."""
@@ -94,42 +118,6 @@ class Answering:
             log.warning("passing an upstream response through unread: %s", exc)
             flow.answer.unread()
             return None
-
-    async def _whole(
-        self,
-        send: Send,
-        resp: Response,
-        flow: Flow,
-        headers: Headers,
-        sent: float,
-        watch: ClientWatch,
-        decoder: decode.Decoder | None,
-        before_end: Callable[[], Awaitable[None]] | None,
-    ) -> bytes:
-        """The whole answer, read, then sent in one piece; returns what was sent."""
-        with watch:
-            content = await read_whole(resp.body, decoder, self.limits.max_decoded_bytes)
-        if isinstance(content, Over):
-            self.m.fail_open.labels("decode").inc()
-            log.warning("an answer on %s is over limits.max_decoded_bytes: relayed unread", flow.inbound.exchange.name)
-            with watch:
-                await self._as_sent(send, resp, flow, content.raw, before_end)
-            return b""  # not read: nothing to judge a 404 by
-        self.m.upstream_ttft.observe(time.perf_counter() - sent)
-        status, answer = resp.status, flow.answer
-        if status >= 400:
-            self.m.upstream_errors.labels(f"http_{status // 100}xx").inc()
-            answer.unread()
-        elif answer.reply is not None:
-            if answer.reply.offered is not None:  # the guard may change what the client gets: read first
-                content = self._complete(flow, answer.reply, content)
-            else:
-                answer.whole = content  # read once the client has it (or just before, for a record)
-        if not (status < 200 or status in _NO_LENGTH):
-            headers.append((b"content-length", b"%d" % len(content)))
-        await send({"type": "http.response.start", "status": status, "headers": tag(headers, flow)})
-        await relay(send, One(content), before_end=before_end)
-        return content
 
     async def _as_sent(
         self,

@@ -63,6 +63,9 @@ class Handler:
         self.answering = Answering(s.metrics, s.config.limits, runner)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
+        """One request of ``exchange``'s route, from its body to the moment after its
+        response's last byte (one coroutine: each wait on the upstream or the client
+        suspends and resumes every frame of the chain)."""
         started = time.perf_counter()
         try:
             raw = await read_body(scope, receive, self.s.config.limits.max_body_bytes)
@@ -75,12 +78,6 @@ class Handler:
         except ClientDisconnect:
             await responses.client_gone()(scope, receive, send)
             return
-        await self.serve(scope, receive, send, exchange, raw, started)
-
-    async def serve(
-        self, scope: Scope, receive: Receive, send: Send, exchange: Exchange, raw: bytes, started: float
-    ) -> None:
-        """The request, its body ``raw`` read (since ``started``)."""
         path = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
         flow = Flow(Inbound(exchange, path, scope["query_string"], Headers(scope=scope), raw, started))
         await self.runner.request(flow)
