@@ -85,13 +85,12 @@ def prepare(
     scope: str = "",
     kept: Kept | None = None,
 ) -> Prepared:
-    """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``);
-    ``scope`` (the tenant) is the only part of the memos this request uses;
-    ``headers`` (the request's) name the session for packs that say so; ``kept`` is
-    what the bodies memo kept of this body.  ``previous`` is the lineage and tip
-    link a previous response ended at (Responses ``previous_response_id``): the
-    chain is that link, then the body's own history chained from it, the tip counts
-    as the replayed reply, and the request continues that lineage."""
+    """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``); ``scope``
+    (the tenant) is the only part of the memos this request uses; ``headers`` (the request's)
+    name the session for packs that say so; ``kept`` is what the bodies memo kept of this body.
+    ``previous``: the lineage and tip link a previous response ended at (Responses
+    ``previous_response_id``): the chain is that link, then the body's own history chained
+    from it, the tip counts as the replayed reply, and the request continues that lineage."""
     tip = previous[1] if previous is not None else None
     rewrites: list[str] = []
     originals: dict[Path, tuple[Slot, str]] = {}

@@ -318,28 +318,10 @@ def _gap(
     serialization; unknown spans make the caller's body unusable later).  ``like``:
     the old body, the index of the one old item the gap stands in place of (-1:
     none), and the edits to note one in (:func:`_edited`)."""
-    if after and before:
-        if end - start < 1 or raw[start] != 0x2C or raw[end - 1] != 0x2C:
-            return False
-        if end - start == 1:
-            return True
-        start, end = start + 1, end - 1
-    elif after:
-        if start == end:
-            return True
-        if raw[start] != 0x2C:
-            return False
-        start += 1
-    elif before:
-        if start == end:
-            return True
-        if raw[end - 1] != 0x2C:
-            return False
-        end -= 1
-    elif start == end:
-        return True
-    if start >= end:
-        return False
+    inner = _between(raw, start, end, after, before)
+    if type(inner) is not tuple:
+        return bool(inner)  # a separator alone (or nothing), or not one
+    start, end = inner
     if like[1] >= 0 and end - start >= BIG:
         item = _edited(raw, start, end, like, len(items))
         if item is not None:
@@ -368,6 +350,33 @@ def _gap(
             pos = -(1 << 62)
     items += new
     return True
+
+
+def _between(raw: bytes, start: int, end: int, after: bool, before: bool) -> tuple[int, int] | bool:
+    """Where the items of the gap ``raw[start:end]`` are, without the commas that join
+    it to a reused item before (``after``) and after (``before``) it; True: the gap is
+    only those commas (or nothing); False: it is not what stands there."""
+    if after and before:
+        if end - start < 1 or raw[start] != 0x2C or raw[end - 1] != 0x2C:
+            return False
+        if end - start == 1:
+            return True
+        start, end = start + 1, end - 1
+    elif after:
+        if start == end:
+            return True
+        if raw[start] != 0x2C:
+            return False
+        start += 1
+    elif before:
+        if start == end:
+            return True
+        if raw[end - 1] != 0x2C:
+            return False
+        end -= 1
+    elif start == end:
+        return True
+    return (start, end) if start < end else False
 
 
 def _edited(raw: bytes, start: int, end: int, like: tuple[Kept, int, Edits], index: int) -> Any:
