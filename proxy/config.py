@@ -788,12 +788,7 @@ def _validate_not_itself(config: Config) -> None:
     own = _local_names(listen.host)
     for key, url in _upstream_urls(config):
         parts = urlsplit(url)
-        proxied = (
-            egress != "direct"
-            if egress is not None
-            else (env.https_proxy if parts.scheme == "https" else env.http_proxy)
-        )
-        if proxied:
+        if egress_for(parts.scheme, egress, env) is not None:
             continue
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -806,6 +801,15 @@ def _validate_not_itself(config: Config) -> None:
                 f"would be forwarded to itself: point it at the model server (got {redact(url)!r})"
             )
     problems.raise_any()
+
+
+def egress_for(scheme: str, configured: str | None, env: Environment) -> str | None:
+    """The egress proxy URL an upstream of ``scheme`` is reached through before
+    ``NO_PROXY`` is read (None: directly): ``upstream.proxy`` (``configured``; "direct"
+    for none), else ``HTTPS_PROXY`` or ``HTTP_PROXY`` (``ALL_PROXY``) by the scheme."""
+    if configured is not None:
+        return None if configured == "direct" else configured
+    return env.https_proxy if scheme == "https" else env.http_proxy
 
 
 def _upstream_urls(config: Config) -> list[tuple[str, str]]:

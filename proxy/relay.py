@@ -77,6 +77,11 @@ class One:
     def at_end(self) -> bool:
         return self._read
 
+    def take(self) -> bytes:
+        """Its one piece, read (what iterating it gives, without the iteration's end)."""
+        self._read = True
+        return self.content
+
     async def aclose(self) -> None:
         return None
 
@@ -107,10 +112,10 @@ async def relay(
     stream's last event does if that comes first (a client that stops reading there
     has what it waits for only once ``before_end`` is done)."""
     if type(body) is One and pieces is None:  # an answer read whole: its one piece ends the response
-        body._read = True
+        content = body.take()
         if before_end is not None:
             await before_end()
-        await send({"type": "http.response.body", "body": body.content})
+        await send({"type": "http.response.body", "body": content})
         return
     ended = False
     wait = before_end  # None once awaited

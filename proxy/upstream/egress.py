@@ -24,7 +24,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from proxy.config import Environment
+from proxy.config import Environment, egress_for
 from proxy.errors import UpstreamProxy
 from proxy.upstream.message import Origin
 
@@ -66,14 +66,10 @@ class Egress:
 
     def __init__(self, configured: str | None, env: Environment) -> None:
         self.no_proxy = _NoProxy(env.no_proxy)
-        if configured is not None:
-            chosen = None if configured == "direct" else Proxy.parse(configured)
-            self._by_scheme: dict[str, Proxy | None] = {"http": chosen, "https": chosen}
-        else:
-            self._by_scheme = {
-                "http": Proxy.parse(env.http_proxy) if env.http_proxy else None,
-                "https": Proxy.parse(env.https_proxy) if env.https_proxy else None,
-            }
+        self._by_scheme: dict[str, Proxy | None] = {}
+        for scheme in ("http", "https"):
+            url = egress_for(scheme, configured, env)
+            self._by_scheme[scheme] = Proxy.parse(url) if url else None
 
     def proxy_for(self, origin: Origin) -> Proxy | None:
         proxy = self._by_scheme.get(origin.scheme)
