@@ -75,8 +75,8 @@ class _Request:
     __slots__ = (
         "body_declared",
         "continue_",
+        "first",
         "head_raw",
-        "head_size",
         "headers",
         "headers_done",
         "keep_alive",
@@ -95,7 +95,7 @@ class _Request:
         self.query = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
-        self.head_size = 0  # the head's bytes, as parsed
+        self.first = 0  # the connection's bytes before the read that brought its first byte
         self.head_raw = 0  # bytes received while the head was incomplete (a bound on its buffering)
         self.parts: list[bytes] = []
         self.size = 0
@@ -131,6 +131,8 @@ class Connection(asyncio.BufferedProtocol):
         self.local: tuple[str, int] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_key: Any = None
+        self.received = 0  # the connection's bytes so far, the read being parsed included
+        self.before = 0  # ... and before the read being parsed
 
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -176,6 +178,8 @@ class Connection(asyncio.BufferedProtocol):
             return  # nothing more is read from a connection that is being refused
         before = self.incoming
         in_head = before is not None and not before.headers_done
+        self.before = self.received
+        self.received += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -225,20 +229,19 @@ class Connection(asyncio.BufferedProtocol):
     # -- httptools callbacks ----------------------------------------------------------
     def on_message_begin(self) -> None:
         if self.reframing is None:
-            self.incoming = _Request()
+            self.incoming = req = _Request()
+            req.first = self.before
 
     def on_url(self, url: bytes) -> None:
         req = self.incoming
         if req is not None and self.reframing is None:
             req.url += url
-            req.head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         req = self.incoming
         if req is None or req.headers_done or self.reframing is not None:
             return  # a trailer field (or the synthetic head of a reframed body): never a header
         req.headers.append((name.lower(), value))
-        req.head_size += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         if self.reframing is not None:
@@ -246,7 +249,7 @@ class Connection(asyncio.BufferedProtocol):
         req = self.incoming
         assert req is not None
         req.headers_done = True
-        if req.head_size > self.limits.max_header_bytes:
+        if self._over_head(req):
             raise _Refused(self._head_too_large)
         parser = self.parser
         req.method = parser.get_method().decode("ascii")
@@ -371,6 +374,18 @@ class Connection(asyncio.BufferedProtocol):
         req.path = (parts.path or "/").encode("latin-1")
         req.query = parts.query.encode("latin-1")
         return True
+
+    def _over_head(self, req: _Request) -> bool:
+        """Is ``req``'s head over ``limits.max_header_bytes`` (its target, its fields with
+        4 bytes more each for ": " and CRLF)?  Summed only when it can be: the head lies
+        in the bytes read since the read that brought its first byte, and its sum is at
+        most 5/4 of them (a field's line is 4 bytes or more, counted one more when it has
+        no space)."""
+        limit = self.limits.max_header_bytes
+        if (self.received - req.first) * 5 <= limit * 4:
+            return False
+        fields = sum(len(k) + len(v) for k, v in req.headers) + 4 * len(req.headers)
+        return len(req.url) + fields > limit
 
     def _bad_target(self, req: _Request) -> None:
         target = req.url[:200].decode("latin-1")

@@ -70,12 +70,12 @@ class Connection(asyncio.Protocol):
     def _clear(self, *, head_only: bool) -> None:
         self.head_only = head_only
         self.headers: list[tuple[bytes, bytes]] = []
-        self.header_bytes = 0  # the head's fields as they count against max_head (4 more each: ": ", CRLF)
         self.reason = b""
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.began = False  # a (final) response began
         self.head_bytes = 0  # bytes received while the head was incomplete (a bound on its buffering)
+        self.feeding = 0  # the bytes being parsed now
         self.done = False
         self.until_eof = False
         self.error: UpstreamError | None = None
@@ -93,6 +93,7 @@ class Connection(asyncio.Protocol):
             # the connection is not at the start of a message any more.
             self.abort()
             return
+        self.feeding = len(data)  # what a head completed by this feed can be at most: see _over_head
         try:
             self.parser.feed_data(data)
             if not self.began and self.error is None:
@@ -138,7 +139,6 @@ class Connection(asyncio.Protocol):
         if self.began:
             raise _SecondMessage
         self.headers = []
-        self.header_bytes = 0
         self.reason = b""
 
     def on_status(self, status: bytes) -> None:
@@ -147,7 +147,6 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.began:
             self.headers.append((name, value))
-            self.header_bytes += len(name) + len(value) + 4
         # else: a trailer field of a chunked body; responses carry none we use
 
     def _head_too_large(self) -> None:
@@ -158,8 +157,18 @@ class Connection(asyncio.Protocol):
             )
         )
 
+    def _over_head(self) -> bool:
+        """Is the head just parsed over ``max_head`` (its fields, 4 bytes more each for
+        ": " and CRLF, and its reason)?  Summed only when it can be: the head is within
+        the bytes received while it was incomplete, and its sum is at most 5/4 of them
+        (a field's line is 4 bytes or more, counted one more when it has no space)."""
+        if (self.head_bytes + self.feeding) * 5 <= self.max_head * 4:
+            return False
+        fields = sum(len(k) + len(v) for k, v in self.headers) + 4 * len(self.headers)
+        return fields + len(self.reason) > self.max_head
+
     def on_headers_complete(self) -> None:
-        if self.header_bytes + len(self.reason) > self.max_head:
+        if self._over_head():
             self._head_too_large()
             return
         status = self.parser.get_status_code()

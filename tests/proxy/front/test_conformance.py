@@ -489,6 +489,37 @@ def test_a_head_past_the_bound_is_431_in_one_piece_or_two(server: Server) -> Non
         assert head.startswith(b"HTTP/1.1 431") and b"max_header_bytes" in body
 
 
+def _head_of(size: int, space: bytes) -> bytes:
+    """A GET whose head counts ``size`` bytes against the bound: its target, and each field's
+    name and value with 4 more (": " and CRLF), whether or not the field has the space."""
+    fixed = len(b"/") + len(b"host") + len(b"example.org") + 4 + len(b"x-pad") + 4
+    return b"GET / HTTP/1.1\r\nHost:%sexample.org\r\nX-Pad:%s%s\r\n\r\n" % (space, space, b"v" * (size - fixed))
+
+
+@pytest.mark.parametrize("space", [b" ", b""])
+@pytest.mark.parametrize("pieces", [1, 3, 7])
+def test_a_head_at_the_bound_passes_and_one_byte_more_is_431(server: Server, space: bytes, pieces: int) -> None:
+    # The bound is on the head's fields as counted (uvicorn's and h11's rule), however the
+    # bytes arrive: whole, in pieces, or behind another request in the same write.
+    limit = 16 * 1024
+    for size, status in ((limit, b"HTTP/1.1 200"), (limit + 1, b"HTTP/1.1 431")):
+        data = _head_of(size, space)
+        with _connect(server) as sock:
+            with contextlib.suppress(OSError):
+                step = -(-len(data) // pieces)
+                for at in range(0, len(data), step):
+                    sock.sendall(data[at : at + step])
+                    time.sleep(0.01)
+            head, _ = read_response(sock, bytearray())
+        assert head.startswith(status), (size, pieces, head[:40])
+        with _connect(server) as sock:  # pipelined behind a small request, in one write
+            sock.sendall(_get() + data)
+            buf = bytearray()
+            first, _ = read_response(sock, buf)
+            second, _ = read_response(sock, buf)
+        assert first.startswith(b"HTTP/1.1 200") and second.startswith(status), (size, second[:40])
+
+
 # -- Date: one on every answer ------------------------------------------------------------------------------
 
 

@@ -194,6 +194,26 @@ def test_a_head_of_100_kib_passes_within_the_bound_only(bound: int, ok: bool) ->
     assert run(answer(big), main, max_header_bytes=bound) == (200 if ok else 0)
 
 
+@pytest.mark.parametrize("space", [b" ", b""])
+@pytest.mark.parametrize(("over", "ok"), [(0, True), (1, False)])
+def test_a_head_at_the_bound_passes_and_one_byte_more_does_not(space: bytes, over: int, ok: bool) -> None:
+    # Counted as its fields (name, value and 4 more each for ": " and CRLF) and its reason,
+    # with or without the space after each colon.
+    bound = 16 * 1024
+    fixed = len(b"OK") + len(b"x-pad") + 4 + len(b"content-length") + len(b"0") + 4
+    pad = b"v" * (bound + over - fixed)
+    head = b"HTTP/1.1 200 OK\r\nX-Pad:%s%s\r\nContent-Length:%s0\r\n\r\n" % (space, pad, space)
+
+    async def main(t: Connections, up: raw.RawUpstream) -> int:
+        if ok:
+            return (await fetch(t, up))[0].status
+        with pytest.raises(UpstreamProtocol, match="max_header_bytes"):
+            await fetch(t, up)
+        return 0
+
+    assert run(answer(head), main, max_header_bytes=bound) == (200 if ok else 0)
+
+
 def test_the_host_header_carries_an_idna_host() -> None:
     async def main(t: Connections, up: raw.RawUpstream) -> tuple[str | None, int]:
         origin = Base.parse(f"http://bücher.example:{up.port}").origin_parts
