@@ -236,9 +236,10 @@ def tag(headers: Headers, flow: Flow) -> Headers:
     placement = flow.get(Placement)
     if placement is not None and placement.slot is not None:
         tags.append((b"x-prefixpin-slot", b"%d" % placement.slot))
-    if any(k.startswith(b"x-prefixpin-") for k, _ in headers):
-        names = {k for k, _ in tags}
-        headers = [(k, v) for k, v in headers if k not in names]
+    for name, _ in headers:
+        if name.startswith(b"x-prefixpin-"):  # (rare: an upstream that is a prefixpin too)
+            names = {k for k, _ in tags}
+            return [(k, v) for k, v in headers if k not in names] + tags
     return headers + tags
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -59,7 +59,7 @@ class ExchangeRoute(BaseRoute):
     no Request object, no framework middleware."""
 
     def __init__(self) -> None:
-        self.endpoint: Callable[[Scope, Receive, Send, Exchange], Awaitable[None]] = _not_started
+        self.endpoint: Callable[[Scope, Receive, Send, Exchange], Coroutine[Any, Any, None]] = _not_started
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -68,8 +68,8 @@ class ExchangeRoute(BaseRoute):
                 return Match.FULL, {EXCHANGE: exchange}
         return Match.NONE, {}
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.endpoint(scope, receive, send, scope[EXCHANGE])
+    def handle(self, scope: Scope, receive: Receive, send: Send) -> Coroutine[Any, Any, None]:
+        return self.endpoint(scope, receive, send, scope[EXCHANGE])
 
     def url_path_for(self, name: str, /, **path_params: Any) -> Any:
         raise NoMatchFound(name, path_params)
@@ -119,7 +119,8 @@ class App:
             lifespan=self._lifespan,
         )
         limit = config.limits.max_concurrency
-        self.asgi: ASGIApp = Admission(self.router, limit=limit, on_reject=self._rejected) if limit > 0 else self.router
+        routed = self.router.middleware_stack
+        self.asgi: ASGIApp = Admission(routed, limit=limit, on_reject=self._rejected) if limit > 0 else routed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.asgi(scope, receive, send)

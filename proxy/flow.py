@@ -175,8 +175,7 @@ class Flow:
 
     def get(self, kind: type[D]) -> D | None:
         """The decision of type ``kind``, if an addon made it."""
-        found: D | None = self._decided.get(kind)
-        return found
+        return self._decided.get(kind)
 
     def decide(self, decision: object) -> None:
         """Add an addon's decision (one of each type)."""

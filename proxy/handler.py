@@ -61,6 +61,7 @@ class Handler:
         self.upstream = upstream
         self.runner = runner
         self.answering = Answering(s.metrics, s.config.limits, runner)
+        self.waiting = 0  # requests waiting on their upstream's answer head
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         """One request of ``exchange``'s route, from its body to the moment after its
@@ -78,8 +79,7 @@ class Handler:
         except ClientDisconnect:
             await responses.client_gone()(scope, receive, send)
             return
-        path = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
-        flow = Flow(Inbound(exchange, path, scope["query_string"], Headers(scope=scope), raw, started))
+        flow = Flow(Inbound(exchange, client_path(scope), scope["query_string"], Headers(scope=scope), raw, started))
         await self.runner.request(flow)
         big = flow.inbound.big
         flow.outbound.body = splice(flow, self.runner) if not big else await off_loop(splice, flow, self.runner)
@@ -120,18 +120,23 @@ class Handler:
             headers = [(k, v) for k, v in headers if k.lower() not in names] + list(ours)
         sent = time.perf_counter()
         upstream = self.upstream
-        self.runner.counting.kick()  # earlier responses' counting: while this one is with the upstream
-        path = client_path(scope)
+        if not self.waiting:  # the loop is idle while this one is with the upstream: count earlier ones now
+            self.runner.counting.kick()
+        path = flow.inbound.path
         placement = flow.get(Placement)
-        with watch:
-            resp = await upstream.send(
-                "POST",
-                path,
-                flow.inbound.query.decode("latin-1"),
-                headers,
-                flow.out,
-                route=placement.route if placement is not None else NO_ROUTE,
-            )
+        self.waiting += 1
+        try:
+            with watch:
+                resp = await upstream.send(
+                    "POST",
+                    path,
+                    flow.inbound.query.decode("latin-1"),
+                    headers,
+                    flow.out,
+                    route=placement.route if placement is not None else NO_ROUTE,
+                )
+        finally:
+            self.waiting -= 1
         try:
             if upstream.pooled:
                 flow.answer.replica = resp.replica

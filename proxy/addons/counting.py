@@ -3,9 +3,11 @@ and verdicts, trace), off the request's path: one queue, consumed by one task.
 
 A finished request is queued (:meth:`Counting.put`); the task counts what is
 queued, in the order the responses ended, at the first good moment: when a
-request goes to its upstream and waits (the handler calls :meth:`kick`), or
-within ``DRAIN_S`` when none does.  So the counting of one response never
-delays the client's next request.  ``/metrics`` waits until everything queued
+request goes to its upstream while no other waits on one (the handler calls
+:meth:`kick`: the loop has nothing else to do until the answer comes), or
+within ``DRAIN_S``.  So the counting of one response never delays the
+client's next request at one connection, and under load it runs in batches
+(a wake-up of the task per ``DRAIN_S``, not per request).  ``/metrics`` waits until everything queued
 before it is counted (:meth:`flushed`); shutdown counts what is left
 (:meth:`close`).  A request's duration ends with its response, not with its
 counting (``Answer.ended``).
@@ -19,7 +21,7 @@ from typing import Any
 
 from proxy.flow import Flow
 
-DRAIN_S = 0.005  # the longest the counting waits when no request goes upstream first
+DRAIN_S = 0.005  # the longest the counting waits when no request goes upstream alone first
 
 
 class Counting:
@@ -40,10 +42,9 @@ class Counting:
         """Queue ``flow``'s counting."""
         if not self.hooks:
             return
-        loop = self._here()
         self.pending.append(flow)
-        if self._timer is None:
-            self._timer = loop.call_later(DRAIN_S, self.kick)
+        if self._timer is None:  # (the loop looked up once per batch: each lookup is a getpid() call)
+            self._timer = self._here().call_later(DRAIN_S, self.kick)
 
     def kick(self) -> None:
         """A good moment to count: now (the task runs at the loop's next turn)."""
