@@ -133,3 +133,46 @@ def test_metrics_answer_with_every_response_counted() -> None:
         text = client.get("/metrics").text
     line = next(ln for ln in text.splitlines() if ln.startswith("prefixpin_requests_total{"))
     assert line.endswith(" 3.0"), line
+
+
+def test_a_request_going_upstream_kicks_the_counting_only_when_no_other_waits_on_one() -> None:
+    """At one connection the loop is idle while a request waits on its upstream: the
+    counting runs then.  When another request already waits, the loop has work, and
+    the counting is left to its timer (in batches under load)."""
+    import sys
+    import threading
+
+    entered, loop_of, gate = threading.Event(), [], []
+    calls = 0
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the first request waits until the second is answered
+            loop_of.append(asyncio.get_running_loop())
+            gate.append(asyncio.Event())
+            entered.set()
+            await gate[0].wait()
+        return httpx.Response(200, json={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]})
+
+    app = create_app(load(None, env={}), transport=httpx.MockTransport(upstream))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(app) as client:
+        counting = app.handler.runner.counting if app.handler is not None else None
+        assert counting is not None
+        kicks: list[int] = []  # the handler's kicks (the timer's are not asked about here)
+        real = counting.kick
+
+        def kick() -> None:
+            if sys._getframe(1).f_code.co_name == "_forward":
+                kicks.append(calls)
+            real()
+
+        counting.kick = kick  # type: ignore[method-assign]
+        first = threading.Thread(target=lambda: client.post("/v1/chat/completions", json=body))
+        first.start()
+        assert entered.wait(30)
+        assert client.post("/v1/chat/completions", json=body).status_code == 200  # while the first waits
+        loop_of[0].call_soon_threadsafe(gate[0].set)
+        first.join(30)
+    assert kicks == [0]  # the first request's, before its upstream was called; not the second's
