@@ -3,6 +3,7 @@
     python3 -m benchmarks.bench_opcodes                        # body and mix, this tree (~1 min)
     python3 -m benchmarks.bench_opcodes --compare-ref f56259b  # and revision REF, side by side
     python3 -m benchmarks.bench_opcodes --sessions 1           # the body with one conversation only
+    python3 -m benchmarks.bench_opcodes --bypass               # the HTTP shell alone (x-prefixpin-bypass: 1)
     python3 -m benchmarks.bench_opcodes --smoke                # a few requests: proves it works
     python3 -m benchmarks.bench_opcodes --json
 
@@ -58,19 +59,27 @@ def _module(filename: str, tree: Path) -> str:
         return re.sub(r"^.*/python3\.\d+/", "", filename)  # the standard library
 
 
-def measure(tree: Path, source: Path | None, wl: workloads.Workload, work: Path, upstream: str, seconds: int) -> Counts:
-    """One target on one workload: instructions per request by function."""
+def measure(
+    tree: Path,
+    source: Path | None,
+    wl: workloads.Workload,
+    work: Path,
+    upstream: str,
+    seconds: int,
+    headers: dict[str, str] = CLIENT_HEADERS,
+) -> Counts:
+    """One target on one workload (sent with ``headers``): instructions per request by function."""
     out = work / f"opcodes-{os.getpid()}-{time.monotonic_ns()}.tsv"
     env = {"PYTHONPATH": str(TRACER), "PREFIXPIN_OPCODES": str(out)}
     proc, base = start_prefixpin(work / "logs", upstream=upstream, env=env, source=source)
     try:
         url = base + "/v1/chat/completions"
         roles.prime(base, wl, start=10**6)  # each session's first request alone, as an agent sends it
-        wrk.run(url, wl.path, conns=CONNS, duration_s=WARM_S, start=10**6, headers=CLIENT_HEADERS)
+        wrk.run(url, wl.path, conns=CONNS, duration_s=WARM_S, start=10**6, headers=headers)
         pid = proc.popen.pid
         os.kill(pid, signal.SIGUSR1)
         time.sleep(0.3)
-        load = wrk.run(url, wl.path, conns=CONNS, duration_s=seconds, start=0, timeout_s=60, headers=CLIENT_HEADERS)
+        load = wrk.run(url, wl.path, conns=CONNS, duration_s=seconds, start=0, timeout_s=60, headers=headers)
         time.sleep(0.5)  # the counting of the last responses
         os.kill(pid, signal.SIGUSR1)
         for _ in range(200):
@@ -105,6 +114,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="body,mix", help="body, mix or both (comma-separated)")
     ap.add_argument("--sessions", type=int, default=len(body.SESSION_MESSAGES), help="body: conversations sent")
     ap.add_argument("--top", type=int, default=15, help="functions listed")
+    ap.add_argument(
+        "--bypass", action="store_true", help="x-prefixpin-bypass: 1 on every request: the HTTP shell alone"
+    )
     ap.add_argument("--smoke", action="store_true", help="a short run, for CI")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -129,7 +141,8 @@ def main() -> None:
                 ref = targets.checkout(args.compare_ref, work / "ref")
                 trees.append((f"prefixpin@{args.compare_ref}", ref, ref))
             for name, tree, source in trees:
-                runs[name] = {w: measure(tree, source, loads[w], work, base, seconds) for w in only}
+                headers = {**CLIENT_HEADERS, "x-prefixpin-bypass": "1"} if args.bypass else CLIENT_HEADERS
+                runs[name] = {w: measure(tree, source, loads[w], work, base, seconds, headers) for w in only}
         finally:
             up.stop()
     if args.json:
