@@ -7,10 +7,10 @@ request goes to its upstream while no other waits on one (the handler calls
 :meth:`kick`: the loop has nothing else to do until the answer comes), or
 within ``DRAIN_S``.  So the counting of one response never delays the
 client's next request at one connection, and under load it runs in batches
-(a wake-up of the task per ``DRAIN_S``, not per request).  ``/metrics`` waits until everything queued
-before it is counted (:meth:`flushed`); shutdown counts what is left
-(:meth:`close`).  A request's duration ends with its response, not with its
-counting (``Answer.ended``).
+(one wake-up of the task per ``DRAIN_S``, not one per request).  ``/metrics``
+waits until everything queued before it is counted (:meth:`flushed`); shutdown
+counts what is left (:meth:`close`).  A request's duration ends with its
+response, not with its counting (``Answer.ended``).
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ class Connection(asyncio.BufferedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_key: Any = None
         self.received = 0  # the connection's bytes so far, the read being parsed included
-        self.before = 0  # ... and before the read being parsed
+        self.read_start = 0  # ... and before the read being parsed
 
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -178,7 +178,7 @@ class Connection(asyncio.BufferedProtocol):
             return  # nothing more is read from a connection that is being refused
         before = self.incoming
         in_head = before is not None and not before.headers_done
-        self.before = self.received
+        self.read_start = self.received
         self.received += len(data)
         try:
             self.parser.feed_data(data)
@@ -230,7 +230,7 @@ class Connection(asyncio.BufferedProtocol):
     def on_message_begin(self) -> None:
         if self.reframing is None:
             self.incoming = req = _Request()
-            req.first = self.before
+            req.first = self.read_start
 
     def on_url(self, url: bytes) -> None:
         req = self.incoming
