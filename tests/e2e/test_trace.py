@@ -84,7 +84,13 @@ def _answered(base: str) -> float:
 
 
 def _lines(path: Path) -> list[bytes]:
-    return [line for line in path.read_bytes().split(b"\n") if line] if path.exists() else []
+    """The file's lines; none when it is not there, or was rotated away since it was
+    listed (its lines are then counted under its new name at the next look)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [line for line in data.split(b"\n") if line]
 
 
 def _write(path: Path, lines: list[dict[str, Any]]) -> Path:
