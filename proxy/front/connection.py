@@ -38,6 +38,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from proxy import heads
 from proxy.config import Limits
 from proxy.front.cycle import Cycle
 from proxy.responses import refusal
@@ -249,7 +250,7 @@ class Connection(asyncio.BufferedProtocol):
         req = self.incoming
         assert req is not None
         req.headers_done = True
-        if self._over_head(req):
+        if heads.over(self.limits.max_header_bytes, self.received - req.first, req.headers, len(req.url)):
             raise _Refused(self._head_too_large)
         parser = self.parser
         req.method = parser.get_method().decode("ascii")
@@ -374,18 +375,6 @@ class Connection(asyncio.BufferedProtocol):
         req.path = (parts.path or "/").encode("latin-1")
         req.query = parts.query.encode("latin-1")
         return True
-
-    def _over_head(self, req: _Request) -> bool:
-        """Is ``req``'s head over ``limits.max_header_bytes`` (its target, its fields with
-        4 bytes more each for ": " and CRLF)?  Summed only when it can be: the head lies
-        in the bytes read since the read that brought its first byte, and its sum is at
-        most 5/4 of them (a field's line is 4 bytes or more, counted one more when it has
-        no space)."""
-        limit = self.limits.max_header_bytes
-        if (self.received - req.first) * 5 <= limit * 4:
-            return False
-        fields = sum(len(k) + len(v) for k, v in req.headers) + 4 * len(req.headers)
-        return len(req.url) + fields > limit
 
     def _bad_target(self, req: _Request) -> None:
         target = req.url[:200].decode("latin-1")

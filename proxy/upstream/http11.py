@@ -24,6 +24,7 @@ from typing import Any
 
 import httptools
 
+from proxy import heads
 from proxy.errors import UpstreamError, UpstreamProtocol, UpstreamReset, UpstreamTimeout, UpstreamTLS
 from proxy.redact import scrub
 from proxy.upstream.tls import describe as tls_describe
@@ -93,7 +94,7 @@ class Connection(asyncio.Protocol):
             # the connection is not at the start of a message any more.
             self.abort()
             return
-        self.feeding = len(data)  # what a head completed by this feed can be at most: see _over_head
+        self.feeding = len(data)  # with head_bytes: the bytes a head completed by this feed came in (proxy.heads)
         try:
             self.parser.feed_data(data)
             if not self.began and self.error is None:
@@ -157,18 +158,8 @@ class Connection(asyncio.Protocol):
             )
         )
 
-    def _over_head(self) -> bool:
-        """Is the head just parsed over ``max_head`` (its fields, 4 bytes more each for
-        ": " and CRLF, and its reason)?  Summed only when it can be: the head is within
-        the bytes received while it was incomplete, and its sum is at most 5/4 of them
-        (a field's line is 4 bytes or more, counted one more when it has no space)."""
-        if (self.head_bytes + self.feeding) * 5 <= self.max_head * 4:
-            return False
-        fields = sum(len(k) + len(v) for k, v in self.headers) + 4 * len(self.headers)
-        return fields + len(self.reason) > self.max_head
-
     def on_headers_complete(self) -> None:
-        if self._over_head():
+        if heads.over(self.max_head, self.head_bytes + self.feeding, self.headers, len(self.reason)):
             self._head_too_large()
             return
         status = self.parser.get_status_code()
