@@ -6,6 +6,7 @@
     python3 -m benchmarks.bench_instructions --workloads body      # one workload
     python3 -m benchmarks.bench_instructions --json
     python3 -m benchmarks.bench_instructions --branches             # and mispredicted branches (slower)
+    python3 -m benchmarks.bench_instructions --caches               # and cache misses (slower)
 
 Throughput and CPU time on a shared host move by 10-25% between rounds (other
 machines' load, caches); a change of a few percent is lost in that.  The number of
@@ -23,8 +24,15 @@ branches its predictor model mispredicts per request (each costs the CPU some 15
 cycles of work thrown away: where two trees run the same number of instructions at
 different speeds, this is one place to look).
 
-What it does not see: time spent waiting on memory (cache misses), the kernel's
-work, and the writer thread's share of a batch.  It complements ``bench_overhead``,
+``--caches`` adds callgrind's cache simulation: the first level's misses (32 KiB
+each for instructions and data) and a last level sized as one core's L2 on the
+machine of docs/bench-overhead.md (1 MiB; not the shared L3: a request's memory
+comes back from L2 or further when other requests ran on the core in between),
+per request.  The model has no prefetcher and no TLB, so read its counts as a
+direction.
+
+What it does not see: the kernel's work, the writer thread's share of a batch,
+and (without ``--caches``) time spent waiting on memory.  It complements ``bench_overhead``,
 it does not replace it.  Needs ``valgrind`` (Debian package; ./scripts/test
 installs it).
 """
@@ -48,6 +56,13 @@ from tests.infra.procs import REPO, Proc, free_port, prefixpin_argv
 CONNS = 16
 WARM_S = 10
 SECONDS = 20
+# --caches: callgrind's two levels as size,ways,line (module docstring).
+CACHE_MODEL = ("--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,8,64")
+CACHE_EVENTS = {  # per request, each the sum of callgrind's events named
+    "I1 misses": ("I1mr",),
+    "D1 misses": ("D1mr", "D1mw"),
+    "L2 misses": ("ILmr", "DLmr", "DLmw"),
+}
 
 
 def measure(
@@ -60,6 +75,7 @@ def measure(
     warm: int,
     only: tuple[str, ...],
     branches: bool = False,
+    caches: bool = False,
 ) -> dict[str, Any]:
     """One target: instructions (and with ``branches`` mispredicted branches) per request
     on each workload (its own process per workload)."""
@@ -72,6 +88,8 @@ def measure(
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}", "--dump-instr=no"]
         if branches:
             argv.append("--branch-sim=yes")
+        if caches:
+            argv += ["--cache-sim=yes", *CACHE_MODEL]
         # This checkout's code (or ``source``'s), not the prefixpin on PATH: that may be
         # another tree's editable install.
         argv += [*prefixpin_argv(source or REPO), "serve", "--upstream", upstream, "--port", str(port)]
@@ -95,6 +113,9 @@ def measure(
         out[wl.name] = {"requests": load.requests, "instructions_per_request": events["Ir"] / load.requests}
         if branches:
             out[wl.name]["mispredicted_per_request"] = (events["Bcm"] + events["Bim"]) / load.requests
+        if caches:
+            for label, names in CACHE_EVENTS.items():
+                out[wl.name][label] = sum(events[n] for n in names) / load.requests
     return out
 
 
@@ -128,6 +149,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="body,mix", help="body, mix or both (comma-separated)")
     ap.add_argument("--smoke", action="store_true", help="a short run, for CI")
     ap.add_argument("--branches", action="store_true", help="also mispredicted branches (callgrind's model)")
+    ap.add_argument("--caches", action="store_true", help="also cache misses (callgrind's model, module docstring)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -142,11 +164,24 @@ def main() -> None:
         logs.mkdir()
         up, base = nginx.upstream(work, logs)
         try:
-            runs = {"prefixpin": measure("prefixpin", None, base, work, logs, seconds, warm, only, args.branches)}
+            runs = {
+                "prefixpin": measure(
+                    "prefixpin", None, base, work, logs, seconds, warm, only, args.branches, args.caches
+                )
+            }
             if args.compare_ref:
                 source = targets.checkout(args.compare_ref, work / "ref")
                 runs[f"prefixpin@{args.compare_ref}"] = measure(
-                    f"prefixpin@{args.compare_ref}", source, base, work, logs, seconds, warm, only, args.branches
+                    f"prefixpin@{args.compare_ref}",
+                    source,
+                    base,
+                    work,
+                    logs,
+                    seconds,
+                    warm,
+                    only,
+                    args.branches,
+                    args.caches,
                 )
         finally:
             up.stop()
@@ -166,6 +201,14 @@ def main() -> None:
         for name, run in runs.items():
             cells = [f"{run[w]['mispredicted_per_request'] / 1e3:.1f} K" if w in run else "-" for w in ("body", "mix")]
             print(f"| {name} | {cells[0]} | {cells[1]} |")
+    if args.caches:
+        for label in CACHE_EVENTS:
+            print(f"\n{label} per request (callgrind's model: {' '.join(CACHE_MODEL)}):")
+            print("| target | body | mix |")
+            print("|---|---:|---:|")
+            for name, run in runs.items():
+                cells = [f"{run[w][label] / 1e3:.1f} K" if w in run else "-" for w in ("body", "mix")]
+                print(f"| {name} | {cells[0]} | {cells[1]} |")
     if args.compare_ref:
         ours, ref = runs["prefixpin"], runs[f"prefixpin@{args.compare_ref}"]
         for w in only:
@@ -174,6 +217,9 @@ def main() -> None:
             if args.branches:
                 missed = ours[w]["mispredicted_per_request"] / ref[w]["mispredicted_per_request"]
                 print(f"- {w}: {missed:.3f}x the mispredicted branches of {args.compare_ref}")
+            if args.caches:
+                for label in CACHE_EVENTS:
+                    print(f"- {w}: {ours[w][label] / ref[w][label]:.3f}x the {label} of {args.compare_ref}")
     sys.stdout.flush()
 
 
