@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         ["-m", "benchmarks.bench_store", "--smoke"],
         ["-m", "benchmarks.bench_agents", "--cost", "--repeat", "1"],
         ["-m", "benchmarks.bench_learning", "--repeat", "1"],
-        ["-m", "benchmarks.bench_instructions", "--smoke", "--branches"],
+        ["-m", "benchmarks.bench_instructions", "--smoke", "--branches", "--caches"],
         ["-m", "benchmarks.bench_opcodes", "--smoke", "--sessions", "1"],
     ],
     ids=[
