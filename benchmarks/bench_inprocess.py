@@ -4,6 +4,7 @@
     python -m benchmarks.bench_inprocess --profile mix    # and where the mix's time goes (cProfile)
     python -m benchmarks.bench_inprocess --evict 0,2,8,32 # the same with N MiB of other memory written between requests
     python -m benchmarks.bench_inprocess --stages         # and how much of it each step of the request takes
+    python -m benchmarks.bench_inprocess --gc --requests 20000   # the cyclic collector's pauses meanwhile
 
 Sends the same requests as ``bench_overhead`` (``overhead/workloads.py``, in wrk's
 order) through the core as the proxy drives it, the splice and the record
@@ -31,6 +32,10 @@ step, each a system call, so a request's "all" is ~10-15 µs above the untimed r
 
 The cyclic garbage collector is tuned as ``prefixpin serve`` tunes it
 (:func:`proxy.cli.serve.tune_gc`), so its collections weigh as they do live.
+``--gc`` counts them while each workload runs from an empty store (all its requests
+timed, none warm-up): how many of each generation, the longest (the event loop does
+nothing else meanwhile), their time per request, and the objects the collector
+tracks at the end (what the next collection of the oldest generation walks).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import asyncio
 import contextlib
 import cProfile
 import functools
+import gc
 import inspect
 import pstats
 import sys
@@ -152,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         "--evict", metavar="MIB,...", type=mib_list, help="instead: MiB written between requests, one column each"
     )
     ap.add_argument("--stages", action="store_true", help="instead: CPU µs per request in each step of it")
+    ap.add_argument("--gc", action="store_true", help="instead: the cyclic collector's collections and pauses")
     args = ap.parse_args(argv)
     tune_gc()
+    if args.gc:
+        return _gc_table(args)
     if args.evict:
         return _evict_table(args)
     if args.stages:
@@ -182,6 +191,47 @@ def mib_list(text: str) -> list[float]:
     if any(not 0 <= mib <= MAX_EVICT_MIB for mib in sizes):
         raise argparse.ArgumentTypeError(f"each amount must be from 0 to {MAX_EVICT_MIB} MiB, got {text!r}")
     return sizes
+
+
+def _gc_table(args: argparse.Namespace) -> int:
+    """``--gc``: the collector's work while each workload's requests go through."""
+    with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
+        named = loads(Path(tmp), args.conversations, args.turns)
+        print(
+            "| workload | requests | collections of generation 0 / 1 / 2 | longest ms "
+            "| collector µs per request | objects tracked at the end |"
+        )
+        print("|---|---:|---|---:|---:|---:|")
+        for name, w in named.items():
+            counts, pauses, tracked = asyncio.run(_collecting(w, args.requests))
+            longest = max(pauses, default=0.0) * 1e3
+            per = 1e6 * sum(pauses) / args.requests
+            gens = " / ".join(str(c) for c in counts)
+            print(f"| {name} | {args.requests:,} | {gens} | {longest:.1f} | {per:.1f} | {tracked:,} |")
+    return 0
+
+
+async def _collecting(w: workloads.Workload, count: int) -> tuple[list[int], list[float], int]:
+    """(collections per generation, each one's seconds, objects tracked at the end) of
+    ``count`` requests of ``w`` from an empty store, each body made as it is sent."""
+    offline = Offline(load(None, env={}))
+    headers = {k.lower(): v for k, v in CLIENT_HEADERS.items()}
+    counts, pauses, started = [0, 0, 0], [], [0.0]
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            counts[info["generation"]] += 1
+            pauses.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(note)
+    try:
+        for n in range(count):
+            await offline.send(w.render(n).encode(), headers=headers, reply=REPLY)
+    finally:
+        gc.callbacks.remove(note)
+    return counts, pauses, len(gc.get_objects())
 
 
 def _stages_table(args: argparse.Namespace) -> int:

@@ -6,7 +6,9 @@ entries (marked links, evidence) are entries of the tenant's like any.  A lookup
 whose deepest link belongs to a lineage no other shares a link with reads that link
 and the lineage's record, not the links past it (``_owners``); the note of those
 lineages holds one entry per lineage record held (and one index entry by its
-origin, its first link), dropped with it."""
+origin, its first link), dropped with it.  A link's owners are a tuple of lineage
+ids, not a list: made of strings only, it is untracked by the cyclic garbage
+collector once a collection has seen it, so later collections do not walk it."""
 
 from __future__ import annotations
 
@@ -337,7 +339,7 @@ class MemoryStore:
                 self._drop(key)
                 item = None
             if item is None:
-                owners = [rec_id]  # a new link (most of a new conversation's): no generator to build
+                owners = (rec_id,)  # a new link (most of a new conversation's): no generator to build
                 fresh = True
             else:
                 owners = item[1]
@@ -345,7 +347,7 @@ class MemoryStore:
                     shared += owners
                     shared.append(rec_id)
                 if not owners or owners[0] != rec_id:
-                    owners = [rec_id, *(o for o in owners if o != rec_id)][:LINKS_PER_KEY]
+                    owners = (rec_id, *(o for o in owners if o != rec_id))[:LINKS_PER_KEY]
             if item is None:
                 self._set(key, owners, now)
             else:  # replaced in place (not bytes: nothing grows), then most recently used

@@ -575,9 +575,9 @@ class _FirstMemoryStore(MemoryStore):
         now = self.clock()
         for link in links[newest(links, self.bounds) :]:
             key = (tenant, "l", link)
-            owners = self._get(key, now) or []
+            owners = self._get(key, now) or ()
             if not owners or owners[0] != record.id:
-                owners = [record.id, *(o for o in owners if o != record.id)][:LINKS_PER_KEY]
+                owners = (record.id, *(o for o in owners if o != record.id))[:LINKS_PER_KEY]
             self._set(key, owners, now)
         self._set((tenant, "g", record.id), record, now)
         for ref, raw in blobs.items():
