@@ -19,7 +19,9 @@ first request is sent alone, as ``bench_overhead``'s role sample does:
 ``overhead.roles.prime``.)  Besides req/s it reports the CPU each
 target spent per request, of its event loop thread alone (the thread every request
 waits for) and of the whole process (with the recording writer thread), read from
-``/proc/PID/task/TID/schedstat`` (nanoseconds, not clock ticks).
+``/proc/PID/task/TID/schedstat`` (nanoseconds, not clock ticks), and the process's
+split of it into user and system (kernel) time, read from ``/proc/PID/stat`` (clock
+ticks: ~1% of a slice's).
 
 A run's median ratio moves by about a percent from one run to the next, more than
 its interquartile range suggests: each run starts fresh processes (another hash
@@ -68,13 +70,16 @@ SLICE_S = 1
 
 @dataclass
 class Slices:
-    """One target's slices: requests, req/s, event-loop and process CPU µs per request."""
+    """One target's slices: requests, req/s, event-loop and process CPU µs per request,
+    and the process's split into user and system (kernel) time."""
 
     target: Target
     requests: list[int] = field(default_factory=list)
     rps: list[float] = field(default_factory=list)
     loop_us: list[float] = field(default_factory=list)
     process_us: list[float] = field(default_factory=list)
+    user_us: list[float] = field(default_factory=list)
+    system_us: list[float] = field(default_factory=list)
 
 
 def run_ns(pid: int) -> tuple[int, int]:
@@ -92,17 +97,30 @@ def run_ns(pid: int) -> tuple[int, int]:
     return main, total
 
 
+def user_system_s(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU time so far (every thread), in seconds, to the
+    kernel's clock tick (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # from the state on: utime and stime are 12th and 13th
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def measure(s: Slices, load: workloads.Workload, start: int) -> None:
     pid = s.target.procs[0].popen.pid
     main0, all0 = run_ns(pid)
+    user0, system0 = user_system_s(pid)
     headers = {**CLIENT_HEADERS, **s.target.headers}
     got = wrk.run(s.target.url, load.path, conns=CONNS, duration_s=SLICE_S, start=start, headers=headers)
     main1, all1 = run_ns(pid)
+    user1, system1 = user_system_s(pid)
     n = max(got.requests, 1)
     s.requests.append(got.requests)
     s.rps.append(got.rps)
     s.loop_us.append((main1 - main0) / n / 1000)
     s.process_us.append((all1 - all0) / n / 1000)
+    s.user_us.append((user1 - user0) / n * 1e6)
+    s.system_us.append((system1 - system0) / n * 1e6)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -120,6 +138,8 @@ def ratios(a: Slices, b: Slices) -> list[tuple[str, tuple[float, float, float]]]
         ("req/s", b.rps, a.rps),
         ("event loop CPU per request", b.loop_us, a.loop_us),
         ("process CPU per request", b.process_us, a.process_us),
+        ("process user CPU per request", b.user_us, a.user_us),
+        ("process system CPU per request", b.system_us, a.system_us),
     ):
         out.append((label, quartiles([x / y for x, y in zip(xs, ys, strict=True) if y])))
     return out
@@ -130,11 +150,14 @@ def report(a: Slices, b: Slices, workload: str) -> list[str]:
         return sum(u * n for u, n in zip(us, s.requests, strict=True)) / max(sum(s.requests), 1)
 
     out = [f"{workload}, {CONNS} connections, {len(a.rps)} slices of {SLICE_S} s each:", ""]
-    out += ["| target | req/s (median) | event loop CPU µs/req | process CPU µs/req |", "|---|---:|---:|---:|"]
+    out += [
+        "| target | req/s (median) | event loop CPU µs/req | process CPU µs/req | of which user | of which system |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for s in (a, b):
         out.append(
             f"| {s.target.name} | {statistics.median(s.rps):,.0f} | {weighted(s, s.loop_us):.1f} | "
-            f"{weighted(s, s.process_us):.1f} |"
+            f"{weighted(s, s.process_us):.1f} | {weighted(s, s.user_us):.1f} | {weighted(s, s.system_us):.1f} |"
         )
     out += ["", f"{b.target.name} over {a.target.name}, slice by slice (median, interquartile range):"]
     for label, (q1, q2, q3) in ratios(a, b):
