@@ -188,27 +188,20 @@ def main() -> None:
     if args.json:
         print(json.dumps({"connections": CONNS, "seconds": seconds, "runs": runs}, indent=2))
         return
-    print(f"Instructions per proxied request (callgrind; wrk, {CONNS} connections, {seconds} s per workload):")
-    print("| target | body | mix |")
-    print("|---|---:|---:|")
-    for name, run in runs.items():
-        cells = [f"{run[w]['instructions_per_request'] / 1e6:.3f} M" if w in run else "-" for w in ("body", "mix")]
-        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    _table(
+        f"Instructions per proxied request (callgrind; wrk, {CONNS} connections, {seconds} s per workload):",
+        runs,
+        "instructions_per_request",
+        1e6,
+        "M",
+        digits=3,
+    )
     if args.branches:
-        print("\nMispredicted branches per request (callgrind's model; conditional + indirect):")
-        print("| target | body | mix |")
-        print("|---|---:|---:|")
-        for name, run in runs.items():
-            cells = [f"{run[w]['mispredicted_per_request'] / 1e3:.1f} K" if w in run else "-" for w in ("body", "mix")]
-            print(f"| {name} | {cells[0]} | {cells[1]} |")
+        title = "Mispredicted branches per request (callgrind's model; conditional + indirect):"
+        _table("\n" + title, runs, "mispredicted_per_request", 1e3, "K")
     if args.caches:
         for label in CACHE_EVENTS:
-            print(f"\n{label} per request (callgrind's model: {' '.join(CACHE_MODEL)}):")
-            print("| target | body | mix |")
-            print("|---|---:|---:|")
-            for name, run in runs.items():
-                cells = [f"{run[w][label] / 1e3:.1f} K" if w in run else "-" for w in ("body", "mix")]
-                print(f"| {name} | {cells[0]} | {cells[1]} |")
+            _table(f"\n{label} per request (callgrind's model: {' '.join(CACHE_MODEL)}):", runs, label, 1e3, "K")
     if args.compare_ref:
         ours, ref = runs["prefixpin"], runs[f"prefixpin@{args.compare_ref}"]
         for w in only:
@@ -221,6 +214,17 @@ def main() -> None:
                 for label in CACHE_EVENTS:
                     print(f"- {w}: {ours[w][label] / ref[w][label]:.3f}x the {label} of {args.compare_ref}")
     sys.stdout.flush()
+
+
+def _table(title: str, runs: dict[str, Any], field: str, unit: float, suffix: str, digits: int = 1) -> None:
+    """One figure per target and workload (``field`` over ``unit``, then ``suffix``), as a
+    table under ``title``."""
+    print(title)
+    print("| target | body | mix |")
+    print("|---|---:|---:|")
+    for name, run in runs.items():
+        cells = [f"{run[w][field] / unit:.{digits}f} {suffix}" if w in run else "-" for w in ("body", "mix")]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":
