@@ -104,6 +104,8 @@ class App:
             self.exposed = CollectorRegistry()
             MultiProcessCollector(self.exposed, config.environment.metrics_dir)  # type: ignore[no-untyped-call]
         self._transport, self._store, self._clock = transport, store, clock
+        # Where this process listens (set by the server before it starts): no request goes there.
+        self.listening: tuple[tuple[str, int], ...] = ()
         self.state = State()
         self.handler: Handler | None = None  # from the lifespan on
         self.passthrough: Passthrough | None = None
@@ -128,7 +130,7 @@ class App:
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: Any) -> AsyncIterator[None]:
         config, metrics = self.config, self.metrics
-        upstream = Pool(config, metrics, self._transport)
+        upstream = Pool(config, metrics, self._transport, listening=self.listening)
         store = self._store if self._store is not None else open_store(config.store)  # an empty MemoryStore is falsy
         slots = SlotWatch(upstream.clients, config.affinity.llama_slots) if config.affinity.llama_slots else None
         s = Services(config=config, canon=self.canon, store=store, guard=StoreGuard(), metrics=metrics, slots=slots)

@@ -8,6 +8,7 @@
      ├── Overloaded               past limits.max_concurrency (-> 503 + Retry-After)
      ├── UpstreamError            the upstream failed us (-> 5xx with an OpenAI-style body)
      │    ├── UpstreamUnavailable refused or unreachable: the request never left (-> 502)
+     │    │    ├── UpstreamItself its address is prefixpin's own listening address: never sent
      │    │    ├── UpstreamTLS    the TLS handshake failed (certificate verification, ...): never left
      │    │    ├── UpstreamProxy  the egress proxy refused or failed the tunnel: never left
      │    │    └── UpstreamReset  the connection broke after the request was sent (-> 502, never resent)
@@ -83,6 +84,13 @@ class UpstreamUnavailable(UpstreamError):
     code = "upstream_unavailable"
     metric_kind = "connect"
     never_sent = True
+
+
+class UpstreamItself(UpstreamUnavailable):
+    """The upstream's address is prefixpin's own listening address: connected, but
+    nothing is sent (it would come back here, again and again)."""
+
+    code = "upstream_is_prefixpin"
 
 
 class UpstreamTLS(UpstreamUnavailable):

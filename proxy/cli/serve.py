@@ -50,6 +50,7 @@ def serve_here(config: Config, *, sock: socket.socket | None = None, banner: boo
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", config.listen.host, config.listen.port, exc.strerror)
             return 3
+    app.listening = (sock.getsockname()[:2],)  # an upstream that resolves to it is refused
     tune_gc()
 
     def ready() -> None:

@@ -35,6 +35,11 @@ checks, a strict response parser (:mod:`proxy.upstream.http11`).
   (``TLS_HANDSHAKE_S``): an ``https://`` URL to a plain-HTTP server is named as
   such within seconds, not left to the connect timeout.
 - **A response head** is bounded by ``max_header_bytes`` (``limits.max_header_bytes``).
+- **Not itself.** A direct connection whose far end is one of this process's own
+  listening addresses (``listening``) carries no request: it fails as
+  :class:`~proxy.errors.UpstreamItself`, before a byte is sent.  The config check at
+  start (``proxy.config``) catches an upstream URL that names the listen address; this
+  catches what only resolving shows: a host name of this machine, ``127.1``.
 """
 
 from __future__ import annotations
@@ -44,11 +49,14 @@ import logging
 import select
 import ssl
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from proxy.errors import (
     RequestRejected,
     UpstreamConnectTimeout,
     UpstreamError,
+    UpstreamItself,
     UpstreamProxy,
     UpstreamTLS,
     UpstreamUnavailable,
@@ -191,6 +199,16 @@ class _Pool:
                 raise UpstreamUnavailable(
                     "prefixpin could not connect to the upstream", detail=f"{self.where}: {scrub(str(exc))}"
                 ) from None
+            if owner.listening and reaches_itself(
+                transport.get_extra_info("peername"), transport.get_extra_info("sockname"), owner.listening
+            ):
+                transport.abort()
+                host, port = transport.get_extra_info("peername")[:2]
+                raise UpstreamItself(
+                    "prefixpin's upstream is prefixpin itself: the upstream's address is prefixpin's own listening "
+                    "address, so each request would come back to it; point the upstream URL at the model server",
+                    detail=f"{scrub(self.where)} reaches {host} port {port}, where this process listens",
+                )
             if origin.tls:
                 await self._handshake(conn, transport)
             return
@@ -264,6 +282,26 @@ class _Pool:
             owner.forget(conn)
 
 
+def reaches_itself(peer: Any, local: Any, listening: Sequence[tuple[str, int]]) -> bool:
+    """Whether a connection from ``local`` to ``peer`` (socket addresses) ends at one of
+    the ``listening`` addresses: the same port, and the same host, or, for a listener on
+    every address of its family (``0.0.0.0``, ``::``: IPv6 listeners take no IPv4), a
+    peer of that family that is this machine (the kernel picks a local destination as
+    the connection's own source address)."""
+    if not isinstance(peer, tuple) or not isinstance(local, tuple) or len(peer) < 2 or len(local) < 2:
+        return False
+    host, port = str(peer[0]), peer[1]
+    six = ":" in host
+    for own_host, own_port in listening:
+        if port != own_port:
+            continue
+        if host == own_host:
+            return True
+        if own_host == ("::" if six else "0.0.0.0") and host == str(local[0]):
+            return True
+    return False
+
+
 class Connections:
     """The transport (proxy.upstream.message.Transport): pools per origin under one cap."""
 
@@ -275,8 +313,12 @@ class Connections:
         egress: Egress | None = None,
         keepalive_s: float = 15.0,
         max_header_bytes: int = 64 * 1024,
+        listening: Sequence[tuple[str, int]] = (),
     ) -> None:
+        """``listening``: this process's own listening addresses (host, port), where no
+        request may go (the module docstring)."""
         self.max_connections = max_connections
+        self.listening = tuple(listening)
         self.keepalive_s = keepalive_s
         self.max_header_bytes = max_header_bytes  # a response head's bound (limits.max_header_bytes)
         self.closing = False

@@ -22,7 +22,7 @@ the one ``upstream.url`` and behaves exactly as that client.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -74,11 +74,13 @@ class Pool:
         transport: Any = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        listening: Sequence[tuple[str, int]] = (),
     ) -> None:
-        """``transport``: an httpx transport standing in for the network (unit tests)."""
+        """``transport``: an httpx transport standing in for the network (unit tests);
+        ``listening``: this process's listening addresses, where no request may go."""
         up = config.upstream
         self.pooled = bool(up.pool)
-        shared = open_transport(config, transport)
+        shared = open_transport(config, transport, listening)
         self.clients = [UpstreamClient(replace(up, url=url), shared) for url in up.urls]
         self.policy: Policy = make_policy(config.affinity, len(self.clients))
         self.passthrough_policy: Policy = RoundRobin()  # passthrough routes: any healthy replica

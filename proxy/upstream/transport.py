@@ -10,6 +10,7 @@ Tests hand in an ``httpx`` transport (``httpx.MockTransport``), adapted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.config import Config
@@ -22,9 +23,10 @@ from proxy.upstream.message import Transport
 log = logging.getLogger("prefixpin")
 
 
-def open_transport(config: Config, replacement: Any = None) -> Transport:
+def open_transport(config: Config, replacement: Any = None, listening: Sequence[tuple[str, int]] = ()) -> Transport:
     """The transport every replica of the upstream shares; ``replacement`` (an httpx
-    transport) stands in for the network in unit tests."""
+    transport) stands in for the network in unit tests; ``listening``: this process's
+    listening addresses, where no request may go."""
     up, env = config.upstream, config.environment
     if replacement is not None:
         base: Transport = HttpxTransport(replacement)
@@ -37,6 +39,7 @@ def open_transport(config: Config, replacement: Any = None) -> Transport:
             tls=context,
             egress=Egress(up.proxy, env),
             max_header_bytes=config.limits.max_header_bytes,
+            listening=listening,
         )
     if up.kind == "litellm":
         from proxy.upstream.litellm import LiteLLMTransport

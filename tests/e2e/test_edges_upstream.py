@@ -343,3 +343,42 @@ def test_a_corrupt_body_is_logged_once_without_a_traceback(upstream: Any, pin: A
     wait_until(lambda: "corrupt" in proc.log_tail(200), message="the failure is logged")
     log = proc.log_tail(200)
     assert log.count("corrupt") == 1 and "Traceback" not in log
+
+
+@pytest.mark.parametrize("name", ["127.1", "this machine's name"])
+def test_an_upstream_that_resolves_to_prefixpin_itself_is_a_502_at_once(log_dir: Path, name: str) -> None:
+    """An upstream URL whose host the config check cannot judge (it resolves no names)
+    but that reaches prefixpin's own listening address: the request is answered at once
+    with a 502 that names the mistake, and nothing loops (prefixpin counts one request,
+    and the connection to itself carried no byte)."""
+    host = name
+    if name != "127.1":
+        host = socket.gethostname()
+        try:
+            found = {a[4][0] for a in socket.getaddrinfo(host, None, socket.AF_INET)}
+        except OSError:
+            pytest.skip(f"this machine's name {host!r} does not resolve")
+        if "127.0.0.1" not in found:
+            pytest.skip(f"this machine's name {host!r} resolves to {sorted(found)}, not 127.0.0.1")
+    port = free_port()
+    argv = [*prefixpin_argv(), "serve", "--upstream", f"http://{host}:{port}", "--port", str(port)]
+    proc = Proc(f"prefixpin-{port}", argv, log_dir, env={"PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_http(base + "/healthz", timeout=30)
+        headers = {"content-type": "application/json", "authorization": "Bearer sk-test"}
+        r = httpx.post(base + "/v1/chat/completions", content=CHAT, headers=headers, timeout=30)
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        assert error["code"] == "upstream_is_prefixpin", error
+        assert "prefixpin itself" in error["message"] and "point the upstream URL" in error["message"], error
+        assert host not in error["message"]  # the client is not told the upstream's address
+        metrics = httpx.get(base + "/metrics", timeout=10).text
+        assert 'prefixpin_upstream_errors_total{kind="connect"} 1.0' in metrics
+        served = [
+            ln for ln in metrics.splitlines() if ln.startswith("prefixpin_requests_total{") and ln.endswith(" 1.0")
+        ]
+        assert len(served) == 1 and 'status="502"' in served[0], served  # one request: it did not come back
+        assert "where this process listens" in proc.log_tail(20)  # the operator is told where it went
+    finally:
+        proc.stop()

@@ -14,7 +14,14 @@ import httpx
 import pytest
 
 from proxy.config import Upstream
-from proxy.errors import PathRefused, UpstreamProtocol, UpstreamReset, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import (
+    PathRefused,
+    UpstreamItself,
+    UpstreamProtocol,
+    UpstreamReset,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from proxy.upstream import connections
 from proxy.upstream.adapter import translate
 from proxy.upstream.client import UpstreamClient
@@ -509,3 +516,64 @@ def test_a_reused_connection_closed_under_a_request_after_a_stream_is_learned(mo
         assert up.connections == 3
     finally:
         up.close()
+
+
+@pytest.mark.parametrize(
+    ("peer", "local", "listening", "itself"),
+    [
+        (("127.0.0.1", 8787), ("127.0.0.1", 50000), [("127.0.0.1", 8787)], True),
+        (("127.0.0.1", 8080), ("127.0.0.1", 50000), [("127.0.0.1", 8787)], False),  # another port: the model server
+        (("127.0.0.2", 8787), ("127.0.0.1", 50000), [("127.0.0.1", 8787)], False),  # another address, not listened on
+        (("10.1.2.3", 8787), ("10.1.2.3", 50000), [("0.0.0.0", 8787)], True),  # a local address, every one listened on
+        (("10.1.2.3", 8787), ("10.1.2.9", 50000), [("0.0.0.0", 8787)], False),  # another machine
+        (("127.0.0.1", 8787), ("127.0.0.1", 50000), [("::", 8787)], False),  # an IPv6 listener takes no IPv4
+        (("::1", 8787, 0, 0), ("::1", 50000, 0, 0), [("::", 8787)], True),
+        (("::1", 8787, 0, 0), ("::1", 50000, 0, 0), [("::1", 8787)], True),
+        (("::1", 8787, 0, 0), ("::1", 50000, 0, 0), [("0.0.0.0", 8787)], False),
+        (None, ("127.0.0.1", 50000), [("127.0.0.1", 8787)], False),  # (a transport that says nothing)
+    ],
+)
+def test_reaches_itself_by_the_listening_addresses(peer: object, local: object, listening: list, itself: bool) -> None:
+    assert connections.reaches_itself(peer, local, listening) is itself
+
+
+def test_a_connection_to_its_own_listening_address_carries_no_request() -> None:
+    """A name that resolves to the listening address (``127.1`` here): refused once
+    connected, before a byte is written, with a message that names the fix; another
+    port of the same host (the model server) is sent to as ever."""
+    got: list[bytes] = []
+
+    def script(conn: raw.Conn) -> None:
+        if conn.read_request() is not None:
+            conn.send(raw.json_response(keep_alive=False))
+
+    model = raw.RawUpstream(script)
+
+    async def main() -> int:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                got.append(await reader.read())  # until the far end closes
+            except ConnectionError:
+                got.append(b"")
+            writer.close()
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport = Connections(max_connections=4, listening=[("127.0.0.1", port)])
+        try:
+            with pytest.raises(UpstreamItself) as refused:
+                await transport.send(_request(f"http://127.1:{port}"))
+            said = str(refused.value)
+            assert "prefixpin itself" in said and "point the upstream URL at the model server" in said, said
+            assert refused.value.never_sent
+            await wait_until_async(lambda: bool(got), timeout=5, message="the accepted side saw the close")
+            r = await transport.send(_request(f"http://127.1:{model.port}"))
+            await r.read()
+            return r.status
+        finally:
+            await transport.aclose()
+            server.close()
+            model.close()
+
+    assert asyncio.run(main()) == 200
+    assert got == [b""]  # nothing was written to it
