@@ -199,11 +199,10 @@ class _Pool:
                 raise UpstreamUnavailable(
                     "prefixpin could not connect to the upstream", detail=f"{self.where}: {scrub(str(exc))}"
                 ) from None
-            if owner.listening and reaches_itself(
-                transport.get_extra_info("peername"), transport.get_extra_info("sockname"), owner.listening
-            ):
+            peer = transport.get_extra_info("peername") if owner.listening else None
+            if peer is not None and reaches_itself(peer, transport.get_extra_info("sockname"), owner.listening):
                 transport.abort()
-                host, port = transport.get_extra_info("peername")[:2]
+                host, port = peer[:2]
                 raise UpstreamItself(
                     "prefixpin's upstream is prefixpin itself: the upstream's address is prefixpin's own listening "
                     "address, so each request would come back to it; point the upstream URL at the model server",
