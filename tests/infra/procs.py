@@ -27,6 +27,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` different free ports.  Each :func:`free_port` closes its socket before the
+    next call, so two calls can return the same port (two cluster nodes then meant to
+    listen on one port: the second exits and the first answers for both); these are
+    held bound together until all are found."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 @contextlib.contextmanager
 def closed_port() -> Iterator[int]:
     """A port nothing listens on, for the block: bound and never listening, so a

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from tests.infra.procs import Proc, free_port, redis_server_path
+from tests.infra.procs import Proc, free_ports, redis_server_path
 from tests.infra.wait import wait_until
 
 CLI = "redis-cli"
@@ -51,10 +51,12 @@ def info(port: int, section: str) -> dict[str, Any]:
 
 
 def _answers(proc: Proc, port: int) -> bool:
+    """Does *this* server answer on ``port``?  (Another may hold a port that was free a
+    moment ago: this one then exits, and its log says why.)"""
     if not proc.alive():
         raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
     try:
-        return bool(ask(port, "PING", timeout=1))
+        return int(info(port, "server")["process_id"]) == proc.popen.pid
     except redis.RedisError:
         return False
 
@@ -80,6 +82,7 @@ class Cluster:
     ports: list[int]
     procs: dict[int, Proc] = field(default_factory=dict)
     tls: Tls | None = None
+    bus: list[int] = field(default_factory=list)  # the nodes' cluster bus ports, in the order of ``ports``
 
     @property
     def url(self) -> str:
@@ -132,8 +135,9 @@ def start_cluster(
 ) -> Cluster:
     """``masters`` masters with ``replicas`` replicas each (``tls``: TLS only, between
     the nodes too); waits until the cluster is ok."""
-    ports = [free_port() for _ in range(masters * (1 + replicas))]
-    cluster = Cluster(log_dir, masters, ports, tls=tls)
+    nodes = masters * (1 + replicas)
+    ports = free_ports(2 * nodes)  # each node's port and its cluster bus port, all different
+    cluster = Cluster(log_dir, masters, ports[:nodes], tls=tls, bus=ports[nodes:])
     try:
         _create(cluster, replicas, node_timeout_ms)
     except BaseException:
@@ -146,7 +150,7 @@ def _create(cluster: Cluster, replicas: int, node_timeout_ms: int) -> None:
     log_dir, ports = cluster.log_dir, cluster.ports
     folder = log_dir / f"cluster-{ports[0]}"
     folder.mkdir(parents=True, exist_ok=True)
-    for port in ports:
+    for port, bus in zip(ports, cluster.bus, strict=True):
         cluster.procs[port] = _server(
             log_dir,
             f"redis-cluster-{port}",
@@ -154,7 +158,7 @@ def _create(cluster: Cluster, replicas: int, node_timeout_ms: int) -> None:
             "--cluster-enabled", "yes",
             "--cluster-config-file", str(folder / f"nodes-{port}.conf"),
             "--cluster-node-timeout", str(node_timeout_ms),
-            "--cluster-port", str(free_port()),  # not port + 10000: free ports go past 55535
+            "--cluster-port", str(bus),  # not port + 10000: free ports go past 55535
             "--dir", str(folder),
             tls=cluster.tls,
         )  # fmt: skip
@@ -257,17 +261,17 @@ def start_sentinel_group(
     TLS only, replication and the Sentinels' own links included).  ``users``: ACL
     lines defined on each Sentinel, whose ``default`` user is then off (the Sentinels
     authenticate to each other as :data:`SENTINEL_ADMIN`)."""
-    master = free_port()
-    group = SentinelGroup(log_dir, name, master, [free_port() for _ in range(replicas)], [], tls=tls)
+    master, *others = free_ports(1 + replicas + 3)
+    group = SentinelGroup(log_dir, name, master, others[:replicas], [], tls=tls)
     try:
-        _watch(group, replicas, users)
+        _watch(group, replicas, users, others[replicas:])
     except BaseException:
         group.stop()
         raise
     return group
 
 
-def _watch(group: SentinelGroup, replicas: int, users: tuple[str, ...]) -> None:
+def _watch(group: SentinelGroup, replicas: int, users: tuple[str, ...], sentinels: list[int]) -> None:
     log_dir, name, master = group.log_dir, group.name, group.master
     folder = log_dir / f"sentinel-{master}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -282,8 +286,7 @@ def _watch(group: SentinelGroup, replicas: int, users: tuple[str, ...]) -> None:
         group.procs[port] = _server(
             log_dir, f"redis-replica-{port}", port, *at, "--replicaof", "127.0.0.1", str(master), tls=group.tls
         )
-    for _ in range(3):
-        port = free_port()
+    for port in sentinels:
         conf = folder / f"sentinel-{port}.conf"
         watch = (
             f"bind 127.0.0.1\ndir {folder}\n"
