@@ -27,7 +27,8 @@ learn           the spans a request whose system text changed learns
                 (:mod:`canonicalize.learn`)
 blobs           the recorded parts finalizing needs (``Blobs``, ``Evidence``)
 finalize        pins, notes, the lineage's tools[] and fork repair as edits, and
-                what to record (:mod:`canonicalize.finalize`)
+                what to record (:mod:`canonicalize.finalize`); the prefix the
+                forwarded request shares with its parent's (:mod:`canonicalize.predict`)
 ==============  ================================================================
 
 A store that fails answers :data:`~canonicalize.needs.UNAVAILABLE`: the request
@@ -69,6 +70,7 @@ from canonicalize.needs import (
     Previous,
     Together,
 )
+from canonicalize.predict import Prediction, parent_of, predict
 from canonicalize.ruleset import RuleSet, Settings
 from canonicalize.wire.base import Exchange
 
@@ -100,7 +102,8 @@ class Request(NamedTuple):
 class Canonicalized(NamedTuple):
     """The core's outcome for one request: its parse, analysis and lookup, the edits
     and rule names to forward it with, its role, and (None when the store failed:
-    nothing is recorded) the :class:`~canonicalize.finalize.Outcome` to record.
+    nothing is recorded) the :class:`~canonicalize.finalize.Outcome` to record and
+    the :class:`~canonicalize.predict.Prediction` against its parent.
     Immutable, like :class:`Request` (NamedTuples: made per request, they cost a
     quarter of a frozen dataclass)."""
 
@@ -113,6 +116,7 @@ class Canonicalized(NamedTuple):
     role: str  # root, continuation, fork; fail-open when the store failed
     outcome: Outcome | None
     learned: Learned | None  # the spans the request learned (counted and logged by the shell)
+    prediction: Prediction | None  # the forwarded prefix against its parent's (None: no parent, nothing recorded)
 
 
 class Machine:
@@ -229,10 +233,25 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
     outcome = finalize.finalize(
         rules, memos, prep, final, decision, new_id=new_id, blobs=blobs, learned=learned, keep_history=keep, head=head
     )
-    role = outcome.role if store_ok else "fail-open"
+    if not store_ok:
+        return Canonicalized(body, doc, prep, lookup, outcome.ops, outcome.rewrites, "fail-open", None, learned, None)
+    predicted = _predicted(outcome, prep, lookup)
     return Canonicalized(
-        body, doc, prep, lookup, outcome.ops, outcome.rewrites, role, outcome if store_ok else None, learned
+        body, doc, prep, lookup, outcome.ops, outcome.rewrites, outcome.role, outcome, learned, predicted
     )
+
+
+def _predicted(outcome: Outcome, prep: Prepared, lookup: Lookup) -> Prediction | None:
+    """The request as forwarded against its parent (:mod:`canonicalize.predict`); None:
+    it has none.  Made here, while the request's objects are in the caches, rather
+    than by the counting after the response, which would meet them cold."""
+    fingerprint = outcome.record.fingerprint
+    if fingerprint is None:
+        return None
+    parent = parent_of(outcome, prep, lookup)
+    if parent is None:
+        return None
+    return predict(fingerprint, parent.fingerprint, outcome.depth, prep.sizes)
 
 
 Decided = tuple[Decision, Lookup, Learned | None, recall.Head | None, Mapping[str, bytes]]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from canonicalize import Canonicalized, Prediction, parent_of, predict, split_uncached
+from canonicalize import Canonicalized, Prediction, split_uncached
 from proxy.flow import Flow, Parsed
 from proxy.metrics import Metrics
 
@@ -62,12 +62,7 @@ class Measure:
 
 
 def prediction(flow: Flow) -> Prediction | None:
-    """The forwarded request against its parent; None: it has none (or is not ours)."""
+    """The forwarded request against its parent (the core's, :class:`Canonicalized`);
+    None: it has none (or is not ours)."""
     done = flow.done
-    outcome = done.outcome if done is not None else None
-    if done is None or outcome is None or outcome.record.fingerprint is None:
-        return None
-    parent = parent_of(outcome, done.prep, done.lookup)
-    if parent is None:
-        return None
-    return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, done.prep.sizes)
+    return done.prediction if done is not None else None
