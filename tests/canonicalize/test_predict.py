@@ -37,12 +37,16 @@ def cause(sent: Sent) -> str | None:
 
 
 def prediction(sent: Sent) -> Prediction | None:
+    """The request against its parent, as the core made it (``Canonicalized.prediction``),
+    which must be what its parts give."""
     outcome, prep = sent.outcome, sent.prep
     assert outcome.record.fingerprint is not None
     parent = parent_of(outcome, prep, sent.lookup)
-    if parent is None:
-        return None
-    return predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, prep.sizes)
+    expected = (
+        None if parent is None else predict(outcome.record.fingerprint, parent.fingerprint, outcome.depth, prep.sizes)
+    )
+    assert sent.flow.done.prediction == expected
+    return expected
 
 
 # -- the parent --------------------------------------------------------------------------------
