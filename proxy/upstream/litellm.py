@@ -25,6 +25,12 @@ secret).  Which client depends on the path LiteLLM 1.86.0 takes for the provider
 
 No LiteLLM global is set for this.
 
+Each request goes out once, as with ``kind: openai``: neither LiteLLM nor the openai
+SDK sends it again after a failure or a 429/5xx answer (``max_retries`` 0; a
+client's ``max_retries`` or ``num_retries`` in the body is dropped, as are the
+other arguments that say where and how LiteLLM connects).  A client that wants a
+retry sends the request again.
+
 ``prompt_cache_key`` and ``prompt_cache_retention`` go to the providers LiteLLM
 says take them (its supported params: OpenAI, OpenRouter, hosted vLLM, DeepSeek,
 …; not Anthropic, Mistral, xAI, Gemini) as ``extra_body``: LiteLLM 1.86 counts them
@@ -66,8 +72,21 @@ from proxy.upstream.message import Body, Bytes, Request, Response, Timeouts, Tra
 _OPENAI_SDK = frozenset({"openai", "custom_openai"})
 _HANDLER = frozenset({"anthropic", "hosted_vllm"})
 # acompletion arguments that say where and how LiteLLM connects: prefixpin's, never the body's
-# (a client's "base_url" or "ssl_verify": false would otherwise win).
-_CONNECTION_ARGS = frozenset({"api_base", "base_url", "api_key", "timeout", "client", "ssl_verify", "shared_session"})
+# (a client's "base_url" or "ssl_verify": false would otherwise win; its "max_retries" or
+# "num_retries" would have the request sent again).
+_CONNECTION_ARGS = frozenset(
+    {
+        "api_base",
+        "base_url",
+        "api_key",
+        "timeout",
+        "client",
+        "ssl_verify",
+        "shared_session",
+        "max_retries",
+        "num_retries",
+    }
+)
 
 log = logging.getLogger("prefixpin")
 
@@ -254,7 +273,8 @@ class LiteLLMTransport:
         except Exception:  # a model LiteLLM cannot place: acompletion says so
             provider = None
         if provider in _OPENAI_SDK:
-            # max_retries=0: the SDK would send a POST again after a reset (prefixpin sends at most once)
+            # max_retries=0: the SDK would send a POST again after a reset or a 429/5xx (prefixpin sends
+            # at most once); LiteLLM sets it again from acompletion's max_retries, also 0 (send)
             client = self._openai(api_key=key, base_url=self.api_base, http_client=self.http, max_retries=0)
             return {"client": client}
         if provider in _HANDLER:
@@ -282,6 +302,7 @@ class LiteLLMTransport:
                 api_base=self.api_base,
                 api_key=key,
                 timeout=self.timeout,
+                max_retries=0,  # LiteLLM sets the openai SDK client's retries to this (else 2): sent once
                 **self._client(model, body, key),
                 **body,
             )

@@ -246,3 +246,32 @@ def test_other_providers_use_litellms_own_clients(
     base, _ = prefixpin(https_upstream.url, config=_litellm(), env={"SSL_CERT_FILE": str(pki["other"].cert)})
     r = _post(base, "deepseek/m")
     assert r.status_code == 502 and "TLS certificate verification failed for host localhost" in r.text, r.text
+
+
+def _unavailable(conn: raw.Conn) -> None:
+    """Every request answered 503 (an Anthropic-shaped error body, which OpenAI's clients read too)."""
+    body = json.dumps({"type": "error", "error": {"type": "api_error", "message": "busy"}}).encode()
+    while conn.read_request() is not None:
+        head = (
+            f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        )
+        conn.send(head.encode() + body)
+
+
+@pytest.mark.parametrize("script", [_unavailable, raw.reset_after_read], ids=["503", "reset after the request"])
+def test_a_request_the_upstream_fails_reaches_it_once(prefixpin: Any, script: Any) -> None:
+    """A 503, or a connection reset once the request was read (the upstream may be
+    generating): each model's request reaches the upstream once, whatever the body asks
+    of LiteLLM's retries, and the client gets an error at once (no retry's pause)."""
+    up = raw.RawUpstream(script)
+    try:
+        base, _ = prefixpin(up.url, config=_litellm())
+        for model in MODELS:
+            before = len(up.requests)
+            body = {"model": model, "messages": MESSAGES, "max_tokens": 5, "max_retries": 3, "num_retries": 3}
+            r = httpx.post(base + "/v1/chat/completions", json=body, headers={"authorization": "Bearer k"}, timeout=60)
+            assert r.status_code >= 500, (model, r.status_code, r.text)
+            assert r.elapsed.total_seconds() < 5, (model, r.elapsed)
+            assert len(up.requests) - before == 1, (model, [q.target for q in up.requests[before:]])
+    finally:
+        up.close()

@@ -47,14 +47,18 @@ class Recording:
     """prefixpin's transport as LiteLLM meets it: records each request; answers in the
     provider's shape, or fails as told."""
 
-    def __init__(self, fail: UpstreamError | None = None, cut: UpstreamError | None = None) -> None:
-        self.fail, self.cut = fail, cut
+    def __init__(self, fail: UpstreamError | None = None, cut: UpstreamError | None = None, status: int = 200) -> None:
+        self.fail, self.cut, self.status = fail, cut, status
         self.sent: list[Request] = []
 
     async def send(self, request: Request) -> Response:
         self.sent.append(request)
         if self.fail is not None:
             raise self.fail
+        if self.status != 200:  # an error in Anthropic's shape, which OpenAI's clients read too
+            kind = "rate_limit_error" if self.status == 429 else "api_error"
+            error = {"type": "error", "error": {"type": kind, "message": "busy", "code": "busy"}}
+            return Response(self.status, [(b"content-type", b"application/json")], Bytes(json.dumps(error).encode()))
         stream = json.loads(request.content).get("stream", False)
         anthropic = request.target.endswith("/messages")
         if stream:
@@ -138,11 +142,33 @@ def test_a_stream_through_prefixpins_transport(run: Run, model: str) -> None:
     ids=["tls", "proxy"],
 )
 def test_a_transport_failure_comes_back_as_prefixpins_error(run: Run, model: str, failure: UpstreamError) -> None:
-    # max_retries 0: the openai SDK would otherwise try twice more, pausing in between
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_retries": 0}
+    base = Recording(fail=failure)
     with pytest.raises(type(failure)) as caught:
-        run(_send(Recording(fail=failure), body))
+        run(_send(base, {"model": model, "messages": [{"role": "user", "content": "hi"}]}))
     assert caught.value is failure
+    assert len(base.sent) == 1  # not sent again (the openai SDK would retry it twice)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("asked", [{}, {"max_retries": 5}, {"num_retries": 3}], ids=["default", "max", "num"])
+def test_a_request_the_upstream_refuses_is_sent_once(run: Run, model: str, status: int, asked: dict[str, int]) -> None:
+    """A 429 or a 5xx goes back to the client as the provider's status, after one send:
+    neither LiteLLM nor the openai SDK retries it, whatever the body asks."""
+    base = Recording(status=status)
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **asked}
+
+    async def main() -> int:
+        transport = _transport(base)
+        try:
+            resp = await transport.send(_request(body))
+            await resp.read()
+            return resp.status
+        finally:
+            await transport.aclose()
+
+    assert run(main()) == status
+    assert len(base.sent) == 1
 
 
 @pytest.mark.parametrize("model", ["openai/m", "hosted_vllm/m"])
