@@ -262,16 +262,17 @@ def _unavailable(conn: raw.Conn) -> None:
 def test_a_request_the_upstream_fails_reaches_it_once(prefixpin: Any, script: Any) -> None:
     """A 503, or a connection reset once the request was read (the upstream may be
     generating): each model's request reaches the upstream once, whatever the body asks
-    of LiteLLM's retries, and the client gets an error at once (no retry's pause)."""
+    of LiteLLM's retries, and the client gets the error without a retry (the openai SDK
+    logs each one it makes)."""
     up = raw.RawUpstream(script)
     try:
-        base, _ = prefixpin(up.url, config=_litellm())
+        base, proc = prefixpin(up.url, config=_litellm())
         for model in MODELS:
             before = len(up.requests)
             body = {"model": model, "messages": MESSAGES, "max_tokens": 5, "max_retries": 3, "num_retries": 3}
             r = httpx.post(base + "/v1/chat/completions", json=body, headers={"authorization": "Bearer k"}, timeout=60)
             assert r.status_code >= 500, (model, r.status_code, r.text)
-            assert r.elapsed.total_seconds() < 5, (model, r.elapsed)
             assert len(up.requests) - before == 1, (model, [q.target for q in up.requests[before:]])
+        assert "Retrying request" not in proc.log_tail(400)
     finally:
         up.close()
