@@ -13,7 +13,8 @@ one request a line with the reply it got:
     tests/agents/data/<agent>.jsonl.gz
 
 Run ``python -m tests.agents.capture [--agent qwen-code] [--out DIR]``; the
-tests replay the files and need no agent.  Each line: ``t``, ``path``,
+tests replay the files and need no agent.  ``--install`` only installs the agents
+(the test command does, for ``tests/e2e/test_qwen_code.py``, which runs the real CLI).  Each line: ``t``, ``path``,
 ``headers``, ``body``, ``response``, and ``agent``, ``session``, ``invocation``,
 ``day`` (0 or 1).
 """
@@ -245,8 +246,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Capture real agents' traffic as test data.")
     ap.add_argument("--agent", choices=sorted(AGENTS), action="append")
     ap.add_argument("--out", type=Path, default=DATA)
+    ap.add_argument("--install", action="store_true", help="only install the agents (cached), capture nothing")
     args = ap.parse_args()
     for name in args.agent or sorted(AGENTS):
+        if args.install:
+            print(ensure(AGENTS[name]))
+            continue
         path = capture(AGENTS[name], args.out / f"{name}.jsonl.gz")
         print(path, len(load(name, args.out)), "requests")
 
