@@ -27,15 +27,30 @@ IMAGES = [
     "localhost/prefixpin-redis:latest",
     "localhost/prefixpin-prometheus:latest",
 ]
-PROXY = "http://127.0.0.1:8787"
+
+
+def local(port: int) -> str:
+    """The base URL of a port published on loopback."""
+    return f"http://127.0.0.1:{port}"
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def run(argv: list[str], *, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+def run(
+    argv: list[str], *, timeout: float = 300, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` in the repository; ``env``: added to this process's environment."""
+    out = subprocess.run(
+        argv,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **env} if env else None,
+    )
     if check and out.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out

@@ -1,8 +1,10 @@
 """deploy/compose.yaml for real: prefixpin in front of llama-server, state in Redis,
 Prometheus scraping both, every Grafana dashboard query answered by that Prometheus.
 
-Ports are the compose file's own (127.0.0.1:8787 and 127.0.0.1:9090): the test runs
-``podman-compose -f deploy/compose.yaml up -d`` exactly as docs/deploy.md says.
+The test runs ``podman-compose -f deploy/compose.yaml up -d`` as docs/deploy.md says,
+with the host ports it publishes (``PREFIXPIN_PORT``, ``PROMETHEUS_PORT``: 8787 and
+9090 by default) set to free ones: a ``prefixpin serve`` left running on 8787 (the
+README's first command) neither takes the test's requests nor keeps the stack down.
 """
 
 from __future__ import annotations
@@ -11,37 +13,44 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests import hermes
-from tests.deploy.conftest import PROXY, inspect, run, running_containers, save_logs, wait_ready
+from tests.deploy.conftest import inspect, local, run, running_containers, save_logs, wait_ready
 from tests.e2e.test_dashboard import DASHBOARD, Session, _exprs, _substitute, _system
 from tests.infra.conversation import cached, two_turns
-from tests.infra.procs import REPO
+from tests.infra.procs import REPO, free_ports
 from tests.infra.prometheus import Prometheus
 
 COMPOSE = str(REPO / "deploy" / "compose.yaml")
 PROJECT = "deploy"  # podman-compose names the project after the compose file's directory
-PROMETHEUS = "http://127.0.0.1:9090"
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 
-def compose(*args: str, timeout: float = 300) -> str:
-    return run(["podman-compose", "-f", COMPOSE, *args], timeout=timeout).stdout
+def compose(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> str:
+    return run(["podman-compose", "-f", COMPOSE, *args], timeout=timeout, env=env).stdout
+
+
+@dataclass(frozen=True)
+class Stack:
+    proxy: str  # prefixpin's base URL, as published
+    prom: Prometheus
 
 
 @pytest.fixture
-def stack(images: list[str], log_dir: Path) -> Iterator[Prometheus]:
+def stack(images: list[str], log_dir: Path) -> Iterator[Stack]:
     """The stack up and ready; the test itself brings it down (``down`` is under test)."""
+    proxy_port, prometheus_port = free_ports(2)
     compose("down", "-v")  # leftovers of an interrupted run (and their volumes)
-    compose("up", "-d")
-    prom = Prometheus(PROMETHEUS)
+    compose("up", "-d", env={"PREFIXPIN_PORT": str(proxy_port), "PROMETHEUS_PORT": str(prometheus_port)})
+    prom = Prometheus(local(prometheus_port))
     try:
-        wait_ready(PROXY)
-        yield prom
+        wait_ready(local(proxy_port))
+        yield Stack(local(proxy_port), prom)
     finally:
         prom.close()
         if running_containers(**{"io.podman.compose.project": PROJECT}):  # the test failed: keep the logs
@@ -49,8 +58,8 @@ def stack(images: list[str], log_dir: Path) -> Iterator[Prometheus]:
             compose("down", "-v")
 
 
-def test_compose_stack(stack: Prometheus) -> None:
-    prom = stack
+def test_compose_stack(stack: Stack) -> None:
+    proxy, prom = stack.proxy, stack.prom
     # Four containers, the published ports on loopback only, prefixpin's root read-only.
     assert sorted(running_containers(**{"io.podman.compose.project": PROJECT})) == sorted(
         f"{PROJECT}_{name}_1" for name in ("prefixpin", "llama", "redis", "prometheus")
@@ -58,8 +67,8 @@ def test_compose_stack(stack: Prometheus) -> None:
     info = inspect(f"{PROJECT}_prefixpin_1")
     assert info["HostConfig"]["ReadonlyRootfs"] is True
     assert info["Config"]["User"] == "10001:10001"
-    bindings = [b["HostIp"] for ports in info["HostConfig"]["PortBindings"].values() for b in ports]
-    assert bindings == ["127.0.0.1"]
+    bindings = [(b["HostIp"], b["HostPort"]) for ports in info["HostConfig"]["PortBindings"].values() for b in ports]
+    assert bindings == [("127.0.0.1", proxy.rsplit(":", 1)[1])]
     health = run(["podman", "healthcheck", "run", f"{PROJECT}_prefixpin_1"], check=False)
     assert health.returncode == 0, health.stdout + health.stderr
 
@@ -68,7 +77,7 @@ def test_compose_stack(stack: Prometheus) -> None:
     assert prom.scalar('up{job="prefixpin"}') == 1 and prom.scalar('up{job="llama-server"}') == 1
 
     # Two turns with a changing memory counter: the second is served from llama's cache.
-    first, second, roles = two_turns(PROXY)
+    first, second, roles = two_turns(proxy)
     assert roles == ["root", "continuation"]
     assert cached(second) > 0, second
     assert cached(second) >= first.prompt_tokens // 2, (first, second)
@@ -79,7 +88,7 @@ def test_compose_stack(stack: Prometheus) -> None:
 
     # The dashboard's traffic (as tests/e2e/test_dashboard.py drives it), then every panel query.
     started = time.time()
-    s = Session(PROXY, prom)
+    s = Session(proxy, prom)
     s.sent = 2  # the two turns above
     prom.wait_until('sum(prefixpin_requests_total{route="chat_completions"})', s.sent)
     tools = hermes.tools_full()

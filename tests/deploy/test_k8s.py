@@ -6,14 +6,15 @@ from __future__ import annotations
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.deploy.conftest import PROXY, run, running_containers, save_logs, wait_ready
+from tests.deploy.conftest import local, run, running_containers, save_logs, wait_ready
 from tests.infra.conversation import cached, two_turns
-from tests.infra.procs import REPO
+from tests.infra.procs import REPO, free_port
 
 K8S = REPO / "deploy" / "k8s"
 MANIFESTS = sorted(K8S.glob("*.yaml"))
@@ -60,31 +61,46 @@ def test_service_manifest_shape(tmp_path: Path) -> None:
     run([sys.executable, "-m", "proxy.cli", "check-config", str(path)])
 
 
+@dataclass(frozen=True)
+class Sidecar:
+    pod: str
+    port: int  # the host port prefixpin is published on
+
+
 @pytest.fixture
-def sidecar(images: list[str], log_dir: Path) -> Iterator[str]:
-    run(["podman", "kube", "down", str(SIDECAR)], check=False)  # an interrupted run's pod
-    run(["podman", "kube", "play", str(SIDECAR)], timeout=300)
+def sidecar(images: list[str], log_dir: Path, tmp_path: Path) -> Iterator[Sidecar]:
+    """deploy/k8s/sidecar.yaml played, its hostPort (8787) moved to a free one: podman
+    4.3's ``kube play`` has no ``--publish``, and a ``prefixpin serve`` left running on
+    8787 (the README's first command) would take the test's requests."""
+    port = free_port()
+    manifest = tmp_path / "sidecar.yaml"
+    text = SIDECAR.read_text()
+    assert text.count("hostPort: 8787") == 1
+    manifest.write_text(text.replace("hostPort: 8787", f"hostPort: {port}"))
+    run(["podman", "kube", "down", str(manifest)], check=False)  # an interrupted run's pod
+    run(["podman", "kube", "play", str(manifest)], timeout=300)
     try:
-        wait_ready(PROXY)
-        yield "prefixpin-sidecar"
+        wait_ready(local(port))
+        yield Sidecar("prefixpin-sidecar", port)
     finally:
         if run(["podman", "pod", "exists", "prefixpin-sidecar"], check=False).returncode == 0:  # the test failed
             save_logs(log_dir, ["prefixpin-sidecar-llama", "prefixpin-sidecar-prefixpin"])
-            run(["podman", "kube", "down", str(SIDECAR)], check=False)
+            run(["podman", "kube", "down", str(manifest)], check=False)
 
 
 @pytest.mark.slow
-def test_sidecar_pod_with_podman_kube_play(sidecar: str) -> None:
-    first, second, roles = two_turns(PROXY)
+def test_sidecar_pod_with_podman_kube_play(sidecar: Sidecar, tmp_path: Path) -> None:
+    first, second, roles = two_turns(local(sidecar.port))
     assert roles == ["root", "continuation"]
     assert cached(second) > 0, second
     assert cached(second) >= first.prompt_tokens // 2, (first, second)
-    # prefixpin talks to llama-server over the pod's localhost; only 8787 is published.
-    ports = run(["podman", "pod", "inspect", sidecar, "--format", "{{json .InfraConfig.PortBindings}}"]).stdout
-    assert '"8787/tcp"' in ports and '"127.0.0.1"' in ports and "8080" not in ports, ports
+    # prefixpin talks to llama-server over the pod's localhost; only its port is published.
+    ports = run(["podman", "pod", "inspect", sidecar.pod, "--format", "{{json .InfraConfig.PortBindings}}"]).stdout
+    assert '"8787/tcp"' in ports and '"127.0.0.1"' in ports and f'"{sidecar.port}"' in ports, ports
+    assert "8080" not in ports, ports
 
-    run(["podman", "kube", "down", str(SIDECAR)])
-    assert run(["podman", "pod", "exists", sidecar], check=False).returncode != 0
+    run(["podman", "kube", "down", str(tmp_path / "sidecar.yaml")])
+    assert run(["podman", "pod", "exists", sidecar.pod], check=False).returncode != 0
     assert not [n for n in running_containers() if n.startswith("prefixpin-sidecar")]
 
 
