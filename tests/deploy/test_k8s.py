@@ -3,6 +3,7 @@ and the sidecar pod runs for real with ``podman kube play``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Iterator
@@ -65,6 +66,7 @@ def test_service_manifest_shape(tmp_path: Path) -> None:
 class Sidecar:
     pod: str
     port: int  # the host port prefixpin is published on
+    manifest: Path  # the copy played
 
 
 @pytest.fixture
@@ -81,7 +83,7 @@ def sidecar(images: list[str], log_dir: Path, tmp_path: Path) -> Iterator[Sideca
     run(["podman", "kube", "play", str(manifest)], timeout=300)
     try:
         wait_ready(local(port))
-        yield Sidecar("prefixpin-sidecar", port)
+        yield Sidecar("prefixpin-sidecar", port, manifest)
     finally:
         if run(["podman", "pod", "exists", "prefixpin-sidecar"], check=False).returncode == 0:  # the test failed
             save_logs(log_dir, ["prefixpin-sidecar-llama", "prefixpin-sidecar-prefixpin"])
@@ -89,17 +91,18 @@ def sidecar(images: list[str], log_dir: Path, tmp_path: Path) -> Iterator[Sideca
 
 
 @pytest.mark.slow
-def test_sidecar_pod_with_podman_kube_play(sidecar: Sidecar, tmp_path: Path) -> None:
+def test_sidecar_pod_with_podman_kube_play(sidecar: Sidecar) -> None:
     first, second, roles = two_turns(local(sidecar.port))
     assert roles == ["root", "continuation"]
     assert cached(second) > 0, second
     assert cached(second) >= first.prompt_tokens // 2, (first, second)
     # prefixpin talks to llama-server over the pod's localhost; only its port is published.
-    ports = run(["podman", "pod", "inspect", sidecar.pod, "--format", "{{json .InfraConfig.PortBindings}}"]).stdout
-    assert '"8787/tcp"' in ports and '"127.0.0.1"' in ports and f'"{sidecar.port}"' in ports, ports
-    assert "8080" not in ports, ports
+    inspected = run(["podman", "pod", "inspect", sidecar.pod, "--format", "{{json .InfraConfig.PortBindings}}"])
+    bindings = json.loads(inspected.stdout)
+    assert list(bindings) == ["8787/tcp"], bindings
+    assert [(b["HostIp"], b["HostPort"]) for b in bindings["8787/tcp"]] == [("127.0.0.1", str(sidecar.port))], bindings
 
-    run(["podman", "kube", "down", str(tmp_path / "sidecar.yaml")])
+    run(["podman", "kube", "down", str(sidecar.manifest)])
     assert run(["podman", "pod", "exists", sidecar.pod], check=False).returncode != 0
     assert not [n for n in running_containers() if n.startswith("prefixpin-sidecar")]
 
