@@ -5,6 +5,8 @@ The test runs ``podman-compose -f deploy/compose.yaml up -d`` as docs/deploy.md 
 with the host ports it publishes (``PREFIXPIN_PORT``, ``PROMETHEUS_PORT``: 8787 and
 9090 by default) set to free ones: a ``prefixpin serve`` left running on 8787 (the
 README's first command) neither takes the test's requests nor keeps the stack down.
+The project's name and containers are the compose file's, so two test runs on one
+host take turns (a lock in the cache dir) instead of taking each other's stack down.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tests import hermes
 from tests.deploy.conftest import inspect, local, run, running_containers, save_logs, wait_ready
 from tests.e2e.test_dashboard import DASHBOARD, Session, _exprs, _substitute, _system
 from tests.infra.conversation import cached, two_turns
+from tests.infra.llama import cache_lock
 from tests.infra.procs import REPO, free_ports
 from tests.infra.prometheus import Prometheus
 
@@ -44,18 +47,20 @@ class Stack:
 @pytest.fixture
 def stack(images: list[str], log_dir: Path) -> Iterator[Stack]:
     """The stack up and ready; the test itself brings it down (``down`` is under test)."""
-    proxy_port, prometheus_port = free_ports(2)
-    compose("down", "-v")  # leftovers of an interrupted run (and their volumes)
-    compose("up", "-d", env={"PREFIXPIN_PORT": str(proxy_port), "PROMETHEUS_PORT": str(prometheus_port)})
-    prom = Prometheus(local(prometheus_port))
-    try:
-        wait_ready(local(proxy_port))
-        yield Stack(local(proxy_port), prom)
-    finally:
-        prom.close()
-        if running_containers(**{"io.podman.compose.project": PROJECT}):  # the test failed: keep the logs
-            save_logs(log_dir, [f"{PROJECT}_{name}_1" for name in ("prefixpin", "llama", "redis", "prometheus")])
-            compose("down", "-v")
+    with cache_lock("deploy-compose"):  # another test run's stack: its turn ends first
+        proxy_port, prometheus_port = free_ports(2)
+        compose("down", "-v")  # leftovers of an interrupted run (and their volumes)
+        compose("up", "-d", env={"PREFIXPIN_PORT": str(proxy_port), "PROMETHEUS_PORT": str(prometheus_port)})
+        prom = Prometheus(local(prometheus_port))
+        try:
+            wait_ready(local(proxy_port))
+            yield Stack(local(proxy_port), prom)
+        finally:
+            prom.close()
+            if running_containers(**{"io.podman.compose.project": PROJECT}):  # the test failed: keep the logs
+                names = [f"{PROJECT}_{name}_1" for name in ("prefixpin", "llama", "redis", "prometheus")]
+                save_logs(log_dir, names)
+                compose("down", "-v")
 
 
 def test_compose_stack(stack: Stack) -> None:

@@ -15,6 +15,7 @@ import yaml
 
 from tests.deploy.conftest import local, run, running_containers, save_logs, wait_ready
 from tests.infra.conversation import cached, two_turns
+from tests.infra.llama import cache_lock
 from tests.infra.procs import REPO, free_port
 
 K8S = REPO / "deploy" / "k8s"
@@ -73,21 +74,23 @@ class Sidecar:
 def sidecar(images: list[str], log_dir: Path, tmp_path: Path) -> Iterator[Sidecar]:
     """deploy/k8s/sidecar.yaml played, its hostPort (8787) moved to a free one: podman
     4.3's ``kube play`` has no ``--publish``, and a ``prefixpin serve`` left running on
-    8787 (the README's first command) would take the test's requests."""
-    port = free_port()
-    manifest = tmp_path / "sidecar.yaml"
-    text = SIDECAR.read_text()
-    assert text.count("hostPort: 8787") == 1
-    manifest.write_text(text.replace("hostPort: 8787", f"hostPort: {port}"))
-    run(["podman", "kube", "down", str(manifest)], check=False)  # an interrupted run's pod
-    run(["podman", "kube", "play", str(manifest)], timeout=300)
-    try:
-        wait_ready(local(port))
-        yield Sidecar("prefixpin-sidecar", port, manifest)
-    finally:
-        if run(["podman", "pod", "exists", "prefixpin-sidecar"], check=False).returncode == 0:  # the test failed
-            save_logs(log_dir, ["prefixpin-sidecar-llama", "prefixpin-sidecar-prefixpin"])
-            run(["podman", "kube", "down", str(manifest)], check=False)
+    8787 (the README's first command) would take the test's requests.  The pod's name is
+    the manifest's: two test runs on one host take turns (a lock in the cache dir)."""
+    with cache_lock("deploy-sidecar"):  # another test run's pod: its turn ends first
+        port = free_port()
+        manifest = tmp_path / "sidecar.yaml"
+        text = SIDECAR.read_text()
+        assert text.count("hostPort: 8787") == 1
+        manifest.write_text(text.replace("hostPort: 8787", f"hostPort: {port}"))
+        run(["podman", "kube", "down", str(manifest)], check=False)  # an interrupted run's pod
+        run(["podman", "kube", "play", str(manifest)], timeout=300)
+        try:
+            wait_ready(local(port))
+            yield Sidecar("prefixpin-sidecar", port, manifest)
+        finally:
+            if run(["podman", "pod", "exists", "prefixpin-sidecar"], check=False).returncode == 0:  # the test failed
+                save_logs(log_dir, ["prefixpin-sidecar-llama", "prefixpin-sidecar-prefixpin"])
+                run(["podman", "kube", "down", str(manifest)], check=False)
 
 
 @pytest.mark.slow
