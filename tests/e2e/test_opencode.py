@@ -19,7 +19,9 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import httpx
 import orjson
@@ -27,6 +29,7 @@ import pytest
 
 from canonicalize import JsonDoc
 from tests.conftest import Recorder
+from tests.infra.zones import noon_zone
 
 pytestmark = pytest.mark.e2e
 
@@ -110,7 +113,11 @@ def test_opencode_run_session_is_one_lineage(serve: Callable[..., str], recorder
         "model": "pp/m",
     }
     (work / "opencode.json").write_text(json.dumps(config))
-    env = {**_env(home), "PWD": str(work)}  # opencode takes its project dir from PWD, not the cwd
+    # opencode takes its project dir from PWD, not the cwd; its prompt's date from the
+    # local time: a zone where it is noon keeps both invocations on one date (the
+    # opencode pack, off by default, is what pins the date across a midnight).
+    zone = noon_zone()
+    env = {**_env(home), "PWD": str(work), "TZ": zone}
     exe = OPENCODE if os.access(OPENCODE, os.X_OK) else str(shutil.which("opencode"))
 
     def opencode(*args: str) -> str:
@@ -138,7 +145,7 @@ def test_opencode_run_session_is_one_lineage(serve: Callable[..., str], recorder
     assert len(sent) == 3, [orjson.loads(raw)["messages"][0]["content"][:80] for raw in sent]
     bodies = [orjson.loads(raw) for raw in sent]
     assert bodies[0]["messages"][0]["role"] == "system"
-    assert "Today's date: " in bodies[0]["messages"][0]["content"]
+    assert f"Today's date: {datetime.now(ZoneInfo(zone)):%a %b %d %Y}" in bodies[0]["messages"][0]["content"]
     assert bodies[0]["tools"] and bodies[0]["stream"] is True
     # The tool loop: opencode ran the command and sent its output back.
     assert [m["role"] for m in bodies[1]["messages"][-2:]] == ["assistant", "tool"]

@@ -23,6 +23,7 @@ from tests.agents.capture import AGENTS, APP
 from tests.infra.procs import REPO, free_port
 from tests.infra.redis_topologies import Cluster
 from tests.infra.wait import wait_until
+from tests.infra.zones import noon_zone
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +67,7 @@ def test_a_resumed_qwen_session_gets_its_first_message_as_the_upstream_saw_it(
         env = {
             "PATH": os.environ["PATH"],
             "HOME": str(home),
-            "TZ": "UTC",
+            "TZ": noon_zone(),  # its invocations on one date, whenever the suite runs
             "NO_COLOR": "1",
         }
         for n, (resume, prompt) in enumerate(((False, "What does app.py do?"), (True, "Thanks."))):
