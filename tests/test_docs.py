@@ -219,6 +219,9 @@ DIARY = [
     (re.compile(r"\bSPEC\b"), "a reference to the project's internal specification"),
     (re.compile(r"^#{1,6}[ \t]+.*\b(?:goals?|targets?)\b", re.I | re.M), "a goal heading"),
     (re.compile(r"^#{1,6}[ \t]+.*\bwould take\b", re.I | re.M), "a section on what a target would take"),
+    # Figures carry a date and a commit; the hour of a day they were taken is a diary's.
+    (re.compile(r"\b(?:morning|afternoon|evening)\b", re.I), "a time of day"),
+    (re.compile(r"\b(?:the day|an hour|a day)\s+(?:before|after|later|earlier)\b", re.I), "a time of day"),
 ]
 TABLE_ROW = re.compile(r"^\|(?P<cells>.*)\|[ \t]*$", re.M)
 GOAL_CELL = re.compile(r"^(?:\*\*)?(?:met|missed|not met|partly met)\b", re.I)
@@ -278,7 +281,7 @@ def test_bare_python_is_found() -> None:
 def test_diary_check_finds_a_diary(tmp_path: Path) -> None:
     page = tmp_path / "x.md"
     page.write_text(
-        "# Goals\n\nDone in this stop (issue 39, session 4).\n\n"
+        "# Goals\n\nDone in this stop (issue 39, session 4).\n\nThat evening it gave 1.02x.\n\n"
         "| goal | result |\n|---|---|\n| fast | **met**: 2x |\n| small | missed |\n\n"
         "A session of an agent, `#0`, https://github.com/o/r/issues/12 and what was missed are fine.\n"
     )
@@ -288,6 +291,7 @@ def test_diary_check_finds_a_diary(tmp_path: Path) -> None:
         "a session number",
         "a work session",
         "a goal heading",
+        "a time of day",
         "a goal table",
         "a goal marked '**met**",
         "a goal marked 'missed'",
