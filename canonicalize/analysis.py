@@ -191,12 +191,15 @@ def _system_pass(
     masked_hashes, heads = [], []
     entry = None
     for i, slot in enumerate(slots):
-        entry = texts.entry(scope, slot.get())
+        made = edited.get(slot.path) if edited else None
+        value = slot.get()
+        # (a text the parse made from another differs from the kept ones, as a rule, where it was changed)
+        entry = texts.entry(scope, value, (made[1], len(value) - made[2]) if made is not None else None)
         text, derived = entry.text, entry.derived
         originals[slot.path] = (slot, text)
         res = derived.get("slot")
         if res is None:
-            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None, edited.get(slot.path))
+            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None, made)
             res = texts.derive(entry, "slot", res, len(res.text) if res.text is not text else 0)
         slot.set(texts.intern(scope, res.text))
         rewrites.extend(n for n in res.fired if n not in rewrites)

@@ -8,6 +8,7 @@ proves and splices.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from itertools import islice, takewhile
 from operator import is_
 from typing import Any
@@ -235,16 +236,20 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
     done = 0  # the old items before here: runs' and the gaps' they replaced
     try:
         for first, start, count in runs:
-            n_before = len(items)
-            breaks = breaks or has_line_break(raw, pos, start)
-            like = done if first - done == 1 else -1
-            if not _gap(raw, pos, start, after_item, True, items, new_spans, (old, like, edits)):
-                return None
+            if start != pos or after_item:  # (else the run starts the array: no gap before it)
+                n_before = len(items)
+                breaks = breaks or has_line_break(raw, pos, start)
+                like = done if first - done == 1 else -1
+                if not _gap(raw, pos, start, after_item, True, items, new_spans, (old, like, edits)):
+                    return None
+                if len(items) > n_before:
+                    copies += writable(items, n_before)
             done = first + count
-            copies += writable(items, n_before)
             s0, e0 = spans[first][0], spans[first + count - 1][1]
             base = len(items) - first
-            copies += [j + base for j in old_writable if first <= j < first + count]
+            # the run's writable items, at their new places (old.writable is in order)
+            kept = old_writable[bisect_left(old_writable, first) : bisect_left(old_writable, first + count)]
+            copies += [j + base for j in kept] if base else kept
             shift = start - s0
             moves.append((s0, e0, shift, first, len(items)))
             items += old_items[first : first + count]
@@ -258,7 +263,8 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
         like = done if len(spans) - done == 1 else -1
         if not _gap(raw, pos, close, after_item, False, items, new_spans, (old, like, edits)):
             return None
-        copies += writable(items, n_before)
+        if len(items) > n_before:
+            copies += writable(items, n_before)
     except (orjson.JSONDecodeError, TypeError):
         return None
     top = dict(old.top)

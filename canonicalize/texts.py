@@ -75,6 +75,7 @@ class Texts:
         self._buckets: OrderedDict[Key, list[Entry]] = OrderedDict()
         # id() of each kept text: valid while its entry holds the object (ids are reused only after a free)
         self._ids: dict[int, Entry] = {}
+        self._newest: Entry | None = None  # the entry whose key was last moved to the end (or added)
         self._entries = 0
         self._chars = 0
         self._lock = threading.Lock()
@@ -87,26 +88,33 @@ class Texts:
         """Characters held."""
         return self._chars
 
-    def entry(self, scope: str, text: str) -> Entry:
+    def entry(self, scope: str, text: str, differs: tuple[int, int] | None = None) -> Entry:
         """The entry of ``text`` in ``scope``: the kept one if an equal text is kept, else
-        a new one (kept unless it is too big to, or the memo is off)."""
+        a new one (kept unless it is too big to, or the memo is off).  ``differs``: the
+        characters where ``text`` most likely differs from a kept text of its length
+        (the caller made it from one by replacing them): compared first, so a kept text
+        that differs there is passed over without reading the rest."""
         if not self.enabled:
             return Entry((scope, len(text), "", ""), text)
         found = self._ids.get(id(text))
         if found is not None and found.text is text and found.key[0] == scope:
-            with self._lock:
-                if found.key in self._buckets:
-                    self._buckets.move_to_end(found.key)
+            if found is not self._newest:  # (the newest used is at the end already)
+                with self._lock:
+                    if found.key in self._buckets:
+                        self._buckets.move_to_end(found.key)
+                        self._newest = found
             return found  # the kept object itself: nothing to compare
         key = (scope, len(text), text[:HEAD], text[-TAIL:])
+        lo, hi = differs if differs is not None else (0, 0)
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is not None:
                 for i, found in enumerate(bucket):
-                    if found.text == text:
+                    if (lo == hi or found.text[lo:hi] == text[lo:hi]) and found.text == text:
                         if i:
                             bucket.insert(0, bucket.pop(i))
                         self._buckets.move_to_end(key)
+                        self._newest = found
                         return found
             entry = Entry(key, text)
             cost = len(text) + len(scope)
@@ -118,6 +126,7 @@ class Texts:
                 self._buckets.move_to_end(key)
             bucket.insert(0, entry)
             self._ids[id(text)] = entry
+            self._newest = entry
             entry.kept = True
             self._entries += 1
             self._chars += cost
@@ -193,6 +202,8 @@ class Texts:
         return self.entry(scope, text).text
 
     def _forget(self, key: Key, entry: Entry) -> None:
+        if entry is self._newest:
+            self._newest = None
         if self._ids.get(id(entry.text)) is entry:
             del self._ids[id(entry.text)]
         entry.kept = False

@@ -429,3 +429,41 @@ def test_bodies_that_are_not_objects_or_not_json() -> None:
     assert bodies.parse(b"", "messages", "t") is None
     found = bodies.parse(b'{"input":"a string"}', "input", "t")
     assert found is not None and found[0] == {"input": "a string"}
+
+
+def _consistent(bodies: Bodies) -> None:
+    """The memo's books agree: each remembered body is in its tenant's order and in the
+    bucket of each mark it has, each bucket holds only bodies with its mark, newest
+    first and ``per_key`` at most, and the bytes counted are the bodies'."""
+    assert {k for recent in bodies._scopes.values() for k in recent} == set(bodies._all)
+    for scope, recent in bodies._scopes.items():
+        assert recent and all(k.scope == scope for k in recent)
+    for kept in bodies._all:
+        assert kept.marks and all(kept in bodies._index[m] for m in kept.marks)
+    for mark, bucket in bodies._index.items():
+        assert bucket and len(bucket) <= bodies.per_key and len(set(map(id, bucket))) == len(bucket)
+        assert all(mark in k.marks and k in bodies._all for k in bucket)
+    assert bodies.size == sum(len(k.raw) for k in bodies._all)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_memos_books_agree_whatever_the_conversations_do(seed: int) -> None:
+    """Conversations continued, their prompts edited, forked, retried and started anew,
+    in one tenant or two, under tight bounds: after every body the books agree
+    (a body that continues another takes its place, found by its own marks)."""
+    rng = random.Random(seed)
+    bodies = Bodies(max_bodies=6, per_scope=4, per_key=2, max_bytes=60_000)
+    talks: list[tuple[str, list[dict[str, Any]]]] = []
+    for n in range(60):
+        choice = rng.random()
+        if not talks or choice < 0.15:
+            talks.append((rng.choice("ab"), [{"role": "system", "content": _prompt(rng)}, _message(rng, n)]))
+        scope, messages = talks[rng.randrange(len(talks))]
+        if choice < 0.3 and "\n" in messages[0]["content"]:
+            messages[0] = {"role": "system", "content": _edit_prompt(rng, messages[0]["content"])}
+        elif choice < 0.4 and len(messages) > 2:
+            messages = messages[: rng.randrange(2, len(messages))]  # a fork (or a retry) of an earlier turn
+            talks.append((scope, messages))
+        messages.append(_message(rng, n))
+        _check(bodies, _compact({"model": "m", "messages": messages}), scope=scope)
+        _consistent(bodies)

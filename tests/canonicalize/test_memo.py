@@ -45,6 +45,33 @@ def test_texts_sharing_the_key_are_told_apart_by_their_whole_text() -> None:
     assert memo.entry("t", copy_of(b.text)) is b
 
 
+def test_where_a_text_differs_is_only_where_it_is_compared_first() -> None:
+    """``differs`` (where a text made from another was changed) passes over a kept text
+    that differs there, and never finds one that differs elsewhere."""
+    memo = Texts()
+    head, tail = "h" * HEAD, "t" * TAIL
+    a = memo.entry("t", head + "a" * 500 + "M1" + "a" * 500 + tail)
+    b = memo.entry("t", head + "a" * 500 + "M2" + "a" * 500 + tail)
+    at = (HEAD + 500, HEAD + 502)
+    assert memo.entry("t", copy_of(b.text), at) is b and memo.entry("t", copy_of(a.text), at) is a
+    other = head + "b" + "a" * 499 + "M1" + "a" * 500 + tail  # alike where it was changed, not elsewhere
+    assert memo.entry("t", other, at).text is other
+    assert memo.entry("t", copy_of(a.text), (0, len(a.text))) is a  # (all of it: the whole compare)
+
+
+def test_texts_used_again_and_again_are_kept_longest() -> None:
+    """The least recently used text goes first, however often the newest was used."""
+    memo = Texts(max_entries=3)
+    texts = [f"{i}" * 3000 for i in range(4)]
+    kept = [memo.entry("t", t) for t in texts[:3]]
+    for _ in range(3):
+        for entry in (kept[0], kept[0], kept[2], kept[0]):
+            assert memo.entry("t", entry.text) is entry
+    memo.entry("t", texts[3])  # pushes out the least recently used: the second
+    assert memo.known("t", texts[1]) is None
+    assert memo.known("t", texts[0]) is kept[0] and memo.known("t", texts[2]) is kept[2]
+
+
 def test_one_scope_never_finds_anothers_texts() -> None:
     memo = Texts()
     text = "s" * 3000
