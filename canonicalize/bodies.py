@@ -13,7 +13,8 @@ moved) is that item with the changed lines replaced (:mod:`canonicalize.strpiece
 
 A body finds its conversation's previous body by its *lead*: the bytes of the
 first two items of its item array (a system prompt and the first user message,
-or the first turn), found by a skim of the raw bytes and hashed.  Each kept body
+or the first turn), found by a skim of the raw bytes and hashed (the first item,
+a long prompt as a rule, by its first KiB and its length).  Each kept body
 is indexed by both, so a body whose system prompt moved finds its conversation by
 the first message, and a new conversation that shares another's system prompt
 finds that body (its prompt and tools parse are reused, the other conversation's
@@ -73,6 +74,7 @@ PER_SCOPE = 256  # and per tenant, so one key's conversations leave room for oth
 MAX_BYTES = 16 * 2**20  # raw bytes remembered in all (a parse holds ~3x more, mostly shared between turns)
 PER_KEY = 4  # bodies found by one lead item: conversations that start alike, a conversation's forks
 TRIES = 4  # remembered bodies tried for one new body, best first
+LEAD_BYTES = 1024  # the first item's bytes hashed into its mark (with its length)
 
 # The tenant, the item's place (0 or 1) and the xxh3-128 of its bytes: what a body is found by
 # (the hash the chain's links use, so one hash's code is warm on the request path, not two).
@@ -263,7 +265,8 @@ class Bodies:
 
 def lead(raw: bytes, key: str, scope: str) -> tuple[Mark, ...]:
     """What finds ``raw``'s conversation: the first two items of its item array ``key``,
-    their bytes hashed (fewer when there are fewer, or the skim is unsure).  Found by
+    their bytes hashed with their length (the first item's first ``LEAD_BYTES`` only),
+    fewer when there are fewer or the skim is unsure.  Found by
     a skim (the first member named ``key``, strings and brackets only), unproven: a
     wrong guess only finds no body, or one that :func:`reuse` then refuses."""
     member = opening(key)
@@ -281,7 +284,10 @@ def lead(raw: bytes, key: str, scope: str) -> tuple[Mark, ...]:
         end = _skim(raw, pos)
         if end < 0:
             break
-        marks.append((scope, place, xxhash.xxh3_128_intdigest(view[pos:end])))
+        # (item 0, a system prompt as a rule, by its start and length: a 10-50 KB prompt
+        # hashed whole on every request would cost more than finding its body saves)
+        item = view[pos:end] if place or end - pos <= LEAD_BYTES else view[pos : pos + LEAD_BYTES]
+        marks.append((scope, place, xxhash.xxh3_128_intdigest(item, end - pos)))
         pos = end
     return tuple(marks)
 
@@ -371,4 +377,4 @@ def _handout(top: dict[str, Any], key: str, copies: list[int]) -> dict[str, Any]
     return body
 
 
-__all__ = ["SHARED", "Bodies", "Kept", "lead", "shared_prefix"]
+__all__ = ["LEAD_BYTES", "SHARED", "Bodies", "Kept", "lead", "shared_prefix"]

@@ -70,18 +70,21 @@ def edited(item: Any, old: bytes, a0: int, a1: int, raw: bytes, b0: int, b1: int
     try:
         piece = orjson.loads(b"".join((b'"', raw[new_cut:new_end], b'"')))
         was = _chars(old, cut, end)
-        if close - end <= cut - first:  # the shorter of the two old parts is read
-            kept_end = len(_chars(old, end, close))
+        if close - end <= cut - first:  # the shorter of the two old parts is counted
+            kept_end = _count(old, end, close)
             kept_start = len(value) - kept_end - len(was)
         else:
-            kept_start = len(_chars(old, first, cut))
+            kept_start = _count(old, first, cut)
             kept_end = len(value) - kept_start - len(was)
     except orjson.JSONDecodeError:
         return None
     if kept_start < 0 or kept_end < 0 or value[kept_start : len(value) - kept_end] != was:
         return None  # (never: the counts are the old literal's)
     new = dict(item)
-    new[key] = "".join((value[:kept_start], piece, value[len(value) - kept_end :]))
+    text = value[:kept_start]  # (appended to in place: the kept start is copied once)
+    text += piece
+    text += value[len(value) - kept_end :]
+    new[key] = text
     return new, key, kept_start, kept_end, (first - 1 - a0 + b0, close + 1 - a1 + b1)
 
 
@@ -141,6 +144,18 @@ def _chars(buf: bytes, start: int, end: int) -> str:
         return piece.decode("utf-8")
     value: str = orjson.loads(b"".join((b'"', piece, b'"')))
     return value
+
+
+def _count(buf: bytes, start: int, end: int) -> int:
+    """How many characters ``buf[start:end]`` (as :func:`_chars` takes it) reads as,
+    without reading them when it is ASCII with no ``\\u`` in it: a byte each, but for
+    each escape's backslash (a run of backslashes in a canonical literal is escaped
+    backslashes, and one escape more when it is odd: half of it, rounded up, is what
+    ``count`` of one backslash less ``count`` of two gives)."""
+    piece = buf[start:end]
+    if piece.isascii() and b"\\u" not in piece:
+        return len(piece) - piece.count(b"\\") + piece.count(b"\\\\")
+    return len(_chars(buf, start, end))
 
 
 def _prefix(x: bytes, xs: int, y: bytes, ys: int, most: int) -> int:

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import xxhash
 
-from canonicalize.bodies import SHARED, Bodies, lead
+from canonicalize.bodies import LEAD_BYTES, SHARED, Bodies, lead
 from canonicalize.jsonspan import JsonDoc, has_line_break
 
 
@@ -412,8 +412,14 @@ def test_the_lead_is_a_hint_never_a_parse() -> None:
         items = [_message(rng, n), _message(rng, n + 1)]
         if n % 3 == 0:
             items[0] = {"role": "system", "content": _text(rng), **({"name": "x"} if n % 2 else {})}
+        if n % 5 == 0:
+            items[0] = {"role": "system", "content": _text(rng) * 80}  # long: by its first KiB and length
         marks = lead(_compact({"model": "m", "messages": items}), "messages", "t")
-        assert marks == tuple(("t", i, xxhash.xxh3_128_intdigest(_compact(item))) for i, item in enumerate(items))
+        own = [_compact(item) for item in items]
+        assert marks == (
+            ("t", 0, xxhash.xxh3_128_intdigest(own[0][:LEAD_BYTES], len(own[0]))),
+            ("t", 1, xxhash.xxh3_128_intdigest(own[1], len(own[1]))),
+        )
     for raw in (escaped, b'{"meta":{"messages":[{"a":1}]},"messages":[{"role":"user","content":"x"}]}'):
         bodies = Bodies()
         for _ in range(2):

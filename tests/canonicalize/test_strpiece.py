@@ -153,3 +153,23 @@ def test_where_two_byte_strings_start_and_end_to_differ(seed: int) -> None:
         for bound in (most, most - alike, rng.randint(0, most)):
             tail = next((i for i in range(bound) if a[len(a) - 1 - i] != b[len(b) - 1 - i]), bound)
             assert strpiece._suffix(x, pa + len(a), y, pb + len(b), bound) == tail
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_canonical_literals_characters_counted_without_reading_them(seed: int) -> None:
+    """``_count`` of any run of whole escapes and characters of an orjson literal is
+    the length of what it reads as: escapes (runs of backslashes of every length,
+    control characters), non-ASCII and ``\\u`` text included."""
+    rng = random.Random(seed)
+    alphabet = ["a", " ", "\n", "\t", '"', "\\", "\\\\", "\\u", "u", "\x01", "\x1f", "é", "😀", "/", "\\n"]
+    if seed % 2:  # ASCII only: counted without being read
+        alphabet = [c for c in alphabet if c.isascii()]
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300)))
+    literal = orjson.dumps(text)
+    cuts = [1]  # the places between whole escapes and characters of the literal
+    for ch in text:
+        cuts.append(cuts[-1] + len(orjson.dumps(ch)) - 2)
+    for _ in range(20):
+        i, j = sorted(rng.randrange(len(cuts)) for _ in range(2))
+        a, b = cuts[i], cuts[j]
+        assert strpiece._count(literal, a, b) == len(strpiece._chars(literal, a, b)) == j - i
