@@ -3,6 +3,7 @@
     python -m benchmarks.bench_inprocess                  # CPU µs per request, body and mix
     python -m benchmarks.bench_inprocess --profile mix    # and where the mix's time goes (cProfile)
     python -m benchmarks.bench_inprocess --evict 0,2,8,32 # the same with N MiB of other memory written between requests
+    python -m benchmarks.bench_inprocess --evict 0,2 --compare-ref f56259b   # and revision f56259b, the same way
     python -m benchmarks.bench_inprocess --stages         # and how much of it each step of the request takes
     python -m benchmarks.bench_inprocess --gc --requests 20000   # the cyclic collector's pauses meanwhile
 
@@ -21,6 +22,12 @@ connections' requests), and hands the request its body freshly copied, as a sock
 read does; each request is then timed alone.  The CPU it takes on top of ``0`` is
 time spent waiting on memory the request needs (the core's code and its kept objects)
 that the other work pushed out of the caches.
+
+With ``--compare-ref REF`` each workload goes through this tree and through
+revision REF (``git archive`` exported), each in a process of its own running the
+same loop (:mod:`benchmarks.inprocess_ref`, which needs of a tree only
+``proxy.offline``): what the two request paths cost cold and warm, side by side,
+without a live server's noise.
 
 ``--stages`` splits the same CPU time by the request's steps and roles
 (:data:`STAGES`): the body parsed by pieces, the analysis (and the part of it that
@@ -47,7 +54,10 @@ import cProfile
 import functools
 import gc
 import inspect
+import json
+import os
 import pstats
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,13 +71,15 @@ import canonicalize.bodies
 import canonicalize.finalize
 import proxy.drive
 import proxy.offline
+from benchmarks import inprocess_ref
 from benchmarks.overhead import mix, workloads
-from benchmarks.overhead.targets import CLIENT_HEADERS
+from benchmarks.overhead.targets import CLIENT_HEADERS, checkout
 from canonicalize.bodies import Bodies
 from proxy.cli.serve import tune_gc
 from proxy.config import load
 from proxy.offline import Offline
 from proxy.store.memory import MemoryStore
+from tests.infra.procs import REPO
 
 REPLY = {"role": "assistant", "content": mix.REPLY}
 MAX_EVICT_MIB = 4096  # --evict holds twice this much memory while it runs
@@ -76,7 +88,7 @@ MAX_EVICT_MIB = 4096  # --evict holds twice this much memory while it runs
 # await.  A label starting with "  of which" is part of the step above it (not in "the rest").
 STAGES = (
     ("parse", Bodies, "parse"),
-    ("  of which finding the conversation (its first two items hashed)", canonicalize.bodies, "lead"),
+    ("  of which finding the conversation (a skim of its first two items, hashed)", canonicalize.bodies, "lead"),
     ("  of which the pieces reused and the gaps parsed", canonicalize.bodies, "reuse"),
     ("analysis", canonicalize.analysis, "prepare"),
     ("  of which the system texts", canonicalize.analysis, "_system_pass"),
@@ -137,15 +149,7 @@ async def run(
 
 async def _evicting(offline: Offline, headers: dict[str, str], bodies: list[bytes], evict: int) -> float:
     """CPU µs per request of ``bodies``, ``evict`` bytes written before each (untimed)."""
-    source, scratch = bytes(evict), bytearray(evict)
-    spent = 0.0
-    for raw in bodies:
-        scratch[:] = source  # other work's memory through the caches
-        fresh = bytes(bytearray(raw))  # the body as a socket read leaves it: just written
-        t0 = time.thread_time()
-        await offline.send(fresh, headers=headers, reply=REPLY)
-        spent += time.thread_time() - t0
-    return 1e6 * spent / len(bodies)
+    return await inprocess_ref.timed(offline, bodies, headers, REPLY, evict)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,9 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--evict", metavar="MIB,...", type=mib_list, help="instead: MiB written between requests, one column each"
     )
+    ap.add_argument(
+        "--compare-ref",
+        metavar="REF",
+        help="with --evict: also git revision REF (both trees through benchmarks/inprocess_ref.py, a process each)",
+    )
     ap.add_argument("--stages", action="store_true", help="instead: CPU µs per request in each step of it")
     ap.add_argument("--gc", action="store_true", help="instead: the cyclic collector's collections and pauses")
     args = ap.parse_args(argv)
+    if args.compare_ref and not args.evict:
+        ap.error("--compare-ref goes with --evict")
     tune_gc()
     if args.gc:
         return _gc_table(args)
@@ -316,16 +327,56 @@ def _timer(label: str, fn: Any, spent: dict[str, float]) -> Any:
 
 
 def _evict_table(args: argparse.Namespace) -> int:
-    """``--evict``: CPU µs per request of each workload, one column per amount."""
+    """``--evict``: CPU µs per request of each workload, one column per amount; with
+    ``--compare-ref``, each workload through this tree and through revision REF, each
+    in a process of its own running the same loop (:mod:`benchmarks.inprocess_ref`)."""
     sizes: list[float] = args.evict
     with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
-        named = loads(Path(tmp), args.conversations, args.turns)
+        work = Path(tmp)
+        named = loads(work, args.conversations, args.turns)
+        trees = {"": REPO}
+        if args.compare_ref:
+            trees[f"@{args.compare_ref}"] = checkout(args.compare_ref, work / "ref")
         print("| workload | " + " | ".join(f"{mib:g} MiB written between requests" for mib in sizes) + " |")
         print("|---|" + "---:|" * len(sizes))
         for name, w in named.items():
-            cells = [asyncio.run(run(w, args.requests, evict_mib=mib))[0] for mib in sizes]
-            print(f"| {name} | " + " | ".join(f"{us:,.0f}" for us in cells) + " |")
+            for suffix, tree in trees.items():
+                if args.compare_ref:
+                    cells = _in_process_of(tree, w, args.requests, sizes, work / f"{name}.json")
+                else:
+                    cells = [asyncio.run(run(w, args.requests, evict_mib=mib))[0] for mib in sizes]
+                print(f"| {name}{suffix} | " + " | ".join(f"{us:,.0f}" for us in cells) + " |")
     return 0
+
+
+def _in_process_of(tree: Path, w: workloads.Workload, count: int, sizes: list[float], job: Path) -> list[float]:
+    """``w``'s µs per request through ``tree``'s request path, for each of ``sizes``, in a
+    process of its own (:mod:`benchmarks.inprocess_ref`)."""
+    job.write_text(
+        json.dumps(
+            {
+                "bodies": [w.render(n) for n in range(count)],
+                "warm": count // 4,
+                "headers": {k.lower(): v for k, v in CLIENT_HEADERS.items()},
+                "reply": REPLY,
+                "gc_threshold": gc.get_threshold(),  # prefixpin serve's (tune_gc), frozen first there too
+                "evict_mib": sizes,
+            }
+        ),
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        # (-P: the driver's own directory, benchmarks/, is not put on sys.path: its http/ would hide the stdlib's)
+        [sys.executable, "-P", str(Path(inprocess_ref.__file__)), str(job)],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: the request path failed:\n{done.stderr[-2000:]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return [found[f"{mib:g}"] for mib in sizes]
 
 
 if __name__ == "__main__":
