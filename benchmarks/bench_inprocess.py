@@ -132,7 +132,7 @@ async def run(
     if each is not None:
         each(None)
     if evict_mib is not None:
-        return await _evicting(offline, headers, bodies[warm:], int(evict_mib * (1 << 20))), roles
+        return await inprocess_ref.timed(offline, bodies[warm:], headers, REPLY, int(evict_mib * (1 << 20))), roles
     if profile is not None:
         profile.enable()
     t0 = time.thread_time()
@@ -145,11 +145,6 @@ async def run(
     if profile is not None:
         profile.disable()
     return 1e6 * spent / (count - warm), roles
-
-
-async def _evicting(offline: Offline, headers: dict[str, str], bodies: list[bytes], evict: int) -> float:
-    """CPU µs per request of ``bodies``, ``evict`` bytes written before each (untimed)."""
-    return await inprocess_ref.timed(offline, bodies, headers, REPLY, evict)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -190,21 +190,16 @@ class Bodies:
         recent[body] = None
         self._bytes += len(body.raw)
         for mark in marks:
-            bucket = self._index.get(mark)
-            if bucket is None:
-                bucket = self._index[mark] = []
-            bucket.insert(0, body)
-            if len(bucket) > self.per_key:
-                self._unmark(bucket.pop(), mark)
+            self._mark(body, mark)
         while len(recent) > self.per_scope:
             self._forget(next(iter(recent)))
-        while self._all and (len(self._all) > self.max_bodies or self._bytes > self.max_bytes):
-            self._forget(next(iter(self._all)))
+        self._trim()
 
     def _replace(self, old: Kept, body: Kept, marks: tuple[Mark, ...]) -> None:
         """``body``, found by ``marks``, remembered in the place of ``old``, which it
         continues (what :meth:`_forget` then :meth:`_remember` would do, in fewer
-        steps: a mark both have keeps its bucket, ``body`` first in it)."""
+        steps: where both have a mark and ``old`` is first in its bucket, ``body`` takes
+        that place)."""
         body.scope, body.marks, was = old.scope, list(marks), old.marks
         old.marks = []
         del self._all[old]
@@ -219,21 +214,27 @@ class Bodies:
                 bucket[0] = body
                 continue
             bucket.remove(old)
-            if mark in marks:
-                bucket.insert(0, body)
-            elif not bucket:
+            if not bucket:
                 del index[mark]
         for mark in marks:
-            if mark in was:
-                continue
-            new = index.get(mark)
-            if new is None:
-                new = index[mark] = []
-            new.insert(0, body)
-            if len(new) > self.per_key:
-                self._unmark(new.pop(), mark)
+            first = index.get(mark)
+            if not first or first[0] is not body:
+                self._mark(body, mark)
         self._bytes += len(body.raw) - len(old.raw)
-        while self._all and self._bytes > self.max_bytes:
+        self._trim()
+
+    def _mark(self, body: Kept, mark: Mark) -> None:
+        """``body`` found first by ``mark``; the bucket's oldest unmarked past ``per_key``."""
+        bucket = self._index.get(mark)
+        if bucket is None:
+            bucket = self._index[mark] = []
+        bucket.insert(0, body)
+        if len(bucket) > self.per_key:
+            self._unmark(bucket.pop(), mark)
+
+    def _trim(self) -> None:
+        """The least recently used bodies forgotten while over the bounds in number and bytes."""
+        while self._all and (len(self._all) > self.max_bodies or self._bytes > self.max_bytes):
             self._forget(next(iter(self._all)))
 
     def _touch(self, body: Kept) -> None:
