@@ -208,18 +208,27 @@ class Bodies:
         del recent[old]
         recent[body] = None
         index = self._index
-        for mark in was:
-            bucket = index[mark]
-            if mark in marks and bucket[0] is old:
-                bucket[0] = body
-                continue
-            bucket.remove(old)
-            if not bucket:
-                del index[mark]
-        for mark in marks:
-            first = index.get(mark)
-            if not first or first[0] is not body:
-                self._mark(body, mark)
+        if was == body.marks:  # (as a rule) first in each of its buckets, where old was
+            for mark in was:
+                bucket = index[mark]
+                if bucket[0] is old:
+                    bucket[0] = body
+                else:
+                    bucket.remove(old)
+                    bucket.insert(0, body)
+        else:
+            for mark in was:
+                bucket = index[mark]
+                if mark in marks and bucket[0] is old:
+                    bucket[0] = body
+                    continue
+                bucket.remove(old)
+                if not bucket:
+                    del index[mark]
+            for mark in marks:
+                first = index.get(mark)
+                if not first or first[0] is not body:
+                    self._mark(body, mark)
         self._bytes += len(body.raw) - len(old.raw)
         self._trim()
 

@@ -153,7 +153,11 @@ def reuse(old: Kept, raw: bytes, key: str) -> Assembled | None:
     """``raw``'s parse, doc, layout (its close and item spans, when all are known),
     the items a request gets copies of, and the string members parsed as edits, as
     ``old``'s items where the bytes are equal; or None."""
-    if old.key != key or not _same_end(old.raw, raw) or not old.layout():
+    if old.key != key:
+        return None
+    if old.spans is None and not (_same_end(old.raw, raw) and old.layout()):
+        return None  # (a body with other params refused before its layout is found: it costs a serialization)
+    if old.open < 0:
         return None
     head, tail = old.head, old.tail
     if len(raw) < len(head) + len(tail) or not raw.startswith(head) or not raw.endswith(tail):
@@ -234,6 +238,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
     breaks = False  # a line break in the new bytes (the gaps): the rest are old's
     edits: Edits = {}
     done = 0  # the old items before here: runs' and the gaps' they replaced
+    several = False  # a gap of more than one item (only such a gap may leave a span unknown)
     try:
         for first, start, count in runs:
             if start != pos or after_item:  # (else the run starts the array: no gap before it)
@@ -243,6 +248,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
                 if not _gap(raw, pos, start, after_item, True, items, new_spans, (old, like, edits)):
                     return None
                 if len(items) > n_before:
+                    several = several or len(items) - n_before > 1
                     copies += writable(items, n_before)
             done = first + count
             s0, e0 = spans[first][0], spans[first + count - 1][1]
@@ -264,6 +270,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
         if not _gap(raw, pos, close, after_item, False, items, new_spans, (old, like, edits)):
             return None
         if len(items) > n_before:
+            several = several or len(items) - n_before > 1
             copies += writable(items, n_before)
     except (orjson.JSONDecodeError, TypeError):
         return None
@@ -277,7 +284,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
     _carry(old, doc, moves, close)
     for path, (_, _, _, span) in edits.items():
         doc._quick[path] = span  # (as a scan of the new item would find it)
-    known = (-1, -1) not in new_spans
+    known = not several or (-1, -1) not in new_spans
     if known:
         doc.known_items = (old.key, new_spans)
     return top, doc, ((close, new_spans) if known else None), copies, edits

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import xxhash
 
-from canonicalize.bodies import LEAD_BYTES, SHARED, Bodies, lead
+from canonicalize.bodies import LEAD_BYTES, SHARED, Bodies, Kept, lead
 from canonicalize.jsonspan import JsonDoc, has_line_break
 
 
@@ -454,16 +454,20 @@ def _consistent(bodies: Bodies) -> None:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_memos_books_agree_whatever_the_conversations_do(seed: int) -> None:
-    """Conversations continued, their prompts edited, forked, retried and started anew,
-    in one tenant or two, under tight bounds: after every body the books agree
-    (a body that continues another takes its place, found by its own marks)."""
+    """Conversations continued, their prompts edited, forked, retried and started anew
+    (with their own prompt or another's), in one tenant or two, under tight bounds:
+    after every body the books agree (a body that continues another takes its place,
+    found by its own marks), and each bucket holds its bodies newest first (in the
+    order they were remembered)."""
     rng = random.Random(seed)
     bodies = Bodies(max_bodies=6, per_scope=4, per_key=2, max_bytes=60_000)
     talks: list[tuple[str, list[dict[str, Any]]]] = []
+    born: dict[Kept, int] = {}  # when each body was remembered
     for n in range(60):
         choice = rng.random()
-        if not talks or choice < 0.15:
-            talks.append((rng.choice("ab"), [{"role": "system", "content": _prompt(rng)}, _message(rng, n)]))
+        if not talks or choice < 0.15:  # a new conversation, as often as not with a prompt another has
+            prompt = rng.choice(talks)[1][0]["content"] if talks and rng.random() < 0.5 else _prompt(rng)
+            talks.append((rng.choice("ab"), [{"role": "system", "content": prompt}, _message(rng, n)]))
         scope, messages = talks[rng.randrange(len(talks))]
         if choice < 0.3 and "\n" in messages[0]["content"]:
             messages[0] = {"role": "system", "content": _edit_prompt(rng, messages[0]["content"])}
@@ -473,3 +477,9 @@ def test_the_memos_books_agree_whatever_the_conversations_do(seed: int) -> None:
         messages.append(_message(rng, n))
         _check(bodies, _compact({"model": "m", "messages": messages}), scope=scope)
         _consistent(bodies)
+        newest = bodies.newest(scope)
+        if newest is not None:
+            born.setdefault(newest, n)
+        for bucket in bodies._index.values():
+            order = [born[k] for k in bucket]
+            assert order == sorted(order, reverse=True), order
