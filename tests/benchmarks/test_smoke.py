@@ -51,6 +51,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         ["-m", "benchmarks.bench_learning", "--repeat", "1"],
         ["-m", "benchmarks.bench_instructions", "--smoke", "--branches", "--caches"],
         ["-m", "benchmarks.bench_opcodes", "--smoke", "--sessions", "1"],
+        ["-m", "benchmarks.bench_perf", "--smoke"],
     ],
     ids=[
         "cache",
@@ -73,6 +74,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
         "learning",
         "instructions",
         "opcodes",
+        "perf",
     ],
 )
 def test_benchmark_smoke_run(argv: list[str]) -> None:
