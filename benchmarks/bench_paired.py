@@ -311,16 +311,7 @@ def one_run(
             return False
         stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
         for n, s in enumerate(pair, start=1):  # warmed up on request numbers no slice uses
-            assert s.target.base is not None
-            roles.prime(s.target.base, load, start=n * stretch)
-            wrk.run(
-                s.target.url,
-                load.path,
-                conns=CONNS,
-                duration_s=1 if smoke else 3,
-                start=n * stretch,
-                headers={**CLIENT_HEADERS, **s.target.headers},
-            )
+            roles.warm_up(s.target, load, conns=CONNS, start=n * stretch, seconds=1 if smoke else 3)
         run = len(pair)
         for i in range(slices):
             for s in turns(list(pair), i):

@@ -171,17 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 t.missing = [f"{m}:{n}" for m, n in t.parts if f"{m}:{n}" not in listed]
             stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
             for n, t in enumerate(timed, start=1):  # warmed up on request numbers no round uses
-                assert t.target.base is not None
-                roles.prime(t.target.base, load, start=n * stretch)
-                warm = 1 if args.smoke else 3
-                wrk.run(
-                    t.target.url,
-                    load.path,
-                    conns=args.conns,
-                    duration_s=warm,
-                    start=n * stretch,
-                    headers=CLIENT_HEADERS,
-                )
+                roles.warm_up(t.target, load, conns=args.conns, start=n * stretch, seconds=1 if args.smoke else 3)
             run = len(timed)
             for r in range(rounds):
                 for t in timed if r % 2 == 0 else timed[::-1]:

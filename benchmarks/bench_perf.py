@@ -158,15 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 if s.target.reason or s.target.base is None:
                     print(f"{s.target.name} unavailable: {s.target.reason}", file=sys.stderr)
                     return 1
-                roles.prime(s.target.base, load, start=n * stretch)
-                wrk.run(
-                    s.target.url,
-                    load.path,
-                    conns=args.conns,
-                    duration_s=1 if args.smoke else 3,
-                    start=n * stretch,
-                    headers=CLIENT_HEADERS,
-                )
+                roles.warm_up(s.target, load, conns=args.conns, start=n * stretch, seconds=1 if args.smoke else 3)
             run = len(sampled)
             for r in range(rounds):
                 for s in sampled if r % 2 == 0 else sampled[::-1]:

@@ -17,7 +17,8 @@ from collections import Counter
 
 import httpx
 
-from benchmarks.overhead.targets import CHAT, CLIENT_HEADERS
+from benchmarks.overhead import wrk
+from benchmarks.overhead.targets import CHAT, CLIENT_HEADERS, Target
 from benchmarks.overhead.workloads import Workload
 
 _REQUESTS = re.compile(r"^prefixpin_requests_total\{([^}]*)\} (\S+)$", re.M)
@@ -44,6 +45,22 @@ def prime(base: str, workload: Workload, *, start: int) -> None:
     of its own, and those lineages would share every link from then on (the store
     walks for them): a race of the run's first second, not of an agent's traffic."""
     sample(base, workload, start=start, count=len(workload.templates))
+
+
+def warm_up(target: Target, workload: Workload, *, conns: int, start: int, seconds: int) -> None:
+    """Each session's first request alone (:func:`prime`), then ``seconds`` of wrk at
+    ``conns`` connections, from request number ``start`` on (numbers no measured run
+    uses, so every measured request continues a session warmed here or started anew)."""
+    assert target.base is not None
+    prime(target.base, workload, start=start)
+    wrk.run(
+        target.url,
+        workload.path,
+        conns=conns,
+        duration_s=seconds,
+        start=start,
+        headers={**CLIENT_HEADERS, **target.headers},
+    )
 
 
 def counted(base: str) -> Counter[str] | None:
