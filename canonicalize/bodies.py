@@ -198,8 +198,8 @@ class Bodies:
     def _replace(self, old: Kept, body: Kept, marks: tuple[Mark, ...]) -> None:
         """``body``, found by ``marks``, remembered in the place of ``old``, which it
         continues (what :meth:`_forget` then :meth:`_remember` would do, in fewer
-        steps: where both have a mark and ``old`` is first in its bucket, ``body`` takes
-        that place)."""
+        steps: in the bucket of a mark both have, ``body`` replaces ``old`` and is
+        first)."""
         body.scope, body.marks, was = old.scope, list(marks), old.marks
         old.marks = []
         del self._all[old]
@@ -208,27 +208,21 @@ class Bodies:
         del recent[old]
         recent[body] = None
         index = self._index
-        if was == body.marks:  # (as a rule) first in each of its buckets, where old was
-            for mark in was:
-                bucket = index[mark]
+        for mark in was:
+            bucket = index[mark]
+            if mark in marks:  # (as a rule, every one) body first in it, where old was
                 if bucket[0] is old:
                     bucket[0] = body
                 else:
                     bucket.remove(old)
                     bucket.insert(0, body)
-        else:
-            for mark in was:
-                bucket = index[mark]
-                if mark in marks and bucket[0] is old:
-                    bucket[0] = body
-                    continue
-                bucket.remove(old)
-                if not bucket:
-                    del index[mark]
-            for mark in marks:
-                first = index.get(mark)
-                if not first or first[0] is not body:
-                    self._mark(body, mark)
+                continue
+            bucket.remove(old)
+            if not bucket:
+                del index[mark]
+        for mark in marks:
+            if mark not in was:
+                self._mark(body, mark)
         self._bytes += len(body.raw) - len(old.raw)
         self._trim()
 
