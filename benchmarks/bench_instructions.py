@@ -2,7 +2,7 @@
 
     python3 -m benchmarks.bench_instructions                        # body and mix, this tree (~3 min)
     python3 -m benchmarks.bench_instructions --compare-ref f56259b  # and revision REF, side by side
-    python3 -m benchmarks.bench_instructions --smoke                # a few seconds each: proves it works
+    python3 -m benchmarks.bench_instructions --smoke                # 2 connections, a few seconds: proves it works
     python3 -m benchmarks.bench_instructions --workloads body      # one workload
     python3 -m benchmarks.bench_instructions --json
     python3 -m benchmarks.bench_instructions --branches             # and mispredicted branches (slower)
@@ -54,6 +54,9 @@ from benchmarks.overhead.targets import CLIENT_HEADERS
 from tests.infra.procs import REPO, Proc, free_port, prefixpin_argv
 
 CONNS = 16
+# --smoke: few enough connections that requests complete in its few seconds under callgrind
+# on a slow host (16 in flight at ~100x slower each may leave none done in 2 s).
+SMOKE_CONNS, SMOKE_S = 2, 4
 WARM_S = 10
 SECONDS = 20
 # --caches: callgrind's two levels as size,ways,line (module docstring).
@@ -76,9 +79,10 @@ def measure(
     only: tuple[str, ...],
     branches: bool = False,
     caches: bool = False,
+    conns: int = CONNS,
 ) -> dict[str, Any]:
     """One target: instructions (and with ``branches`` mispredicted branches) per request
-    on each workload (its own process per workload)."""
+    on each workload (its own process per workload), ``conns`` connections."""
     out: dict[str, Any] = {}
     for wl in (workloads.named(work, "body"), workloads.named(work, "mix")):
         if wl.name not in only:
@@ -99,10 +103,10 @@ def measure(
             proc.wait_http(base + "/healthz", timeout=300)
             url = base + "/v1/chat/completions"
             roles.prime(base, wl, start=0)  # each session's first request alone, as an agent sends it
-            wrk.run(url, wl.path, conns=CONNS, duration_s=warm, timeout_s=30, headers=CLIENT_HEADERS)
+            wrk.run(url, wl.path, conns=conns, duration_s=warm, timeout_s=30, headers=CLIENT_HEADERS)
             _control("-z", proc)
             load = wrk.run(
-                url, wl.path, conns=CONNS, duration_s=seconds, start=10**6, timeout_s=30, headers=CLIENT_HEADERS
+                url, wl.path, conns=conns, duration_s=seconds, start=10**6, timeout_s=30, headers=CLIENT_HEADERS
             )
             _control("-d", proc)
             events = _totals(dump)
@@ -154,7 +158,8 @@ def main() -> None:
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
-    seconds, warm = (2, 2) if args.smoke else (args.seconds, WARM_S)
+    seconds, warm = (SMOKE_S, 2) if args.smoke else (args.seconds, WARM_S)
+    conns = SMOKE_CONNS if args.smoke else CONNS
     only = tuple(w.strip() for w in args.workloads.split(","))
     if not only or not set(only) <= {"body", "mix"}:
         raise SystemExit(f"--workloads: body, mix or both, not {args.workloads!r}")
@@ -166,7 +171,7 @@ def main() -> None:
         try:
             runs = {
                 "prefixpin": measure(
-                    "prefixpin", None, base, work, logs, seconds, warm, only, args.branches, args.caches
+                    "prefixpin", None, base, work, logs, seconds, warm, only, args.branches, args.caches, conns
                 )
             }
             if args.compare_ref:
@@ -182,14 +187,15 @@ def main() -> None:
                     only,
                     args.branches,
                     args.caches,
+                    conns,
                 )
         finally:
             up.stop()
     if args.json:
-        print(json.dumps({"connections": CONNS, "seconds": seconds, "runs": runs}, indent=2))
+        print(json.dumps({"connections": conns, "seconds": seconds, "runs": runs}, indent=2))
         return
     _table(
-        f"Instructions per proxied request (callgrind; wrk, {CONNS} connections, {seconds} s per workload):",
+        f"Instructions per proxied request (callgrind; wrk, {conns} connections, {seconds} s per workload):",
         runs,
         "instructions_per_request",
         1e6,
