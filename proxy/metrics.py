@@ -38,6 +38,7 @@ FAIL_OPEN_STAGES = (
     "record",
     "provider_cache",
     "response",
+    "decode",
     "trace",
 )
 UPSTREAM_ERROR_KINDS = (
@@ -47,7 +48,9 @@ UPSTREAM_ERROR_KINDS = (
     "tls",
     "proxy",
     "protocol",
+    "encoding",
     "stream_cut",
+    "other",
     "http_4xx",
     "http_5xx",
 )
