@@ -39,6 +39,7 @@ FAIL_OPEN_STAGES = (
     "provider_cache",
     "response",
     "decode",
+    "counting",
     "trace",
 )
 UPSTREAM_ERROR_KINDS = (

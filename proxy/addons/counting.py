@@ -11,26 +11,50 @@ client's next request at one connection, and under load it runs in batches
 waits until everything queued before it is counted (:meth:`flushed`); shutdown
 counts what is left (:meth:`close`).  A request's duration ends with its
 response, not with its counting (``Answer.ended``).
+
+The queue is bounded (``MAX_PENDING`` flows, each holding its request's body and
+parse until counted).  The task takes the whole queue at each wake-up, so it holds
+what ended within ``DRAIN_S`` (a few flows at thousands of requests per second);
+only a counting hook that waits (a hook may return what to await) can hold it
+longer.  A flow that finds the queue full is not counted: ``dropped`` is called
+(``prefixpin_fail_open_total{stage="counting"}``), a warning logged now and then,
+and its response is what it was.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.flow import Flow
 
+log = logging.getLogger("prefixpin")
+
 DRAIN_S = 0.005  # the longest the counting waits when no request goes upstream alone first
+MAX_PENDING = 1024  # flows queued at most (module docstring)
+WARN_EVERY_S = 60.0  # a full queue's warning, at most this often
 
 
 class Counting:
     """One queue, one task (module docstring).  ``run(hooks, flow)`` runs the hooks, each
     failing open."""
 
-    def __init__(self, hooks: tuple[Any, ...], run: Callable[[tuple[Any, ...], Flow], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        hooks: tuple[Any, ...],
+        run: Callable[[tuple[Any, ...], Flow], Awaitable[None]],
+        dropped: Callable[[], None] = lambda: None,
+        *,
+        max_pending: int = MAX_PENDING,
+    ) -> None:
         self.hooks = hooks
         self._run = run
+        self._dropped = dropped
+        self.max_pending = max_pending
+        self._warned = float("-inf")
         self.pending: list[Flow] = []
         self._go: asyncio.Future[None] | None = None  # set to wake the task
         self._timer: asyncio.TimerHandle | None = None
@@ -42,9 +66,24 @@ class Counting:
         """Queue ``flow``'s counting."""
         if not self.hooks:
             return
+        if len(self.pending) >= self.max_pending:
+            self._drop()
+            return
         self.pending.append(flow)
         if self._timer is None:  # (the loop looked up once per batch: each lookup is a getpid() call)
             self._timer = self._here().call_later(DRAIN_S, self.kick)
+
+    def _drop(self) -> None:
+        """A flow not counted: the queue is full (a counting hook waits)."""
+        self._dropped()
+        now = time.monotonic()
+        if now - self._warned >= WARN_EVERY_S:
+            self._warned = now
+            log.warning(
+                "the counting queue is full (%d responses wait behind a counting hook): "
+                'a response is served but not counted (prefixpin_fail_open_total{stage="counting"})',
+                len(self.pending),
+            )
 
     def kick(self) -> None:
         """A good moment to count: now (the task runs at the loop's next turn)."""
@@ -114,4 +153,4 @@ class Counting:
             await run(hooks, pending.pop())
 
 
-__all__ = ["DRAIN_S", "Counting"]
+__all__ = ["DRAIN_S", "MAX_PENDING", "Counting"]

@@ -72,7 +72,8 @@ class Runner:
         done = tuple(a for a in addons if isinstance(a, DoneHook))
         self._before = tuple(a for a in done if a.when == "before_last_byte")
         self._after = tuple(a for a in done if a.when == "after_last_byte")
-        self.counting = Counting(tuple(a for a in done if a.when == "counted"), self.done)
+        counted = tuple(a for a in done if a.when == "counted")
+        self.counting = Counting(counted, self.done, metrics.fail_open.labels("counting").inc)
 
     @property
     def before_last_hooks(self) -> bool:

@@ -176,3 +176,43 @@ def test_a_request_going_upstream_kicks_the_counting_only_when_no_other_waits_on
         loop_of[0].call_soon_threadsafe(gate[0].set)
         first.join(30)
     assert kicks == [0]  # the first request's, before its upstream was called; not the second's
+
+
+def test_the_counting_queue_is_bounded_and_a_flow_past_it_is_counted_as_dropped(caplog: Any) -> None:
+    """A counting hook that waits holds the queue: past ``max_pending`` a flow's counting
+    is dropped (counted, warned once), the queue keeps what it held, and every flow it
+    held is counted once the hook goes on."""
+    from prometheus_client import generate_latest
+
+    log: list[tuple[str, int]] = []
+    gate = asyncio.Event()
+
+    class Waits(_Hook):
+        async def done(self, flow: Flow) -> None:
+            await gate.wait()
+            await super().done(flow)
+
+    metrics = Metrics(["m"], 4)
+    runner = Runner((Waits("measure", log, when="counted"),), metrics)  # type: ignore[arg-type]
+    runner.counting.max_pending = 8
+
+    async def go() -> None:
+        await runner.after_last(_flow(0))
+        runner.counting.kick()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the task took flow 0 and waits in its hook
+        assert not runner.counting.pending
+        for n in range(1, 12):
+            await runner.after_last(_flow(n))
+        assert [int(f.inbound.query) for f in runner.counting.pending] == list(range(1, 9))
+        gate.set()
+        await runner.counting.flushed()
+        assert log == [("measure", n) for n in range(9)]
+        await runner.counting.close()
+
+    with caplog.at_level("WARNING", logger="prefixpin"):
+        asyncio.run(go())
+    text = generate_latest(metrics.registry).decode()
+    assert 'prefixpin_fail_open_total{stage="counting"} 3.0' in text
+    warned = [r for r in caplog.records if "counting queue is full" in r.getMessage()]
+    assert len(warned) == 1, warned
