@@ -460,8 +460,11 @@ def _restore(texts: Texts, prep: Prepared, recorded: dict[str, str]) -> list[str
     and get the same text object back, whose UTF-8 and fingerprint are known."""
     changed: list[str] = []
     n = len(prep.system_slots)
+    by_slot: dict[int, list[pins.Span]] = {}
+    for span in prep.spans:
+        by_slot.setdefault(span.slot, []).append(span)
     for i, slot in enumerate(prep.system_slots):
-        mine = [s for s in prep.spans if s.slot == i]
+        mine = by_slot.get(i)
         if not mine:
             continue
         values = tuple([recorded.get(s.key) for s in mine])

@@ -155,6 +155,11 @@ class JsonDoc:
         self._escapes: list[tuple[int, str]] | None = None
         self._escape_scan: tuple[int, int] | None = None  # (from, last "\u00" at or after it, or -1)
         self._quick: dict[Path, tuple[int, int]] = {}  # spans found by _quick_span
+        # The items' starts of each array _quick_span stepped into (by the array's start), as
+        # far as it went: the next lookup in it goes on from there, so looking up each item
+        # of an array in turn (a record's system part, a list of edits) is one pass, not n.
+        self._walked: dict[int, list[int]] = {}
+        self._absent: dict[str, int] = {}  # key -> a position after which no "key" occurs (proven)
         # The span of each item of the top-level array named here, known from elsewhere
         # (canonicalize.bodies): a path into an item is looked up in that item's bytes alone.
         self.known_items: tuple[str, list[tuple[int, int]]] | None = None
@@ -289,15 +294,18 @@ class JsonDoc:
             else:
                 if raw[start] != 0x5B or step < 0:
                     return None
-                i = _skip(_WS, raw, start + 1)
-                if i >= len(raw) or raw[i] == 0x5D:
-                    return None
-                for _ in range(step):
-                    m = _NEXT_ITEM.match(raw, self._value_end(i))
+                walked = self._walked.get(start)
+                if walked is None:
+                    i = _skip(_WS, raw, start + 1)
+                    if i >= len(raw) or raw[i] == 0x5D:
+                        return None
+                    walked = self._walked[start] = [i]
+                while len(walked) <= step:
+                    m = _NEXT_ITEM.match(raw, self._value_end(walked[-1]))
                     if m is None:
                         return None
-                    i = m.end()
-                start, end = i, -1
+                    walked.append(m.end())
+                start, end = walked[step], -1
         if end < 0:
             end = self._value_end(start)
         if not self._absent_after(key, max(end, reach)):
@@ -598,13 +606,20 @@ class JsonDoc:
         """
         if not key.isascii():
             return False
+        proven = self._absent.get(key)
+        if proven is not None and pos >= proven:
+            return True  # (absent after an earlier position: after this one too)
         raw = self.raw
         needle = orjson.dumps(key)
         if near and raw.find(needle, pos, pos + _NEAR) >= 0:
             return False
         if self._occurs(needle, pos) or ("/" in key and raw.rfind(b"\\/", pos) >= 0):
             return False
-        return not self._escaped_after(key, pos)
+        if self._escaped_after(key, pos):
+            return False
+        if proven is None or pos < proven:
+            self._absent[key] = pos
+        return True
 
     def _occurs(self, needle: bytes, pos: int) -> bool:
         """Whether ``needle`` (a quoted key) occurs at or after ``pos``.
@@ -869,8 +884,7 @@ class Edits:
         ranges: the later wins); inside an earlier edit's range, or overlapping one
         partially, it raises :class:`EditConflict`.  Insertions at one point keep their order.
         """
-        edits = self._edits + self._member_edits()
-        kept = [e for e in edits if not any(f.seq > e.seq and _inside(e, f) for f in edits)]
+        kept = _outermost(self._edits + self._member_edits())
         kept.sort(key=lambda e: (e.start, e.end, e.seq))
         raw = memoryview(self.doc.raw)  # slices of a view: the unchanged bytes are copied once, by join
         out: list[bytes | memoryview] = []
@@ -884,6 +898,27 @@ class Edits:
             pos = e.end
         out.append(raw[pos:])
         return b"".join(out)
+
+
+def _outermost(edits: list[_Edit]) -> list[_Edit]:
+    """``edits`` but those lying inside a later one's range (:meth:`Edits.apply`).
+
+    An edit inside another starts where that one starts or after, and before it ends
+    (:func:`_inside`), so with the edits sorted by start (the longer first) it lies
+    in a run of edits each starting before the run's furthest end: each edit is
+    compared only with the others of its run, not with every edit (a body with
+    thousands of edits, none overlapping, is one pass)."""
+    kept: list[_Edit] = []
+    run: list[_Edit] = []
+    reach = 0
+    for e in sorted(edits, key=lambda e: (e.start, -e.end)):
+        if run and e.start >= reach:
+            kept += [a for a in run if not any(b.seq > a.seq and _inside(a, b) for b in run)]
+            run = []
+        reach = max(reach, e.end) if run else e.end
+        run.append(e)
+    kept += [a for a in run if not any(b.seq > a.seq and _inside(a, b) for b in run)]
+    return kept
 
 
 def _inside(e: _Edit, f: _Edit) -> bool:

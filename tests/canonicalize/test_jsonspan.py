@@ -697,3 +697,85 @@ def test_moved_spans_are_found_in_the_origin() -> None:
     assert found.span(("stream_options",)) == _exact(forwarded, ("stream_options",))
     other = forwarded.replace(b'"m"', b'"n"')  # a byte outside the strings: no proof
     assert moved(doc, other, [doc.span(edit.path)]) is None  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_lookups_on_one_document_in_any_order_agree_with_the_exact_path(seed: int) -> None:
+    """One document answers many lookups (the array walks and the proofs it keeps are
+    reused): in any order, each is the exact path's answer."""
+    rng = random.Random(seed)
+    raw = _chat_body(rng)
+    value = orjson.loads(raw)
+    n = len(value["messages"]) if isinstance(value, dict) and isinstance(value.get("messages"), list) else 3
+    paths = (
+        _chat_paths(rng, value)
+        + [("messages", i) for i in range(n + 1)]
+        + [("messages", i, "content") for i in range(n)]
+    )
+    rng.shuffle(paths)
+    doc = JsonDoc(raw)
+    for path in paths:
+        assert doc.span(path) == _exact(raw, path), path
+
+
+def test_looking_up_each_item_of_an_array_in_turn_is_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record's system part of n system messages, or n edits, looks up n items: each
+    lookup goes on from the last item reached, so the values stepped over grow with n,
+    not n squared (4,000 system messages took seconds on the event loop)."""
+    stepped = 0
+    real = JsonDoc._value_end
+
+    def counted(self: JsonDoc, start: int) -> int:
+        nonlocal stepped
+        stepped += 1
+        return real(self, start)
+
+    monkeypatch.setattr(JsonDoc, "_value_end", counted)
+    for n in (100, 1000):
+        msgs = [{"role": "system", "content": f"rule {i}"} for i in range(n)] + [{"role": "user", "content": "hi"}]
+        raw = orjson.dumps({"model": "m", "messages": msgs, "tools": []})
+        doc, stepped = JsonDoc(raw), 0
+        spans = [doc.span(("messages", i)) for i in range(n)]
+        assert stepped <= 4 * n, (n, stepped)  # (before: ~n * n / 2)
+        assert spans == [_exact(raw, ("messages", i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_edits_inside_later_ones_are_dropped_as_one_comparison_of_all_pairs_would(seed: int) -> None:
+    """``apply`` compares an edit only with those its range can lie in: the same edits
+    kept as comparing every pair keeps them."""
+    from canonicalize.jsonspan import _Edit, _inside, _outermost
+
+    rng = random.Random(seed)
+    edits = []
+    for seq in range(rng.randrange(1, 40)):
+        start = rng.randrange(0, 60)
+        end = start + rng.choice((0, 0, 1, 2, 5, 20))
+        edits.append(_Edit(start, end, b"x", seq))
+    rng.shuffle(edits)
+    naive = [e for e in edits if not any(f.seq > e.seq and _inside(e, f) for f in edits)]
+    assert sorted(_outermost(edits)) == sorted(naive)
+
+
+def test_thousands_of_separate_edits_are_not_compared_pair_by_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pinned value restored in each of 2,000 system messages: 2,000 edits, none inside
+    another, so none is compared with another (it took seconds pair by pair)."""
+    import canonicalize.jsonspan as jsonspan
+
+    compared = 0
+    real = jsonspan._inside
+
+    def counted(e: Any, f: Any) -> bool:
+        nonlocal compared
+        compared += 1
+        return real(e, f)
+
+    monkeypatch.setattr(jsonspan, "_inside", counted)
+    msgs = [{"role": "system", "content": f"checked at 10:0{i % 10}"} for i in range(2000)]
+    raw = orjson.dumps({"model": "m", "messages": msgs})
+    edits = Edits(JsonDoc(raw))
+    for i in range(2000):
+        edits.replace_string(("messages", i, "content"), "checked at 10:00")
+    out = edits.apply()
+    assert compared == 0
+    assert orjson.loads(out)["messages"] == [{"role": "system", "content": "checked at 10:00"}] * 2000
