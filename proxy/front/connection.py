@@ -13,6 +13,9 @@ What the connection refuses, each with a response that says why and a close:
 - bytes that are not HTTP/1.1 (400): every request-smuggling framing llhttp
   refuses (``content-length`` with ``transfer-encoding``, two lengths, obs-fold,
   bare LF, ...);
+- more than ``MAX_WAITING`` requests pipelined behind the one being served
+  (503; the ones before it are answered): each waits parsed, and one read of
+  small requests would otherwise hold thousands;
 - a request target that is not a path (400, and one log line): ``CONNECT
   host:port``, ``*``, an absolute-form URL that does not parse (``http://a:b:c/``,
   ``http://[::1/x``, a port past 65535).  An absolute-form URL that parses is
@@ -45,6 +48,8 @@ from proxy.responses import refusal
 
 log = logging.getLogger("prefixpin")
 access_log = logging.getLogger("prefixpin.access")
+
+MAX_WAITING = 64  # requests pipelined on one connection, parsed, waiting their turn (module docstring)
 
 
 class Host(Protocol):
@@ -230,6 +235,8 @@ class Connection(asyncio.BufferedProtocol):
     # -- httptools callbacks ----------------------------------------------------------
     def on_message_begin(self) -> None:
         if self.reframing is None:
+            if len(self.queue) >= MAX_WAITING:
+                raise _Refused(self._too_many_waiting)
             self.incoming = req = _Request()
             req.first = self.read_start
 
@@ -425,6 +432,13 @@ class Connection(asyncio.BufferedProtocol):
 
     def _bad_framing(self) -> None:
         self.refuse(400, "invalid_request", "only transfer-encoding: chunked is accepted, once")
+
+    def _too_many_waiting(self) -> None:
+        self.refuse(
+            503,
+            "too_many_pipelined_requests",
+            f"over {MAX_WAITING} requests are pipelined on this connection: send the rest once these are answered",
+        )
 
     def _body_too_large(self) -> None:
         self.refuse(

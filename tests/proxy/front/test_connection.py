@@ -133,6 +133,24 @@ def test_pipelined_requests_are_answered_in_order_even_to_a_slow_reader(app: Ech
     ]
 
 
+def test_requests_pipelined_past_the_bound_are_refused_after_the_ones_before(app: Echo, port: int) -> None:
+    """Each pipelined request waits parsed: one read of small requests would hold
+    thousands.  The first ``MAX_WAITING`` are answered, the next gets a 503, and the
+    connection closes."""
+    from proxy.front.connection import MAX_WAITING
+
+    get = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n"
+    with _connect(port) as sock:
+        sock.sendall(get * (MAX_WAITING + 40))
+        buf = bytearray()
+        replies = [read_response(sock, buf) for _ in range(MAX_WAITING + 1)]
+        assert closed(sock)
+    assert all(head.startswith(b"HTTP/1.1 200") for head, _ in replies[:MAX_WAITING])
+    head, body = replies[MAX_WAITING]
+    assert head.startswith(b"HTTP/1.1 503") and b"too_many_pipelined_requests" in body
+    assert len(app.seen) == MAX_WAITING
+
+
 def test_trailer_fields_never_become_headers(app: Echo, port: int) -> None:
     raw = (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ntrailer: x-injected\r\n\r\n"
