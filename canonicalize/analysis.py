@@ -103,7 +103,7 @@ def prepare(
         kept.system = tuple(originals[s.path][1] for s in system_slots)
         kept.edited = {}  # (the old values it holds were for this analysis only)
     tool_slots = _static_pass(rules, body, exchange, rewrites, originals)
-    tool_list, tools = _tools(rules, memos, exchange, body, hold=kept is not None)
+    tool_list, tools = _tools(rules, memos, exchange, body, scope, hold=kept is not None)
     if tool_slots and rules.pin_tools:
         spans += _tool_spans(rules, tool_slots, len(system_slots), originals)
     links, sizes = _chain(memos.histories, exchange, body, history, tip, scope, kept)
@@ -135,14 +135,14 @@ def prepare(
 
 
 def _tools(
-    rules: RuleSet, memos: Memos, exchange: Exchange, body: dict[str, Any], *, hold: bool
+    rules: RuleSet, memos: Memos, exchange: Exchange, body: dict[str, Any], scope: str, *, hold: bool
 ) -> tuple[list[Any] | None, ToolsId | None]:
-    """The body's tools[] and its identity (None: no tools[]); ``hold``: the memo keeps
-    it for the conversation's next body."""
+    """The body's tools[] and its identity (None: no tools[]), remembered for ``scope``;
+    ``hold``: the memo keeps it for the conversation's next body."""
     tool_list = exchange.tools(body)
     if not tool_list:
         return tool_list, None
-    return tool_list, memos.tools.identify(exchange, tool_list, hold=hold, shared=not rules.edits_tools)
+    return tool_list, memos.tools.identify(exchange, tool_list, hold=hold, shared=not rules.edits_tools, scope=scope)
 
 
 def _signals(

@@ -16,9 +16,9 @@ memo           remembers                                             bound
 ``bodies``     the newest body of each conversation in flight and   512 bodies, 256 per tenant, 16 MiB of
                its parse, to parse the next one by pieces           bodies, 4 per lead item
                (:mod:`canonicalize.bodies`)
-``tools``      the :class:`~canonicalize.identity.ToolsId` of a      256 lists by their bytes, 256 lists held
-               tools[] by its bytes, and by the identity of a kept   by identity
-               body's list (:class:`ToolIds`)
+``tools``      the :class:`~canonicalize.identity.ToolsId` of a      256 lists and 16 MiB by their bytes,
+               tools[] by its bytes, and by the identity of a kept   256 lists and 16 MiB (their bytes)
+               body's list (:class:`ToolIds`)                        held by identity
 =============  ====================================================  =========================================
 
 The memos are the core's long-lived state: one :class:`Memos` per canonicalizer,
@@ -53,51 +53,62 @@ from canonicalize.texts import Texts
 from canonicalize.wire.base import Exchange
 
 TOOL_LISTS = 256  # tool lists whose identity is remembered by their bytes, and lists held by identity
+TOOL_BYTES = 16 * 2**20  # the bytes of the lists remembered, and of those held (a list over an eighth: neither)
 
 
 class ToolIds:
     """The bounded memo of tool lists' identities (see the module docstring)."""
 
-    def __init__(self, *, max_entries: int = TOOL_LISTS, enabled: bool = True) -> None:
+    def __init__(self, *, max_entries: int = TOOL_LISTS, max_bytes: int = TOOL_BYTES, enabled: bool = True) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.enabled = enabled
-        # Keyed by the wire API and the digest (cheap to hash), verified against the bytes
-        # (a digest collision is a miss, never another list's meaning).
-        self._by_form: OrderedDict[tuple[str, str], tuple[bytes, ToolsId]] = OrderedDict()
+        # Keyed by the tenant, the wire API and the digest (cheap to hash), verified against
+        # the bytes (a digest collision is a miss, never another list's meaning).
+        self._by_form: OrderedDict[tuple[str, str, str], tuple[bytes, ToolsId]] = OrderedDict()
+        self._form_bytes = 0
         # By id(): kept bodies' lists, which no rule writes to; the entry holds the list,
-        # so the id stays its own (oldest popped in O(1)).
-        self._held: OrderedDict[int, tuple[list[Any], str, ToolsId]] = OrderedDict()
+        # so the id stays its own (oldest popped in O(1)), and its bytes' length.
+        self._held: OrderedDict[int, tuple[list[Any], str, str, ToolsId, int]] = OrderedDict()
+        self._held_bytes = 0
         self._lock = threading.Lock()
 
-    def identify(self, exchange: Exchange, tool_list: list[Any], *, hold: bool, shared: bool) -> ToolsId | None:
+    def identify(
+        self, exchange: Exchange, tool_list: list[Any], *, hold: bool, shared: bool, scope: str = ""
+    ) -> ToolsId | None:
         """What identifies ``tool_list`` (None: it cannot be hashed, see
-        :func:`~canonicalize.identity.tools_form`).  ``shared``: no rule writes to the
-        lists of kept bodies, so a list held before is answered by its identity.
-        ``hold``: the list is a kept body's, which the session's next body may share."""
+        :func:`~canonicalize.identity.tools_form`), remembered for ``scope`` (the tenant)
+        only.  ``shared``: no rule writes to the lists of kept bodies, so a list held
+        before is answered by its identity.  ``hold``: the list is a kept body's, which
+        the session's next body may share."""
         if shared and self.enabled:
             with self._lock:
                 held = self._held.get(id(tool_list))
-            if held is not None and held[0] is tool_list and held[1] == exchange.name:
-                return held[2]
+            if held is not None and held[0] is tool_list and held[1] == exchange.name and held[2] == scope:
+                return held[3]
         form = tools_form(tool_list)
         if form is None:
             return None
         ref = chain.digest(form)
-        key = (exchange.name, ref)
+        key = (scope, exchange.name, ref)
         found = self._find(key, form)
         if found is None:
             found = identify_tools(exchange, tool_list, form, ref)
             self._remember(key, form, found)
-        if hold and shared and self.enabled:
+        if hold and shared and self.enabled and len(form) <= self.max_bytes // 8:
             # Only a kept body's list: any other is never seen again, and holding it would
             # only move the freeing of its parse to a later request, its memory gone cold.
             with self._lock:
-                self._held[id(tool_list)] = (tool_list, exchange.name, found)
-                if len(self._held) > self.max_entries:
-                    self._held.popitem(last=False)
+                old = self._held.pop(id(tool_list), None)
+                if old is not None:
+                    self._held_bytes -= old[4]
+                self._held[id(tool_list)] = (tool_list, exchange.name, scope, found, len(form))
+                self._held_bytes += len(form)
+                while len(self._held) > self.max_entries or self._held_bytes > self.max_bytes:
+                    self._held_bytes -= self._held.popitem(last=False)[1][4]
         return found  # frozen: the same object serves every request that sends these bytes
 
-    def _find(self, key: tuple[str, str], form: bytes) -> ToolsId | None:
+    def _find(self, key: tuple[str, str, str], form: bytes) -> ToolsId | None:
         if not self.enabled:
             return None
         with self._lock:
@@ -107,13 +118,22 @@ class ToolIds:
             self._by_form.move_to_end(key)
             return hit[1]
 
-    def _remember(self, key: tuple[str, str], form: bytes, found: ToolsId) -> None:
-        if not self.enabled:
-            return
+    def _remember(self, key: tuple[str, str, str], form: bytes, found: ToolsId) -> None:
+        if not self.enabled or len(form) > self.max_bytes // 8:
+            return  # (a list this big is remembered by nothing: it would push out the others)
         with self._lock:
+            old = self._by_form.pop(key, None)
+            if old is not None:
+                self._form_bytes -= len(old[0])
             self._by_form[key] = (form, found)
-            if len(self._by_form) > self.max_entries:
-                self._by_form.popitem(last=False)
+            self._form_bytes += len(form)
+            while len(self._by_form) > self.max_entries or self._form_bytes > self.max_bytes:
+                self._form_bytes -= len(self._by_form.popitem(last=False)[1][0])
+
+    @property
+    def size(self) -> int:
+        """Bytes of the lists remembered and held."""
+        return self._form_bytes + self._held_bytes
 
 
 @dataclass(frozen=True, slots=True)

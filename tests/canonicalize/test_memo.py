@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from canonicalize import CHAT, MESSAGES, RESPONSES, Fingerprint, Settings, compile_rule, identity, pieces, strpiece
-from canonicalize.memo import Memos
+from canonicalize.memo import Memos, ToolIds
 from canonicalize.pipeline import Canonicalizer
 from canonicalize.texts import HEAD, TAIL, Texts
 from tests import hermes
@@ -137,6 +137,37 @@ def test_only_a_kept_bodys_tools_list_is_held_by_identity() -> None:
     held = canon.memos.tools.identify(CHAT, tools, hold=True, shared=True)
     assert held is first and sys.getrefcount(tools) == before + 1
     assert canon.memos.tools.identify(CHAT, tools, hold=False, shared=True) is first  # answered by identity now
+
+
+def _tool(name: str, pad: int = 0) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": "x" * pad, "parameters": {}}}
+
+
+def test_tool_lists_are_bounded_in_bytes_and_a_huge_one_is_not_remembered() -> None:
+    tools = ToolIds(max_entries=100, max_bytes=64 * 1024)
+    for i in range(40):  # ~4 KiB each: 160 KiB sent, 64 KiB kept
+        tools.identify(CHAT, [_tool(f"t{i}", 4000)], hold=True, shared=True, scope="a")
+        assert tools.size <= 2 * tools.max_bytes  # the lists by their bytes, and those held
+    huge = [_tool("huge", 9000)]  # over an eighth of the bound: neither remembered nor held
+    first = tools.identify(CHAT, huge, hold=True, shared=True, scope="a")
+    assert tools.identify(CHAT, huge, hold=True, shared=True, scope="a") is not first  # computed again
+    assert first == tools.identify(CHAT, huge, hold=False, shared=False, scope="a")
+    small = [_tool("small")]
+    kept = tools.identify(CHAT, small, hold=False, shared=False, scope="a")
+    assert tools.identify(CHAT, [_tool("small")], hold=False, shared=False, scope="a") is kept
+
+
+def test_one_tenants_tool_lists_are_never_found_by_another() -> None:
+    tools = ToolIds()
+    mine = tools.identify(CHAT, [_tool("read_file")], hold=False, shared=False, scope="a")
+    theirs = tools.identify(CHAT, [_tool("read_file")], hold=False, shared=False, scope="b")
+    assert theirs == mine and theirs is not mine  # the same answer, computed afresh
+    held = [_tool("write_file")]
+    tools.identify(CHAT, held, hold=True, shared=True, scope="a")
+    assert tools.identify(CHAT, held, hold=False, shared=True, scope="a") is not None
+    assert tools.identify(CHAT, held, hold=False, shared=True, scope="b") is not tools.identify(
+        CHAT, held, hold=False, shared=True, scope="a"
+    )
 
 
 def forgetful(settings: Settings | None = None) -> Harness:
