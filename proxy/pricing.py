@@ -94,8 +94,10 @@ class Pricing:
         self._lock = threading.Lock()
 
     def known(self, model: str) -> bool:
-        """True when :meth:`price` answers ``model`` without a lookup (no import, no scan)."""
-        return model in self._prices or model in self._looked_up
+        """True when :meth:`price` answers ``model`` without loading the cost map (an
+        import of LiteLLM and a read of its file): a configured model, or any once the
+        map is loaded (a lookup in it is a dict's)."""
+        return self._loaded or model in self._prices or model in self._looked_up
 
     def price(self, model: object) -> Price | None:
         if not isinstance(model, str) or not model:
@@ -110,13 +112,27 @@ class Pricing:
                 self._looked_up[model] = found
             return found
 
-    def _lookup(self, model: str) -> Price | None:
-        if not self._loaded:
-            self._loaded = True
+    @property
+    def loaded(self) -> bool:
+        """Is the cost map loaded (or known to be absent)?"""
+        return self._loaded
+
+    def load(self) -> None:
+        """Load the cost map now (it may import LiteLLM: a worker thread's job); after
+        it, :meth:`known` is true of every model."""
+        with self._lock:
+            self._load()
+
+    def _load(self) -> None:
+        if not self._loaded:  # (under the lock: loaded once; known() reads the flag once the map is set)
             self._map = self._load_map()
+            self._loaded = True
             if self._map is None:
                 # Said once, at DEBUG: without the litellm extra this is the normal case.
                 log.debug("litellm is not installed: models not in provider_cache.prices are not priced")
+
+    def _lookup(self, model: str) -> Price | None:
+        self._load()
         if self._map is None:
             return None
         entry = self._map.get(model)

@@ -72,6 +72,7 @@ RETENTION_MEMBERS = ("prompt_cache_retention", "prompt_cache_options")
 # Lineages whose stable prefix was said (at INFO) to be below the minimum: the newest kept.
 SAID_BELOW = 4096
 MINIMUMS_KEPT = 256  # models whose minimum is remembered (past it: forgotten, looked up again)
+UNPRICED_KEPT = 4096  # requests whose cost waits for the cost map's first load (past it: not counted)
 
 
 class ProviderCache:
@@ -90,6 +91,9 @@ class ProviderCache:
         self.min_tokens = st.min_token_map()
         self._minimums: dict[object, int | None] = {}  # per model name (bounded: MINIMUMS_KEPT)
         self._said: OrderedDict[str, None] = OrderedDict()  # lineages told below the minimum (bounded)
+        # Costs waiting for the cost map's first load (one load, off the event loop).
+        self._unpriced: list[tuple[str, str, Usage, int]] = []
+        self._loading = False
         self.said_bound = SAID_BELOW
         if st.anthropic_ttl != "5m" and st.anthropic_breakpoints != "auto":
             log.warning(
@@ -263,12 +267,28 @@ class ProviderCache:
         if self.pricing.known(model):
             self._count(label, self.pricing.price(model), usage, completion)
             return
+        if len(self._unpriced) >= UNPRICED_KEPT:
+            self.s.metrics.fail_open.labels(self.name).inc()  # (the load takes seconds, not this many requests)
+            return
+        self._unpriced.append((model, label, usage, completion))
+        if not self._loading:
+            self._loading = True
+            self.s.spawn(self._load())
 
-        async def later() -> None:  # the first lookup may import LiteLLM: off the event loop
-            price = await asyncio.to_thread(self.pricing.price, model)
-            self._count(label, price, usage, completion)
-
-        self.s.spawn(later())
+    async def _load(self) -> None:
+        """The cost map loaded on a worker thread (it may import LiteLLM); then the costs
+        that waited for it counted."""
+        try:
+            await asyncio.to_thread(self.pricing.load)
+        except Exception:
+            log.exception("LiteLLM's cost map could not be loaded: the costs waiting for it are not counted")
+        self._loading = False
+        waiting, self._unpriced = self._unpriced, []
+        if not self.pricing.loaded:
+            self.s.metrics.fail_open.labels(self.name).inc(len(waiting))
+            return
+        for model, label, usage, completion in waiting:
+            self._count(label, self.pricing.price(model), usage, completion)
 
     def _count(self, label: str, price: Price | None, usage: Usage, completion: int) -> None:
         if price is not None:

@@ -584,3 +584,49 @@ def test_the_minimums_remembered_per_model_are_bounded() -> None:
     for model in models + models:
         assert addon._least(model) == minimums.minimum(model, addon.min_tokens)
         assert len(addon._minimums) <= MINIMUMS_KEPT
+
+
+def test_costs_wait_for_one_load_of_the_cost_map_bounded_then_every_model_is_priced_at_once() -> None:
+    """The cost map's first load (LiteLLM imported: seconds) runs once, on a worker thread;
+    the costs of the requests meanwhile wait for it in a bounded list (past it: not
+    counted, a fail-open), and are counted once it is loaded; after it, every model,
+    known or not, is priced on the spot (no task, no thread per request)."""
+    import threading
+
+    from proxy.addons import provider_cache
+    from proxy.pricing import Pricing
+    from tests.infra.wait import wait_until
+
+    release, loads = threading.Event(), []
+
+    def cost_map() -> dict[str, Any]:
+        loads.append(1)
+        assert release.wait(30)
+        return {"gpt-x": {"input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}}
+
+    up = Upstream()
+    up.answers = [_chat_usage(1000) for _ in range(8)]
+    app = create_app(load(None, env={}), transport=httpx.MockTransport(up))
+    headers = {"authorization": "Bearer sk-cost"}
+    with TestClient(app) as client:
+        assert app.handler is not None
+        pc = next(a for a in app.handler.runner.addons if isinstance(a, ProviderCache))
+        pc.pricing = Pricing({}, cost_map=cost_map)
+        bound = provider_cache.UNPRICED_KEPT
+        provider_cache.UNPRICED_KEPT = 3
+        try:
+            for n in range(4):  # the 4th finds the list full
+                body = {"model": "gpt-x", "messages": [{"role": "user", "content": f"hi {n}"}]}
+                assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+            text = client.get("/metrics").text
+            assert len(pc._unpriced) == 3 and loads == [1]
+            assert _metric(text, 'prefixpin_fail_open_total{stage="provider_cache"}') == 1
+            release.set()
+            wait_until(lambda: not pc._unpriced and not pc._loading, timeout=10, message="the waiting costs counted")
+            body = {"model": "other", "messages": [{"role": "user", "content": "hi"}]}
+            assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+            text = client.get("/metrics").text
+        finally:
+            provider_cache.UNPRICED_KEPT = bound
+    assert loads == [1] and pc.pricing.known("any model at all")
+    assert _metric(text, 'prefixpin_cost_usd_total{model="gpt-x"}') == pytest.approx(3 * (1000 * 1 + 2) / 1e6)
