@@ -41,6 +41,7 @@ from canonicalize.texts import Texts
 from canonicalize.wire.base import Exchange, Slot
 
 _TIP = object()  # a previous response, standing first in a chain that starts from its tip
+SPAN_CHARS = 64  # what a pin span (or a slot's list of them) holds, in characters, for the texts memo's bound
 
 
 @dataclass(slots=True)
@@ -200,13 +201,13 @@ def _system_pass(
         res = derived.get("slot")
         if res is None:
             res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None, made)
-            res = texts.derive(entry, "slot", res, len(res.text) if res.text is not text else 0)
+            res = texts.derive(entry, "slot", res, _held(res, text))
         slot.set(texts.intern(scope, res.text))
         rewrites.extend(n for n in res.fired if n not in rewrites)
         found = derived.get(("spans", i))
         if found is None:
             found = tuple(pins.Span(r, i, s, e, k, v) for r, s, e, k, v in res.spans)
-            found = texts.derive(entry, ("spans", i), found)
+            found = texts.derive(entry, ("spans", i), found, SPAN_CHARS * (1 + len(found)))  # (one per slot index)
         spans += found
         masked_hashes.append(res.masked_hash)
         heads.append(res.head)
@@ -216,6 +217,12 @@ def _system_pass(
     if shape is None:
         shape = texts.derive(entry, "skeleton", _skeleton(masked_hashes, heads))
     return spans, *shape
+
+
+def _held(res: SystemText, text: str) -> int:
+    """What an analysis of ``text`` holds beyond it, in characters for the memo's bound: the
+    rewritten text (when it is another) and its spans (a key and a value each)."""
+    return (len(res.text) if res.text is not text else 0) + SPAN_CHARS * len(res.spans)
 
 
 def _analyse(
@@ -250,7 +257,7 @@ def shape_of(rules: RuleSet, texts: Texts, scope: str, system: Sequence[str]) ->
         res = entry.derived.get("slot")
         if res is None:
             res = scan(rules, text)
-            res = texts.derive(entry, "slot", res, len(res.text) if res.text is not text else 0)
+            res = texts.derive(entry, "slot", res, _held(res, text))
         masked_hashes.append(res.masked_hash)
         heads.append(res.head)
     return _skeleton(masked_hashes, heads)

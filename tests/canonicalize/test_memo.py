@@ -143,6 +143,27 @@ def _tool(name: str, pad: int = 0) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "description": "x" * pad, "parameters": {}}}
 
 
+def test_a_text_sent_in_thousands_of_slots_counts_what_it_holds_for_each() -> None:
+    """One system text in 2,000 blocks of a Messages body: its entry keeps the spans of
+    each slot, each counted in the memo's bound (not nothing), so the bound holds."""
+    from canonicalize.analysis import SPAN_CHARS
+
+    for texts in (Texts(), Texts(max_chars=100_000)):
+        h = Harness(memos=Memos(texts=texts))
+        for t in range(3):
+            body = {
+                "model": "claude-x",
+                "max_tokens": 8,
+                "system": [{"type": "text", "text": f"p{t}"} for _ in range(2000)],
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            h.send(body, exchange=MESSAGES)
+            assert texts.chars <= texts.max_chars
+            if texts.max_chars > 2000 * SPAN_CHARS:  # it stays: each slot's spans counted in it
+                entries = [e for bucket in texts._buckets.values() for e in bucket if e.text == f"p{t}"]
+                assert [e.extra >= 2000 * SPAN_CHARS for e in entries] == [True]
+
+
 def test_tool_lists_are_bounded_in_bytes_and_a_huge_one_is_not_remembered() -> None:
     tools = ToolIds(max_entries=100, max_bytes=64 * 1024)
     for i in range(40):  # ~4 KiB each: 160 KiB sent, 64 KiB kept
