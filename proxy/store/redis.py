@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import xxhash
@@ -71,6 +71,7 @@ from proxy.store.connect import Client, open_client
 from proxy.store.ready import check_writes
 
 REPORT_EVERY_S = 60  # an active conversation tells the tenant's index it is alive at least this often
+MAX_REPORTS = 1024  # reports to the tenants' indexes in flight at once (more: dropped, the next retells)
 
 
 class _Script:
@@ -257,7 +258,10 @@ class RedisStore:
         got = await self._call("tenant-wide read", self._redis.hmget(self._wide(tenant), fields))
         return [_markers(v) for v in got[: len(marks)]], [_evidence(v) for v in got[len(marks) :]]
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        if len(self._pending) >= MAX_REPORTS:  # Redis slower than the writes: the next report retells it
+            coro.close()
+            return
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -879,3 +879,29 @@ def test_memory_lookups_of_alone_lineages_answer_as_the_walk_does(seed: int) -> 
     assert not fast._alone and not fast._origins
     assert fast.walks < slow.walks * 0.7  # most lookups were an alone lineage's
     assert fast.walks > 0
+
+
+def test_reports_to_the_tenants_index_in_flight_are_bounded(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each record may send a report to its tenant's index after it returns; while Redis
+    is slower than the writes they would pile up, so past ``MAX_REPORTS`` in flight one
+    is dropped (the home's next report retells what it holds)."""
+    from proxy.store import redis as redis_store
+
+    monkeypatch.setattr(redis_store, "MAX_REPORTS", 2)
+
+    async def go() -> None:
+        store = RedisStore(redis_url, ttl_s=60, timeout_s=2)
+        most = 0
+        for n in range(20):  # each a new conversation: each reports
+            history = _chain(100 + n, 3)
+            await store.record("T", LineageRecord(id=lid(f"c{n}", "T", history[0])), history, {}, [])
+            most = max(most, len(store._pending))
+        assert 0 < most <= 2
+        await store.settle()
+        found = await store.lookup("T", _chain(119, 3), None)
+        assert found.depth == 3  # the records themselves are all there
+        await store.close()
+
+    run(go())
+    with redis.Redis.from_url(redis_url) as client:
+        client.flushdb()
