@@ -4,7 +4,9 @@ Most often ``upstream.url``'s path is wrong: with ``http://host:8080/v2`` every
 chat completion goes to ``/v2/v1/chat/completions``, which no server has.  The
 client gets the upstream's 404 as it came (upstream answers pass through
 verbatim); the operator gets a WARNING that names the upstream path, at most one
-per replica and path every ``every_s`` (with the count of those not logged).
+per replica and path every ``every_s`` (with the count of those not logged), and
+at most ``WARNINGS`` in all every ``every_s`` (paths that carry a name, such as a
+deployment's, are many).
 
 ``/readyz`` reports a replica whose wire routes never answered but with such a
 404 (:meth:`NotFound.missing`): it asks again (:meth:`Pool.health
@@ -30,6 +32,7 @@ log = logging.getLogger("prefixpin")
 
 EVERY_S = 60.0  # one warning per replica and path per minute
 MAX_PATHS = 256  # (replica, path) pairs remembered; a wire path may carry a deployment name
+WARNINGS = 8  # warnings in all per every_s, whatever the paths
 _MODEL = re.compile(rb"model", re.IGNORECASE)
 _READ = 4096  # bytes of the body looked at
 
@@ -49,6 +52,8 @@ class NotFound:
         self._seen: dict[tuple[int, str], _Seen] = {}
         self._missing: dict[int, str] = {}  # replica -> the client path it had no route for
         self._served: set[int] = set()  # replicas that answered a wire route with less than 400
+        self._window = (float("-inf"), 0)  # when the current every_s began, the warnings in it
+        self._held_back = 0  # 404s not warned of because of WARNINGS, told with the next warning
 
     def answered(self, replica: int, method: str, path: str, where: str, status: int, body: bytes) -> None:
         """Replica ``replica`` answered ``method path`` (sent to ``where``, the upstream
@@ -84,11 +89,21 @@ class NotFound:
         if seen is not None and now - seen.warned_at < self.every_s:
             seen.unlogged += 1
             return
+        began, warned = self._window
+        if now - began >= self.every_s:
+            began, warned = now, 0
+        if warned >= WARNINGS:
+            self._held_back += 1
+            return
+        self._window = (began, warned + 1)
         if len(self._seen) >= MAX_PATHS:
             self._seen.clear()
         unlogged = seen.unlogged if seen is not None else 0
         self._seen[(replica, path)] = _Seen(now)
         more = f" ({unlogged} more since the last warning)" if unlogged else ""
+        if self._held_back:
+            more += f" ({self._held_back} more on other paths not warned of)"
+            self._held_back = 0
         if about_model:
             hint = "its answer names a model: one the upstream does not serve?"
         else:

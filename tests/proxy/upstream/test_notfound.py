@@ -72,9 +72,10 @@ def test_found_clears_the_mark() -> None:
     assert nf.missing(0) is None
 
 
-def test_paths_remembered_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+def test_paths_remembered_are_bounded(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """At most MAX_PATHS (replica, path) pairs: past it they are forgotten (a forgotten
     path warns again), so a client inventing paths cannot grow the memory."""
+    monkeypatch.setattr("proxy.upstream.notfound.WARNINGS", 10**6)  # (the limit on all warnings: another test)
     nf = NotFound(clock=Clock())
     with caplog.at_level(logging.WARNING, logger="prefixpin"):
         nf.answered(0, "POST", PATH, WHERE, 404, b"")
@@ -84,3 +85,21 @@ def test_paths_remembered_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
             nf.answered(0, "POST", f"/openai/deployments/d{i}/chat/completions", WHERE, 404, b"")
         nf.answered(0, "POST", PATH, WHERE, 404, b"")
     assert len(_warnings(caplog)) == MAX_PATHS + 2
+
+
+def test_at_most_a_few_warnings_a_minute_whatever_the_paths(caplog: pytest.LogCaptureFixture) -> None:
+    """A path may carry a name (an Azure deployment's): a client cycling names gets past
+    the per-path limit, not past the limit on all warnings; the next warning counts them."""
+    from proxy.upstream.notfound import WARNINGS
+
+    clock = Clock()
+    nf = NotFound(clock=clock)
+    with caplog.at_level(logging.WARNING, logger="prefixpin"):
+        for n in range(100):
+            path = f"/openai/deployments/d{n}/chat/completions"
+            nf.answered(0, "POST", path, "http://up" + path, 404, b"")
+        assert len(_warnings(caplog)) == WARNINGS
+        clock.now += 60
+        nf.answered(0, "POST", PATH, WHERE, 404, b"")
+    assert len(_warnings(caplog)) == WARNINGS + 1
+    assert _warnings(caplog)[-1].endswith(f"({100 - WARNINGS} more on other paths not warned of)")
