@@ -46,7 +46,8 @@ blocks); assistant and tool messages and ``tools`` are shared.  Rules of scope
 Per tenant (``scope``): the index is keyed by it, so one tenant's bodies are
 never compared with, nor can time, another's.  Bounded in bodies (``MAX_BODIES``),
 in bodies per tenant (``PER_SCOPE``), in remembered raw bytes (``MAX_BYTES``; a
-parse holds ~3x its body's bytes, mostly shared between a conversation's turns)
+parse holds ~3x its body's bytes, mostly shared between a conversation's turns;
+up to ~10x for a body of many small items)
 and in bodies per lead (``PER_KEY``), the least recently used dropped first.
 What is kept of a body (:class:`Kept`) goes with its request to
 :func:`canonicalize.analysis.prepare`, which takes from it the links of the
