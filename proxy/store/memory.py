@@ -2,7 +2,9 @@
 bounds per tenant (a tenant over its share loses its own least recently used
 entries, never another tenant's), TTL on every entry, clock injected.  Homes mean
 nothing here: every conversation of a tenant is in one dict, and its tenant-wide
-entries (marked links, evidence) are entries of the tenant's like any.  A lookup
+entries (marked links, evidence) are entries of the tenant's like any.  ``max_bytes``
+and ``tenant_max_bytes`` count the blobs' bytes and what a lineage record holds that
+grows with its request (its pinned values, its inherited params, its lists: :func:`held`).  A lookup
 whose deepest link belongs to a lineage no other shares a link with reads that link
 and the lineage's record, not the links past it (``_owners``); the note of those
 lineages holds one entry per lineage record held (and one index entry by its
@@ -36,6 +38,25 @@ from proxy.store import (
 )
 
 Key = tuple[str, str, Any]
+ITEM_BYTES = 64  # what one item of a record's dicts and lists holds besides its characters, about
+
+
+def held(value: Any) -> int:
+    """The bytes ``value`` is charged in the bounds: a blob's length; for a lineage
+    record, the characters of its pinned values and inherited params (what the client
+    wrote) and ``ITEM_BYTES`` per item of those dicts and of its lists (a system prompt
+    of 10,000 dated lines records 10,000 pins); nothing for the other values (a link's
+    owners, a marked link's markers, a response's lineage: bounded in size).  A record
+    never changes once stored (its dicts are not written to), so it is charged the
+    same when it goes."""
+    kind = type(value)
+    if kind is bytes:
+        return len(value)
+    if kind is not LineageRecord:
+        return 0
+    pins, params = value.pins, value.params
+    n = 2 * (len(pins) + len(params)) + len(value.identity) + len(value.tool_order) + len(value.notes)
+    return sum(map(len, pins.values())) + sum(map(len, params.values())) + ITEM_BYTES * (n + len(value.restores))
 
 
 class _Share:
@@ -49,7 +70,7 @@ class _Share:
 
 
 class MemoryStore:
-    """Bounded by ``max_entries`` and ``max_bytes`` of blobs in all, by
+    """Bounded by ``max_entries`` and ``max_bytes`` (blobs and records: :func:`held`) in all, by
     ``bounds.tenant_max_entries`` and ``bounds.tenant_max_bytes`` per tenant (least
     recently used go first) and by ``ttl_s``."""
 
@@ -100,9 +121,10 @@ class MemoryStore:
         del share.keys[key]
         if key[1] == "g" and self._alone:
             self._unalone(key[0], key[2])
-        if isinstance(value, bytes):
-            self._bytes -= len(value)
-            share.bytes -= len(value)
+        size = held(value) if type(value) is not tuple else 0  # (a link's owners, most entries: no call)
+        if size:
+            self._bytes -= size
+            share.bytes -= size
         if not share.keys:
             del self._shares[key[0]]
 
@@ -110,13 +132,13 @@ class MemoryStore:
         data = self._data
         expires = (self.clock() if now is None else now) + self.ttl_s
         old = data.get(key)
-        size = len(value) if isinstance(value, bytes) else 0
+        size = held(value) if type(value) is not tuple else 0
         if old is not None:  # replaced in place, then most recently used: as if dropped and set again
             share = self._shares[key[0]]
             data[key] = (expires, value)
             data.move_to_end(key)
             share.keys.move_to_end(key)
-            size -= len(old[1]) if isinstance(old[1], bytes) else 0
+            size -= held(old[1])
             self._bytes += size
             share.bytes += size
             if size <= 0:

@@ -18,7 +18,7 @@ import xxhash
 from canonicalize import LineageRecord
 from canonicalize.lineage import LINKS_PER_KEY, MAX_LOOKUP_BLOBS
 from proxy.store import DEFAULT_BOUNDS, ISOLATED, Bounds, Store, TenantWide, homed
-from proxy.store.memory import MemoryStore
+from proxy.store.memory import ITEM_BYTES, MemoryStore, held
 from proxy.store.redis import RedisStore
 from tests.infra.redis_topologies import Cluster
 
@@ -341,6 +341,30 @@ def test_memory_bound_in_bytes() -> None:
         held = [b for b in await s.blobs("t", [f"b{i}" for i in range(20)]) if b is not None]
         assert len(held) == 10 and s._bytes == 10_000
         assert await s.blobs("t", ["b19"]) == [bytes(1000)]
+
+    run(go())
+
+
+def test_memory_bound_counts_what_a_record_holds() -> None:
+    """A record's pins and params grow with its request (a system prompt of many dated
+    lines): they count in max_bytes and tenant_max_bytes as blobs do, so lineage
+    records alone cannot hold more than the bound; what each is charged goes with it."""
+    pins = {f"clock:{i:016x}": "2026-12-02 13:07" for i in range(500)}  # ~500 * (16 + 128) bytes
+    one = held(LineageRecord(id="x", pins=pins))
+    assert one == sum(len(v) + 2 * ITEM_BYTES for v in pins.values())
+    s = MemoryStore(max_bytes=one * 10, bounds=Bounds(tenant_max_entries=1000, tenant_max_bytes=one * 5))
+
+    async def go() -> None:
+        for i in range(20):
+            await s.record("a", LineageRecord(id=f"a{i}", pins=pins), [], {}, [])
+        assert len(s) == 5 and s._bytes == 5 * one  # the tenant's share: its oldest records went
+        for i in range(20):
+            await s.record("b", LineageRecord(id=f"b{i}", pins=pins), [], {}, [])
+        assert len(s) == 10 and s._bytes == 10 * one  # and the store's
+        await s.record("b", LineageRecord(id="b19", params={"reasoning_effort": '"high"'}), [], {}, [])
+        assert s._bytes == 9 * one + held(LineageRecord(id="b19", params={"reasoning_effort": '"high"'}))
+        assert s._bytes == sum(held(v) for _, v in s._data.values())
+        assert held(LineageRecord(id="e")) == 0 and held(("a0", b"tip")) == 0
 
     run(go())
 
