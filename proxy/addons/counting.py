@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.flow import Flow
+from proxy.throttle import Throttle, more
 
 log = logging.getLogger("prefixpin")
 
@@ -54,7 +55,7 @@ class Counting:
         self._run = run
         self._dropped = dropped
         self.max_pending = max_pending
-        self._warned = float("-inf")
+        self._warn = Throttle(WARN_EVERY_S)
         self.pending: list[Flow] = []
         self._go: asyncio.Future[None] | None = None  # set to wake the task
         self._timer: asyncio.TimerHandle | None = None
@@ -76,13 +77,12 @@ class Counting:
     def _drop(self) -> None:
         """A flow not counted: the queue is full (a counting hook waits)."""
         self._dropped()
-        now = time.monotonic()
-        if now - self._warned >= WARN_EVERY_S:
-            self._warned = now
+        if self._warn.allow(time.monotonic()):
             log.warning(
                 "the counting queue is full (%d responses wait behind a counting hook): "
-                'a response is served but not counted (prefixpin_fail_open_total{stage="counting"})',
+                'a response is served but not counted (prefixpin_fail_open_total{stage="counting"})%s',
                 len(self.pending),
+                more(self._warn.take_held(), "not counted"),
             )
 
     def kick(self) -> None:

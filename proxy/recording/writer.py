@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from proxy.recording.file import AppendError, Line, TraceFile
 from proxy.recording.line import Encoder, Entry
+from proxy.throttle import Throttle, more
 
 log = logging.getLogger("prefixpin")
 MAX_LINES = 4096  # entries waiting for the writer
@@ -68,7 +69,7 @@ class Recorder:
         self._cond = threading.Condition(self._lock)
         self._closing = False
         self._busy = False  # the thread holds a batch it has not written yet
-        self._warned = 0.0
+        self._warn = Throttle(WARN_EVERY_S)
         self._thread = threading.Thread(target=self._run, name="prefixpin-trace", daemon=True)
 
     def start(self) -> None:
@@ -126,10 +127,14 @@ class Recorder:
     def lost(self, n: int, why: str) -> None:
         """Count ``n`` lines not written; warn now and then."""
         self._lost(n)
-        now = time.monotonic()
-        if now - self._warned >= WARN_EVERY_S:
-            self._warned = now
-            log.warning("trace %s: %d line(s) not recorded: %s (requests are served as usual)", self.file.path, n, why)
+        if self._warn.allow(time.monotonic()):
+            log.warning(
+                "trace %s: %d line(s) not recorded: %s (requests are served as usual)%s",
+                self.file.path,
+                n,
+                why,
+                more(self._warn.take_held(), "such losses"),
+            )
 
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from proxy.errors import StoreError
+from proxy.throttle import Throttles, more
 
 T = TypeVar("T")
 log = logging.getLogger("prefixpin")
@@ -39,20 +40,15 @@ class StoreGuard:
         self.clock = clock
         self._until = 0.0
         self._cooldown = cooldown_s
-        self._logged: dict[str, float] = {}  # kind of failure -> when it was last logged
+        self._logged = Throttles(log_every_s)  # per kind of failure (error classes: few, bounded all the same)
 
     def warn(self, exc: BaseException, context: str = "requests fail open until it answers") -> None:
         """Log ``exc`` as a WARNING unless its kind was logged in the last ``log_every_s``."""
         cause = exc.__cause__ if isinstance(exc, StoreError) and exc.__cause__ is not None else exc
         kind = type(cause).__name__
-        now = self.clock()
-        last = self._logged.get(kind)
-        if last is not None and now - last < self.log_every_s:
-            return
-        if len(self._logged) > 64:  # kinds are error classes: few, but bounded all the same
-            self._logged.clear()
-        self._logged[kind] = now
-        log.warning("store failed (%s): %s; %s", kind, exc, context)
+        throttle = self._logged[kind]
+        if throttle.allow(self.clock()):
+            log.warning("store failed (%s): %s; %s%s", kind, exc, context, more(throttle.take_held(), "such failures"))
 
     @property
     def open(self) -> bool:

@@ -26,7 +26,8 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from proxy.throttle import Throttle, Throttles
 
 log = logging.getLogger("prefixpin")
 
@@ -37,23 +38,16 @@ _MODEL = re.compile(rb"model", re.IGNORECASE)
 _READ = 4096  # bytes of the body looked at
 
 
-@dataclass
-class _Seen:
-    warned_at: float
-    unlogged: int = 0
-
-
 class NotFound:
     """What the upstream's replicas answered wire routes with 404, and its warnings."""
 
     def __init__(self, *, every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s = every_s
         self.clock = clock
-        self._seen: dict[tuple[int, str], _Seen] = {}
+        self._paths = Throttles(every_s, max_keys=MAX_PATHS)  # per (replica, path)
+        self._all = Throttle(every_s, WARNINGS)  # whatever the paths
         self._missing: dict[int, str] = {}  # replica -> the client path it had no route for
         self._served: set[int] = set()  # replicas that answered a wire route with less than 400
-        self._window = (float("-inf"), 0)  # when the current every_s began, the warnings in it
-        self._held_back = 0  # 404s not warned of because of WARNINGS, told with the next warning
 
     def answered(self, replica: int, method: str, path: str, where: str, status: int, body: bytes) -> None:
         """Replica ``replica`` answered ``method path`` (sent to ``where``, the upstream
@@ -85,25 +79,16 @@ class NotFound:
 
     def _warn(self, replica: int, method: str, path: str, where: str, about_model: bool) -> None:
         now = self.clock()
-        seen = self._seen.get((replica, path))
-        if seen is not None and now - seen.warned_at < self.every_s:
-            seen.unlogged += 1
+        seen = self._paths[(replica, path)]
+        if not seen.ready(now):
+            seen.held += 1  # told with this path's next warning
             return
-        began, warned = self._window
-        if now - began >= self.every_s:
-            began, warned = now, 0
-        if warned >= WARNINGS:
-            self._held_back += 1
+        if not self._all.allow(now):  # held back: told with the next warning, whatever its path
             return
-        self._window = (began, warned + 1)
-        if len(self._seen) >= MAX_PATHS:
-            self._seen.clear()
-        unlogged = seen.unlogged if seen is not None else 0
-        self._seen[(replica, path)] = _Seen(now)
-        more = f" ({unlogged} more since the last warning)" if unlogged else ""
-        if self._held_back:
-            more += f" ({self._held_back} more on other paths not warned of)"
-            self._held_back = 0
+        seen.allow(now)
+        more = f" ({seen.take_held()} more since the last warning)" if seen.held else ""
+        if self._all.held:
+            more += f" ({self._all.take_held()} more on other paths not warned of)"
         if about_model:
             hint = "its answer names a model: one the upstream does not serve?"
         else:
