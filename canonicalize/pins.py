@@ -30,28 +30,15 @@ class Span:
     value: str
 
 
-def _line_key(rule: Rule, text: str, start: int, end: int, on_line: Sequence[tuple[int, int]]) -> str:
-    """The rule's name and the hash of the span's line with every pinned span on it
-    (``on_line``, in order) masked: another span's fresh value on the same line
-    does not make it a new line."""
-    line_start = text.rfind("\n", 0, start) + 1
-    line_end = text.find("\n", end)
-    if line_end < 0:
-        line_end = len(text)
-    parts: list[str] = []
-    pos = line_start
-    for s, e in on_line:
-        if s < line_start or e > line_end or s < pos:
-            continue
-        parts += (text[pos:s], MASK)
-        pos = e
-    parts.append(text[pos:line_end])
-    masked = "".join(parts)
-    return f"{rule.name}:{xxhash.xxh64_hexdigest(masked.encode('utf-8', 'surrogatepass'))}"
-
-
 def find_spans(rules: Sequence[Rule], slots: Sequence[Slot]) -> list[Span]:
-    """Every span of every pin rule in ``slots`` (in slot, then position order)."""
+    """Every span of every pin rule in ``slots`` (in slot, then position order).
+
+    A span's key is its rule's name and the hash of its line with every pinned span on
+    that line masked (another span's fresh value on the same line does not make it a
+    new line); the line runs from the one the span starts on to the end of the one it
+    ends on.  That masked line is the same for every span of it, so it is hashed once
+    per line, and each span finds its line from the previous one's: linear in the
+    text and the spans (a prompt of 30,000 dated lines, or one line of as many dates)."""
     spans: list[Span] = []
     for i, slot in enumerate(slots):  # (so the spans come in slot, then position order)
         text = slot.get()
@@ -60,10 +47,41 @@ def find_spans(rules: Sequence[Rule], slots: Sequence[Slot]) -> list[Span]:
             continue
         if len(found) > 1:
             found.sort(key=_first)  # by position; rules in order at one position
-        where = [(start, end) for start, end, _ in found]
-        for start, end, rule in found:
-            spans.append(Span(rule, i, start, end, _line_key(rule, text, start, end, where), text[start:end]))
+        hashes: dict[tuple[int, int], str] = {}  # (line start, line end) -> its masked hash
+        line_start = line_end = last_start = last_end = -1
+        first = 0  # the first span that starts on the line
+        for k, (start, end, rule) in enumerate(found):
+            newline = text.rfind("\n", max(last_start, 0), start)  # (none since the previous span's start: its line)
+            if newline >= 0 or line_start < 0:
+                line_start, first = newline + 1, k
+            if not last_end <= end <= line_end:  # (else the previous span's line ends there too)
+                line_end = text.find("\n", end)
+                line_end = len(text) if line_end < 0 else line_end
+            last_start, last_end = start, end
+            line = (line_start, line_end)
+            masked = hashes.get(line)
+            if masked is None:
+                masked = hashes[line] = _masked_line(text, line_start, line_end, found, first)
+            spans.append(Span(rule, i, start, end, f"{rule.name}:{masked}", text[start:end]))
     return spans
+
+
+def _masked_line(text: str, line_start: int, line_end: int, found: Sequence[tuple[int, int, Rule]], first: int) -> str:
+    """The hash of ``text[line_start:line_end]`` with every span of ``found`` (sorted by
+    start; ``first``: the first that starts on the line) that lies on it masked, the
+    first of overlapping ones."""
+    parts: list[str] = []
+    pos = line_start
+    for k in range(first, len(found)):
+        s, e, _ = found[k]
+        if s >= line_end:
+            break
+        if e > line_end or s < pos:
+            continue
+        parts += (text[pos:s], MASK)
+        pos = e
+    parts.append(text[pos:line_end])
+    return xxhash.xxh64_hexdigest("".join(parts).encode("utf-8", "surrogatepass"))
 
 
 def _first(found: tuple[int, int, Rule]) -> int:
