@@ -46,9 +46,8 @@ def held(value: Any) -> int:
     record, the characters of its pinned values and inherited params (what the client
     wrote) and ``ITEM_BYTES`` per item of those dicts and of its lists (a system prompt
     of 10,000 dated lines records 10,000 pins); nothing for the other values (a link's
-    owners, a marked link's markers, a response's lineage: bounded in size).  A record
-    never changes once stored (its dicts are not written to), so it is charged the
-    same when it goes."""
+    owners, a marked link's markers, a response's lineage: bounded in size).  An entry
+    keeps what it was charged, given back when it goes."""
     kind = type(value)
     if kind is bytes:
         return len(value)
@@ -90,7 +89,7 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.bounds = bounds
         self.clock = clock
-        self._data: OrderedDict[Key, tuple[float, Any]] = OrderedDict()
+        self._data: OrderedDict[Key, tuple[float, Any, int]] = OrderedDict()  # expires, value, held(value)
         self._bytes = 0  # total size of the blobs held
         self._shares: dict[str, _Share] = {}
         # Per tenant, each lineage every link naming it names alone (see _owners): when the
@@ -116,37 +115,39 @@ class MemoryStore:
         return item[1]
 
     def _drop(self, key: Key) -> None:
-        _, value = self._data.pop(key)
+        size = self._data.pop(key)[2]
         share = self._shares[key[0]]
         del share.keys[key]
         if key[1] == "g" and self._alone:
             self._unalone(key[0], key[2])
-        size = held(value) if type(value) is not tuple else 0  # (a link's owners, most entries: no call)
         if size:
             self._bytes -= size
             share.bytes -= size
         if not share.keys:
             del self._shares[key[0]]
 
-    def _set(self, key: Key, value: Any, now: float | None = None) -> None:
+    def _set(self, key: Key, value: Any, now: float | None = None, size: int | None = None) -> None:
+        """``value`` at ``key``, charged ``size`` (``held(value)``, given when the caller
+        knows it) in the bounds."""
         data = self._data
         expires = (self.clock() if now is None else now) + self.ttl_s
         old = data.get(key)
-        size = held(value) if type(value) is not tuple else 0
+        if size is None:
+            size = held(value)
         if old is not None:  # replaced in place, then most recently used: as if dropped and set again
             share = self._shares[key[0]]
-            data[key] = (expires, value)
+            data[key] = (expires, value, size)
             data.move_to_end(key)
             share.keys.move_to_end(key)
-            size -= held(old[1])
-            self._bytes += size
-            share.bytes += size
-            if size <= 0:
+            grown = size - old[2]
+            self._bytes += grown
+            share.bytes += grown
+            if grown <= 0:
                 return  # nothing grew: every bound still holds
         else:
             found = self._shares.get(key[0])
             share = found if found is not None else self._shares.setdefault(key[0], _Share())
-            data[key] = (expires, value)
+            data[key] = (expires, value, size)
             share.keys[key] = None
             self._bytes += size
             share.bytes += size
@@ -165,7 +166,7 @@ class MemoryStore:
         if item[0] <= now:
             self._drop(key)
             return False
-        self._data[key] = (now + self.ttl_s, item[1])
+        self._data[key] = (now + self.ttl_s, item[1], item[2])
         self._data.move_to_end(key)
         self._shares[key[0]].keys.move_to_end(key)
         return True
@@ -316,7 +317,7 @@ class MemoryStore:
         if tenant == ISOLATED:
             return ()
         if response is not None and len(response[0]) <= MAX_RESPONSE_ID:
-            self._set((tenant, "r", response[0]), (record.id, response[1]))
+            self._set((tenant, "r", response[0]), (record.id, response[1]), None, 0)
         if wide:
             self._wide(tenant, record.id, wide)
         now = self.clock()
@@ -341,9 +342,9 @@ class MemoryStore:
                 self._recorded_anew(tenant, rec_id, origin)
         if new_root and rec_id not in shared:
             self._note_alone(tenant, rec_id, expires, links[0])
-        self._set((tenant, "g", record.id), record, now)
+        self._set((tenant, "g", record.id), record, now, held(record))
         for ref, raw in blobs.items():
-            self._set((tenant, "b", ref), raw, now)
+            self._set((tenant, "b", ref), raw, now, len(raw))
         return [ref for ref in touch if not self._touch((tenant, "b", ref), now)]
 
     def _link(self, tenant: str, rec_id: str, links: Links, now: float) -> tuple[list[str], bool]:
@@ -371,9 +372,9 @@ class MemoryStore:
                 if not owners or owners[0] != rec_id:
                     owners = (rec_id, *(o for o in owners if o != rec_id))[:LINKS_PER_KEY]
             if item is None:
-                self._set(key, owners, now)
+                self._set(key, owners, now, 0)
             else:  # replaced in place (not bytes: nothing grows), then most recently used
-                data[key] = (expires, owners)
+                data[key] = (expires, owners, 0)
                 data.move_to_end(key)
                 self._shares[tenant].keys.move_to_end(key)
         return shared, fresh
@@ -420,10 +421,10 @@ class MemoryStore:
             for link in wide.marks:
                 key = (tenant, "m", link)
                 markers = self._get(key, now) or ()
-                self._set(key, (marker, *(m for m in markers if m[0] != lineage_id))[:LINKS_PER_KEY], now)
+                self._set(key, (marker, *(m for m in markers if m[0] != lineage_id))[:LINKS_PER_KEY], now, 0)
         for ref, raw in wide.blobs.items():
             if not self._touch((tenant, "b", ref), now):  # a ref's first bytes are kept
-                self._set((tenant, "b", ref), raw, now)
+                self._set((tenant, "b", ref), raw, now, len(raw))
 
     async def tenant_wide(
         self, tenant: str, marks: Sequence[bytes], refs: Sequence[str]
@@ -441,7 +442,7 @@ class MemoryStore:
 
     async def record_response(self, tenant: str, response_id: str, lineage_id: str, tip: bytes) -> None:
         if tenant != ISOLATED and len(response_id) <= MAX_RESPONSE_ID:
-            self._set((tenant, "r", response_id), (lineage_id, tip))
+            self._set((tenant, "r", response_id), (lineage_id, tip), None, 0)
 
     async def ping(self) -> None:
         return None

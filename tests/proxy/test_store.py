@@ -363,7 +363,8 @@ def test_memory_bound_counts_what_a_record_holds() -> None:
         assert len(s) == 10 and s._bytes == 10 * one  # and the store's
         await s.record("b", LineageRecord(id="b19", params={"reasoning_effort": '"high"'}), [], {}, [])
         assert s._bytes == 9 * one + held(LineageRecord(id="b19", params={"reasoning_effort": '"high"'}))
-        assert s._bytes == sum(held(v) for _, v in s._data.values())
+        assert s._bytes == sum(size for _, _, size in s._data.values())
+        assert all(size == held(value) for _, value, size in s._data.values())
         assert held(LineageRecord(id="e")) == 0 and held(("a0", b"tip")) == 0
 
     run(go())
