@@ -3,6 +3,12 @@
     python -m benchmarks.bench_bigbody                          # ~30 MB, 650,000 messages, 3 rounds
     python -m benchmarks.bench_bigbody --compare-ref 346c122    # the same against an older revision, same run
     python -m benchmarks.bench_bigbody --smoke                  # 3 MB, one round: proves the script works (CI)
+    python -m benchmarks.bench_bigbody --shape system --compare-ref REF   # a body under 1 MiB that is costly to analyse
+
+``--shape`` sends instead a body just under 1 MiB (under the size at which every body's
+work goes to a worker thread) made of what costs the most to analyse: ``system``,
+~19,000 one-line system messages; ``parts``, one system message of ~29,000 text parts;
+``dates``, one system message of ~33,000 dated lines (a pin span on each).
 
 Starts the instant Go upstream (benchmarks/overhead/upstream) and ``prefixpin
 serve`` (default config, memory store) in front of it, then, per round: one
@@ -45,6 +51,38 @@ def big_body(n_messages: int) -> bytes:
     msgs = [{"role": roles[i % 2], "content": f"message {i:07d} ok"} for i in range(n_messages - 1)]
     msgs.insert(0, {"role": "system", "content": "You are a terse assistant."})
     return json.dumps({"model": "hermes-bench-model", "messages": msgs}, separators=(",", ":")).encode()
+
+
+SHAPES = ("messages", "system", "parts", "dates")
+UNDER = (1 << 20) - 16 * 1024  # the shapes' bodies: this many bytes at most
+
+
+def shaped(shape: str) -> tuple[bytes, int]:
+    """A body of ``shape`` (module docstring) of at most UNDER bytes, and how many items it has."""
+    n = 1
+    while True:  # the most items that fit, found by doubling then halving
+        if len(_shape(shape, 2 * n)) > UNDER:
+            break
+        n *= 2
+    lo, hi = n, 2 * n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if len(_shape(shape, mid)) <= UNDER else (lo, mid)
+    return _shape(shape, lo), lo
+
+
+def _shape(shape: str, n: int) -> bytes:
+    user: dict[str, Any] = {"role": "user", "content": "hi"}
+    messages: list[dict[str, Any]]
+    if shape == "system":
+        messages = [*({"role": "system", "content": f"rule {i}: be brief"} for i in range(n)), user]
+    elif shape == "parts":
+        parts = [{"type": "text", "text": f"rule {i}: be brief"} for i in range(n)]
+        messages = [{"role": "system", "content": parts}, user]
+    else:
+        lines = "\n".join(f"Note {i} at 2026-12-02 13:{i % 60:02d}" for i in range(n))
+        messages = [{"role": "system", "content": lines}, user]
+    return json.dumps({"model": "hermes-bench-model", "messages": messages}, separators=(",", ":")).encode()
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -137,7 +175,7 @@ def measure(base: str, body: bytes, rounds: int, idle_s: float) -> dict[str, Any
 
 def render(doc: dict[str, Any]) -> str:
     lines = [
-        f"bigbody benchmark: {doc['body_bytes'] / 1e6:.1f} MB body, {doc['messages']:,} messages; "
+        f"bigbody benchmark: {doc['body_bytes'] / 1e6:.2f} MB body, {doc['messages']:,} {doc['items']}; "
         f"/healthz polled every {POLL_S * 1000:g} ms; load average {doc['loadavg_start']} at start, "
         f"{doc['loadavg_end']} at end",
         "",
@@ -164,13 +202,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=650_000, help="messages in the big body (~46 bytes each)")
     ap.add_argument("--rounds", type=int, default=3, help="big requests per target")
     ap.add_argument("--compare-ref", metavar="REF", help="also run prefixpin at git revision REF")
+    ap.add_argument("--shape", choices=SHAPES, default="messages", help="a body under 1 MiB instead (module docstring)")
     ap.add_argument("--smoke", action="store_true", help="65,000 messages (~3 MB, still a big body), one round")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     if args.smoke:
         args.messages, args.rounds = 65_000, 1
-    body = big_body(args.messages)
-    doc: dict[str, Any] = {"body_bytes": len(body), "messages": args.messages, "loadavg_start": tools.loadavg()}
+    if args.shape == "messages":
+        body, items = big_body(args.messages), "messages"
+    else:
+        body, args.messages = shaped(args.shape)
+        items = {"system": "system messages", "parts": "system text parts", "dates": "dated lines"}[args.shape]
+    doc: dict[str, Any] = {
+        "body_bytes": len(body),
+        "shape": args.shape,
+        "messages": args.messages,
+        "items": items,
+        "loadavg_start": tools.loadavg(),
+    }
     logs = BIN_DIR / "logs-bigbody"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)

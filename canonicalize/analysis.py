@@ -85,17 +85,19 @@ def prepare(
     previous: tuple[str, bytes] | None = None,
     scope: str = "",
     kept: Kept | None = None,
+    split: tuple[list[Slot], list[Any]] | None = None,
 ) -> Prepared:
     """Static rules, pin spans and the hash chain of ``body`` (the parse of ``doc``); ``scope``
     (the tenant) is the only part of the memos this request uses; ``headers`` (the request's)
-    name the session for packs that say so; ``kept`` is what the bodies memo kept of this body.
+    name the session for packs that say so; ``kept`` is what the bodies memo kept of this body;
+    ``split``: ``exchange.split(body)``, when the caller has it.
     ``previous``: the lineage and tip link a previous response ended at (Responses
     ``previous_response_id``): the chain is that link, then the body's own history chained
     from it, the tip counts as the replayed reply, and the request continues that lineage."""
     tip = previous[1] if previous is not None else None
     rewrites: list[str] = []
     originals: dict[Path, tuple[Slot, str]] = {}
-    system_slots, history = exchange.split(body)
+    system_slots, history = exchange.split(body) if split is None else split
     base = kept.base if kept is not None and rules.system_lines else None
     near = base.system if base is not None else ()
     edited = kept.edited if base is not None and kept is not None else {}

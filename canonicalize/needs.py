@@ -1,7 +1,8 @@
 """What the request machine asks of the shell (:mod:`canonicalize.pipeline`).
 
 The core does no I/O: where it needs something only the store has, the machine
-stops and returns a :class:`Need`.  The shell
+stops and returns a :class:`Need`; where the rest of a request's steps are heavy
+(:class:`OffLoop`), it says so before it takes them, and the shell moves them.  The shell
 answers it (``proxy.steps``) and feeds the answer back.  Each need names the type
 of its answer (``Need[T]``); an answer may also be :data:`UNAVAILABLE`: the store
 failed, and the machine goes on without it (the request keeps its static rules,
@@ -17,6 +18,7 @@ need               answered with                                the store's call
 :class:`Marked`    the lineages that marked each link           ``tenant_wide(tenant, links, ())``
 :class:`Evidence`  the tenant's evidence blobs                  ``tenant_wide(tenant, (), refs)``
 :class:`Together`  each of its needs' answers, asked at once    (one round trip)
+:class:`OffLoop`   None, once the next steps run off the loop   (none: a worker thread)
 =================  ===========================================  =======================================
 """
 
@@ -105,6 +107,16 @@ class Together(Need[tuple[Any, ...]]):
     needs: tuple[Need[Any], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OffLoop(Need[None]):
+    """The request's next steps are heavy (``texts`` system texts, ``chars`` characters
+    of them to analyse, -1 when not counted: far more than an agent sends): the shell
+    runs them, and what it does with the outcome, where they do not hold up other requests."""
+
+    texts: int
+    chars: int
+
+
 __all__ = [
     "UNAVAILABLE",
     "Blobs",
@@ -114,6 +126,7 @@ __all__ = [
     "Marked",
     "Marker",
     "Need",
+    "OffLoop",
     "Previous",
     "Together",
     "Unavailable",

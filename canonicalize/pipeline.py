@@ -1,7 +1,7 @@
 """The request machine: one request's canonicalization, its steps in the order
 the core decides them, stepped by the shell (sans-IO, as h11 is).
 
-    parse -> previous -> prepare -> lookup -> classify -> recall -> learn -> blobs -> finalize
+    parse -> previous -> (off loop) -> prepare -> lookup -> classify -> recall -> learn -> blobs -> finalize
 
 :meth:`Canonicalizer.start` returns a :class:`Machine` for one request.  The shell
 calls :meth:`Machine.send`: the machine runs its steps until it needs something
@@ -17,6 +17,9 @@ parse           the body, by pieces of its conversation's previous one where the
                 bytes are equal (:mod:`canonicalize.bodies`)
 previous        a Responses request's ``previous_response_id``: the lineage and
                 tip link it continues (``Previous``)
+off loop        a body whose analysis is heavy (:func:`heavy`: hundreds of system
+                texts, or hundreds of KB of them) says so first
+                (``OffLoop``): the shell takes its next steps off the event loop
 prepare         static rules, pin spans, tools' identity, the hash chain and the
                 signals (:mod:`canonicalize.analysis`)
 lookup          the store's answer for the chain (``Chain``)
@@ -67,18 +70,24 @@ from canonicalize.needs import (
     Evidence,
     Marked,
     Need,
+    OffLoop,
     Previous,
     Together,
 )
 from canonicalize.predict import Prediction, parent_of, predict
 from canonicalize.ruleset import RuleSet, Settings
-from canonicalize.wire.base import Exchange
+from canonicalize.wire.base import Exchange, Slot
 
 T = TypeVar("T")
 # The answers the shell sends back are the types the needs name (canonicalize.needs).
 Steps = Generator[Need[Any], Any, T]
 LOOKUP_LINKS = 1024  # the newest links a lookup walks: a continuation's parent is near the end
 PARENT_HEADER = "x-prefixpin-parent"  # the request's declared parent lineage
+# A body whose analysis is heavy (OffLoop): more system texts, or characters of them,
+# than this.  An agent sends one to a few texts of 10-50 KB; each text costs ~20-40 us to
+# analyse, a KB of dated lines ~0.5 ms.
+HEAVY_TEXTS = 256
+HEAVY_CHARS = 256 * 1024
 
 
 class Request(NamedTuple):
@@ -117,6 +126,7 @@ class Canonicalized(NamedTuple):
     outcome: Outcome | None
     learned: Learned | None  # the spans the request learned (counted and logged by the shell)
     prediction: Prediction | None  # the forwarded prefix against its parent's (None: no parent, nothing recorded)
+    heavy: bool = False  # its steps asked to run off the loop (OffLoop): so does what the shell does with it
 
 
 class Machine:
@@ -201,6 +211,10 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
         previous = yield Previous(response_id)
         previous = None if previous is UNAVAILABLE else previous
     headers = req.headers
+    split = req.exchange.split(body)
+    offload = heavy(split[0])
+    if offload is not None:
+        yield offload
     prep = analysis.prepare(
         rules,
         memos,
@@ -212,6 +226,7 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
         previous=previous,
         scope=req.tenant,
         kept=kept,
+        split=split,
     )
     sent = prep.signals.skeleton, finalize.sent_tools_ref(rules, prep)
     need, offset = _chain(prep.links, prep.signals.declared_parent, prep.origin, sent)
@@ -233,12 +248,28 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
     outcome = finalize.finalize(
         rules, memos, prep, final, decision, new_id=new_id, blobs=blobs, learned=learned, keep_history=keep, head=head
     )
+    big = offload is not None
     if not store_ok:
-        return Canonicalized(body, doc, prep, lookup, outcome.ops, outcome.rewrites, "fail-open", None, learned, None)
+        ops, rewrites = outcome.ops, outcome.rewrites
+        return Canonicalized(body, doc, prep, lookup, ops, rewrites, "fail-open", None, learned, None, big)
     predicted = _predicted(outcome, prep, lookup)
     return Canonicalized(
-        body, doc, prep, lookup, outcome.ops, outcome.rewrites, outcome.role, outcome, learned, predicted
+        body, doc, prep, lookup, outcome.ops, outcome.rewrites, outcome.role, outcome, learned, predicted, big
     )
+
+
+def heavy(system: Sequence[Slot]) -> OffLoop | None:
+    """The ``OffLoop`` need of a request with ``system`` texts when their analysis is
+    heavy (over :data:`HEAVY_TEXTS` texts or :data:`HEAVY_CHARS` characters), else None.
+    (Other parts of a body under the size bound cost tens of ms at most: 12,000 tools,
+    25,000 messages.)"""
+    if len(system) == 1:  # (the common case)
+        text = system[0].get()
+        return OffLoop(1, len(text)) if type(text) is str and len(text) > HEAVY_CHARS else None
+    if len(system) > HEAVY_TEXTS:
+        return OffLoop(len(system), -1)  # (their characters not counted: that too is work)
+    chars = sum(len(t) for s in system if type(t := s.get()) is str)
+    return OffLoop(len(system), chars) if chars > HEAVY_CHARS else None
 
 
 def _predicted(outcome: Outcome, prep: Prepared, lookup: Lookup) -> Prediction | None:

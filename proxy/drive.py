@@ -12,7 +12,9 @@ finished request's turn (:mod:`canonicalize.turn`) in one store write, and the
 blobs the store says it lost in a second.
 
 Every step of the machine, and the turn's blobs, run where :mod:`proxy.cpu`
-places them: on the loop, or for a big body on a worker thread.
+places them: on the loop, or for a big body on a worker thread, and from the
+machine's ``OffLoop`` on for one whose analysis is heavy (a body under the size
+bound made of thousands of system texts).
 
 The live request path (:mod:`proxy.addons.canonicalize`, :mod:`proxy.addons.record`)
 and ``prefixpin audit`` (:mod:`proxy.offline`) drive the core through this module
@@ -38,6 +40,7 @@ from canonicalize.needs import (
     Evidence,
     Marked,
     Need,
+    OffLoop,
     Previous,
     Together,
 )
@@ -83,6 +86,10 @@ class Driver:
         machine = self.canon.start(Request(raw, exchange, tenant, named, self.new_id(), remember))
         need = machine.send() if not big else await off_loop(machine.send)
         while need is not None:
+            if isinstance(need, OffLoop):  # heavy from here on: the rest on a worker thread
+                big = True
+                need = await off_loop(machine.send)
+                continue
             answer = await self._answer(need, tenant)
             need = machine.send(answer) if not big else await off_loop(machine.send, answer)
         done = machine.result

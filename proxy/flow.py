@@ -192,6 +192,13 @@ class Flow:
 
     # -- what the decisions say, read by many ------------------------------------------
     @property
+    def big(self) -> bool:
+        """Its CPU work runs on a worker thread (:mod:`proxy.cpu`): a big body, or one
+        whose analysis the core found heavy (``Canonicalized.heavy``)."""
+        done = self.done
+        return self.inbound.big or (done is not None and done.heavy)
+
+    @property
     def role(self) -> str:
         """``x-prefixpin-role`` and the ``role`` label."""
         if self.failed:

@@ -81,7 +81,7 @@ class Handler:
             return
         flow = Flow(Inbound(exchange, client_path(scope), scope["query_string"], Headers(scope=scope), raw, started))
         await self.runner.request(flow)
-        big = flow.inbound.big
+        big = flow.big
         flow.outbound.body = splice(flow, self.runner) if not big else await off_loop(splice, flow, self.runner)
         if flow.get(Skip) is None:
             guard = flow.get(Guarded)

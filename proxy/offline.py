@@ -149,6 +149,7 @@ class Offline:
             done = await self.driver.canonicalize(raw, exchange, tenant, head, remember=remember, big=big)
             if done is None:
                 return Replayed(raw, raw, "bypass")
+            big = big or done.heavy
             out = (
                 raw
                 if not done.ops

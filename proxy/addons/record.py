@@ -59,7 +59,7 @@ class Record:
             if message_id is not None:
                 record = record.evolve(message_id=message_id)
         reply = answer.message if answer.status < 400 else None
-        big = flow.inbound.big
+        big = flow.big
         write = self.driver.record(tenant, done, flow.out, reply, record, big=big)
         if big and self.when == "after_last_byte":
             self.s.spawn(write)  # its blobs are cut on a worker thread: the response is not held for it

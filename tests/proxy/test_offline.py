@@ -110,6 +110,63 @@ def test_big_bodies_offloaded_while_the_loop_serves_small_ones_never_fail_open()
     assert not registry.get_sample_value("prefixpin_fail_open_total", {"stage": "canonicalize"})
 
 
+@pytest.mark.parametrize(
+    ("shape", "heavy"),
+    [
+        ("one agent's system prompt", False),
+        ("300 system messages", True),
+        ("a system message of 300 parts", True),
+        ("300 KB of dated lines", True),
+        ("1,100 tools", False),
+    ],
+)
+def test_a_body_whose_analysis_is_heavy_is_analysed_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch, shape: str, heavy: bool
+) -> None:
+    """A body far under the size bound can still cost seconds to analyse (thousands of
+    tiny system texts, hundreds of KB of dated lines): the core says so once it has split
+    it (``OffLoop``) and the rest of its steps, its splice and its record run on a worker
+    thread, as a big body's do; an agent's body stays on the loop, and so does one of
+    many tools (~10 us each to analyse)."""
+    import threading
+
+    import canonicalize.analysis
+
+    system: Any = "You are helpful. Today is 2026-12-02."
+    tools: list[Any] = []
+    if shape == "300 system messages":
+        system = [{"role": "system", "content": f"rule {i}"} for i in range(300)]
+    elif shape == "a system message of 300 parts":
+        system = [{"type": "text", "text": f"rule {i}"} for i in range(300)]
+    elif shape == "300 KB of dated lines":
+        system = "\n".join(f"note {i} on 2026-12-02 13:{i % 60:02d}" for i in range(10_000))
+    elif shape == "1,100 tools":
+        tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {}}} for i in range(1100)]
+    messages = system if isinstance(system, list) and "role" in system[0] else [{"role": "system", "content": system}]
+    body = {
+        "model": "m",
+        "messages": [*messages, {"role": "user", "content": "hi"}],
+        **({"tools": tools} if tools else {}),
+    }
+    raw = orjson.dumps(body)
+    assert len(raw) < 1 << 20  # not a big body
+    where: list[bool] = []
+    real = canonicalize.analysis.prepare
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        where.append(threading.current_thread() is threading.main_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(canonicalize.analysis, "prepare", prepare)
+    offline = Offline(load(None, env={}))
+    reply = {"role": "assistant", "content": "hello"}
+    sent = asyncio.run(offline.send(raw, headers={"authorization": "Bearer sk-a"}, reply=reply))
+    assert sent.role == "root" and where == [not heavy] and sent.done is not None and sent.done.heavy is heavy
+    body["messages"] += [reply, {"role": "user", "content": "more"}]
+    again = asyncio.run(offline.send(orjson.dumps(body), headers={"authorization": "Bearer sk-a"}))
+    assert again.role == "continuation" and where == [not heavy] * 2
+
+
 def test_the_core_gets_the_first_value_of_each_header_it_names_and_no_other() -> None:
     offline = Offline(load(None, env={}))
     names = offline.s.canon.header_names
