@@ -52,6 +52,7 @@ import asyncio
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -76,7 +77,7 @@ from canonicalize import (
 from canonicalize.identity import PROMPT_PARAMS
 from proxy.cli import gate, report_html, suggest
 from proxy.cli.progress import Progress
-from proxy.cli.trace import TraceError, TraceLine, read_trace
+from proxy.cli.trace import Trace, TraceError, TraceLine
 from proxy.config import Config, Tenancy
 from proxy.offline import Offline, Replayed
 from proxy.pricing import Pricing, saved
@@ -286,11 +287,12 @@ class Audit:
         }
 
 
-async def audit(lines: list[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
-    """The report of ``lines`` (module docstring)."""
+async def audit(lines: Iterable[TraceLine], config: Config, progress: Progress, errors: TextIO) -> dict[str, Any]:
+    """The report of ``lines`` (module docstring), read one at a time; ``progress``
+    counts the file's lines up to each."""
     made = Audit(config, errors)
     for line in lines:
-        progress.advance()
+        progress.advance(line.line - progress.done)
         await made.add(line)
     return made.report()
 
@@ -488,18 +490,18 @@ def run_audit(
     """Exit codes: 0 done (and the gate passed), 2 usage error, 3 the gate failed."""
     try:
         checks = gate.Gate.parse(fail_on, min_ratio)
-        lines, bad = read_trace(path, sys.stderr, "audit")
+        trace = Trace(path, sys.stderr, "audit")
+        if suggest_rules:  # the rules learning would pin, as a config document (proxy.cli.suggest)
+            with Progress(trace.lines, "learning", enabled=progress) as bar:
+                rules, unwritten, read = asyncio.run(suggest.learned_rules(trace, config, bar))
+            sys.stdout.write(suggest.document(rules, config, path, read, unwritten))
+            return 0
+        with Progress(trace.lines, "auditing", enabled=progress) as bar:
+            report = asyncio.run(audit(trace, config, bar, sys.stderr))
     except (gate.GateError, TraceError) as exc:
         print(f"prefixpin audit: {exc}", file=sys.stderr)
         return 2
-    if suggest_rules:  # the rules learning would pin, as a config document (proxy.cli.suggest)
-        with Progress(len(lines), "learning", enabled=progress) as bar:
-            rules, unwritten = asyncio.run(suggest.learned_rules(lines, config, bar))
-        sys.stdout.write(suggest.document(rules, config, path, len(lines), unwritten))
-        return 0
-    with Progress(len(lines), "auditing", enabled=progress) as bar:
-        report = asyncio.run(audit(lines, config, bar, sys.stderr))
-    report["malformed_lines"] = sorted([*bad, *report["malformed_lines"]], key=lambda m: int(m["line"]))
+    report["malformed_lines"] = sorted([*trace.skipped, *report["malformed_lines"]], key=lambda m: int(m["line"]))
     if html is not None:
         try:
             # errors="replace": a trace's JSON may hold lone surrogates, which UTF-8 cannot.

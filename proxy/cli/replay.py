@@ -35,7 +35,7 @@ import httpx
 
 from canonicalize import SSESplitter, Usage, UsageAccumulator, parse_usage
 from proxy.cli.progress import Progress
-from proxy.cli.trace import TraceError, TraceLine, read_trace
+from proxy.cli.trace import Trace, TraceError, TraceLine, read_trace
 from proxy.config import Tenancy
 
 ATTEMPTS = 3  # the OpenAI SDKs' default: max_retries=2
@@ -244,7 +244,7 @@ def send(client: httpx.Client, base: str, line: TraceLine, api_key: str | None, 
 
 
 def replay(
-    lines: list[TraceLine],
+    lines: Iterable[TraceLine],
     report: Report,
     *,
     api_key: str | None,
@@ -252,17 +252,19 @@ def replay(
     honor_timing: bool,
     progress: Progress,
 ) -> None:
-    """Send ``lines`` in order, appending each :class:`Result` to ``report``."""
-    t0 = lines[0].t if lines else 0.0
+    """Send ``lines`` in order (read one at a time), appending each :class:`Result` to ``report``."""
+    t0: float | None = None
     start = time.monotonic()
     with httpx.Client(timeout=httpx.Timeout(timeout_s), trust_env=False) as client:
         for line in lines:
+            if t0 is None:
+                t0 = line.t
             if honor_timing:
                 wait = (line.t - t0) - (time.monotonic() - start)
                 if wait > 0:
                     time.sleep(wait)
             report.results.append(send(client, report.target, line, api_key))
-            progress.advance()
+            progress.advance(line.line - progress.done)
 
 
 # -- reporting ----------------------------------------------------------------------
@@ -349,13 +351,13 @@ def run_replay(
 ) -> int:
     """The ``prefixpin replay`` command; returns the exit code (1: a request failed, 2: no trace)."""
     try:
-        lines, skipped = read_trace(trace, sys.stderr, "replay")
+        lines = Trace(trace, sys.stderr, "replay")
+        report = Report(target=via or upstream, upstream=upstream, via=via, skipped=lines.skipped)
+        with Progress(lines.lines, "replay", enabled=progress) as bar:
+            replay(lines, report, api_key=api_key, timeout_s=timeout_s, honor_timing=honor_timing, progress=bar)
     except TraceError as exc:
         print(f"prefixpin replay: {exc}", file=sys.stderr)
         return 2
-    report = Report(target=via or upstream, upstream=upstream, via=via, skipped=skipped)
-    with Progress(len(lines), "replay", enabled=progress) as bar:
-        replay(lines, report, api_key=api_key, timeout_s=timeout_s, honor_timing=honor_timing, progress=bar)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:

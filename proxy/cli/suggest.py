@@ -18,6 +18,7 @@ its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,9 +32,12 @@ from proxy.config import Canonicalize, Config
 from proxy.offline import Offline
 
 
-async def learned_rules(lines: list[TraceLine], config: Config, progress: Progress) -> tuple[list[dict[str, str]], int]:
+async def learned_rules(
+    lines: Iterable[TraceLine], config: Config, progress: Progress
+) -> tuple[list[dict[str, str]], int, int]:
     """The rules learned from ``lines`` with ``learn: pin`` (one per pattern, first seen
-    first), and at how many places a learned value had no rule that could be written."""
+    first), at how many places a learned value had no rule that could be written, and
+    how many lines were read (one at a time)."""
     config = replace(
         config,
         canonicalize=replace(config.canonicalize, learn="pin"),
@@ -43,9 +47,10 @@ async def learned_rules(lines: list[TraceLine], config: Config, progress: Progre
     taken = {r.name for r in config.canonicalize.rules} | {r.name for p in PACKS.values() for r in p.rules}
     rules: dict[tuple[str, str, str], dict[str, str]] = {}
     places: set[str] = set()
-    unwritten = 0
+    unwritten = read = 0
     for line in lines:
-        progress.advance()
+        progress.advance(line.line - progress.done)
+        read += 1
         flow = await offline.send(
             line.body,
             exchange=line.exchange,
@@ -64,7 +69,7 @@ async def learned_rules(lines: list[TraceLine], config: Config, progress: Progre
             key = (rule["pattern"], rule["action"], rule["scope"])
             if key not in rules:
                 rules[key] = _named(rule, taken)
-    return list(rules.values()), unwritten
+    return list(rules.values()), unwritten, read
 
 
 def _named(rule: dict[str, str], taken: set[str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Trace files, read once for ``audit`` and ``replay`` (SPEC section 3).
+"""Trace files, read line by line for ``audit`` and ``replay`` (SPEC section 3).
 
 A trace is JSON Lines, one request a line::
 
@@ -9,6 +9,10 @@ wire APIs' paths are understood).  Other keys are annotations: ``kind`` and
 ``session`` are shown by replay, ``response`` (the upstream's reply) is recorded
 by audit, the rest is ignored.  A malformed line is reported with its number and
 skipped; a file that cannot be read at all raises :class:`TraceError`.
+
+:class:`Trace` reads a file one line at a time: what a command holds of a trace is
+the line it is at, never the file (a recorded trace is up to ``trace.max_bytes``, and
+its bodies parsed take several times that).
 
 A line's number (``TraceLine.line``, from 1 as editors count) is one more than its
 *index* (from 0), the number ``prefixpin audit`` gives every request everywhere.
@@ -28,9 +32,10 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from canonicalize import CHAT, MESSAGES, Exchange, match
 
@@ -195,21 +200,61 @@ def parse_line(number: int, text: str) -> TraceLine:
     )
 
 
-def read_trace(path: str | Path, errors: TextIO, tool: str) -> tuple[list[TraceLine], list[dict[str, Any]]]:
-    """All well-formed lines; each malformed one is reported on ``errors`` and skipped."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc}") from None
-    lines, skipped = [], []
-    for number, chunk in enumerate(data.split(b"\n"), start=1):
+class Trace:
+    """A trace file, opened (or :class:`TraceError`): iterate it once for its well-formed
+    lines, in order; each malformed one is reported on ``errors`` and kept in
+    ``skipped``.  ``lines``: how many lines the file has (a progress bar's total, counted
+    on opening without parsing them)."""
+
+    def __init__(self, path: str | Path, errors: TextIO, tool: str) -> None:
+        self.path, self.errors, self.tool = path, errors, tool
+        self.skipped: list[dict[str, Any]] = []
+        self.read = 0  # lines read so far, well-formed or not
         try:
-            raw = chunk.decode("utf-8").rstrip("\r")
+            with Path(path).open("rb") as file:
+                self.lines = _count_lines(file)
+        except OSError as exc:
+            raise TraceError(f"cannot read trace {path}: {exc}") from None
+
+    def __iter__(self) -> Iterator[TraceLine]:
+        try:
+            with Path(self.path).open("rb") as file:
+                for number, chunk in enumerate(file, start=1):  # (binary: split at b"\n" only)
+                    self.read = number
+                    found = self._line(number, chunk)
+                    if found is not None:
+                        yield found
+        except OSError as exc:
+            raise TraceError(f"cannot read trace {self.path} past line {self.read}: {exc}") from None
+
+    def _line(self, number: int, chunk: bytes) -> TraceLine | None:
+        try:
+            raw = chunk.decode("utf-8").rstrip("\r\n")
             if not raw.strip():
-                continue
-            lines.append(parse_line(number, raw))
+                return None
+            return parse_line(number, raw)
         except (UnicodeDecodeError, ValueError) as exc:
             why = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
-            print(f"prefixpin {tool}: {path}:{number}: skipped: {why} (index {number - 1})", file=errors)
-            skipped.append({"line": number, "index": number - 1, "error": why})
-    return lines, skipped
+            print(f"prefixpin {self.tool}: {self.path}:{number}: skipped: {why} (index {number - 1})", file=self.errors)
+            self.skipped.append({"line": number, "index": number - 1, "error": why})
+            return None
+
+
+_COUNT_BYTES = 1 << 20  # read at once when counting a file's lines
+
+
+def _count_lines(file: BinaryIO) -> int:
+    """The lines of ``file`` (its newlines, and one more after the last if it ends
+    without one), read in pieces."""
+    newlines, last = 0, b"\n"
+    while piece := file.read(_COUNT_BYTES):
+        newlines += piece.count(b"\n")
+        last = piece[-1:]
+    return newlines + (last != b"\n")
+
+
+def read_trace(path: str | Path, errors: TextIO, tool: str) -> tuple[list[TraceLine], list[dict[str, Any]]]:
+    """All well-formed lines at once, and the malformed ones (:class:`Trace`, for a
+    caller that holds the whole trace anyway)."""
+    trace = Trace(path, errors, tool)
+    return list(trace), trace.skipped
