@@ -87,7 +87,7 @@ PARENT_HEADER = "x-prefixpin-parent"  # the request's declared parent lineage
 # than this.  An agent sends one to a few texts of 10-50 KB; each text costs ~20-40 us to
 # analyse, a KB of dated lines ~0.5 ms.
 HEAVY_TEXTS = 256
-HEAVY_CHARS = 256 * 1024
+HEAVY_CHARS = 128 * 1024
 
 
 class Request(NamedTuple):
