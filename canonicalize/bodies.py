@@ -251,6 +251,12 @@ class Bodies:
         if not body.marks:
             self._forget(body)
 
+    def forget(self, body: Kept) -> None:
+        """``body`` kept no more: its conversation's next request is parsed whole (its
+        own steps go to a worker thread, where what it keeps must be no other's)."""
+        with self._lock:
+            self._forget(body)
+
     def _forget(self, body: Kept) -> None:
         if body not in self._all:
             return  # forgotten already

@@ -18,7 +18,8 @@ parse           the body, by pieces of its conversation's previous one where the
 previous        a Responses request's ``previous_response_id``: the lineage and
                 tip link it continues (``Previous``)
 off loop        a body whose analysis is heavy (:func:`heavy`: hundreds of system
-                texts, or hundreds of KB of them) says so first
+                texts, or over 128 K characters of them) says so first, kept no more
+                for its conversation's next request (as a big body is not)
                 (``OffLoop``): the shell takes its next steps off the event loop
 prepare         static rules, pin spans, tools' identity, the hash chain and the
                 signals (:mod:`canonicalize.analysis`)
@@ -214,6 +215,9 @@ def _steps(canon: Canonicalizer, req: Request) -> Steps[Canonicalized | None]:
     split = req.exchange.split(body)
     offload = heavy(split[0])
     if offload is not None:
+        if kept is not None:  # its steps go to a worker thread: nothing of it is shared with another request
+            memos.bodies.forget(kept)
+            kept = None
         yield offload
     prep = analysis.prepare(
         rules,

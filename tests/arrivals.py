@@ -47,14 +47,18 @@ class Arrivals:
             history.append({"role": "user", "content": f"file {i}: " + "x" * 20_000})
         self.big_head = _head(hermes.request(hermes.system_prompt(), history))
         self.small_head = _head({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        # Small, but heavy to analyse (canonicalize.pipeline.heavy): 300 system messages.
+        rules = [{"role": "system", "content": f"rule {i}: be brief"} for i in range(300)]
+        self.heavy_head = _head({"model": "m", "messages": [*rules, {"role": "user", "content": "hi"}]})
 
     def take(self) -> int | None:
         with self._lock:
             n, self._next = self._next, self._next + 1
         return n if n < self.requests else None
 
-    def body(self, n: int, *, big: bool) -> bytes:
-        raw = (self.big_head if big else self.small_head) + self.tools[n % VARIANTS] + b"}"
+    def body(self, n: int, *, big: bool, heavy: bool = False) -> bytes:
+        head = self.big_head if big else self.heavy_head if heavy else self.small_head
+        raw = head + self.tools[n % VARIANTS] + b"}"
         assert not big or 1 << 20 <= len(raw) < 4 << 20
         return raw
 

@@ -84,8 +84,10 @@ def test_a_store_given_empty_is_the_one_used() -> None:
 
 
 def test_big_bodies_offloaded_while_the_loop_serves_small_ones_never_fail_open() -> None:
-    """Every fourth body is big (prepared and finalized on a worker thread) while the
-    loop serves the small ones, sixteen requests in flight: none fails open.  (The
+    """Every fourth body is big (prepared and finalized on a worker thread), every
+    fourth another small but heavy (parsed by pieces on the loop, analysed on a worker
+    thread), while the loop serves the small ones, sixteen requests in flight: none
+    fails open.  (The
     core's own test, tests/canonicalize/test_threads.py, is the one that finds a race
     within a second; this one runs the proxy's own offloading.)"""
     offline = Offline(load(None, env={}))
@@ -97,7 +99,7 @@ def test_big_bodies_offloaded_while_the_loop_serves_small_ones_never_fail_open()
 
         async def one(n: int) -> None:
             async with slots:
-                raw = arrivals.body(n, big=n % 4 == 0)
+                raw = arrivals.body(n, big=n % 4 == 0, heavy=n % 4 == 2)
                 flow = await offline.send(raw, headers={"authorization": f"Bearer sk-{n % 3}"})
                 roles.append(flow.role)
 
@@ -162,6 +164,7 @@ def test_a_body_whose_analysis_is_heavy_is_analysed_off_the_loop(
     reply = {"role": "assistant", "content": "hello"}
     sent = asyncio.run(offline.send(raw, headers={"authorization": "Bearer sk-a"}, reply=reply))
     assert sent.role == "root" and where == [not heavy] and sent.done is not None and sent.done.heavy is heavy
+    assert len(offline.s.canon.memos.bodies) == (0 if heavy else 1)  # a body its worker thread reads is no other's
     body["messages"] += [reply, {"role": "user", "content": "more"}]
     again = asyncio.run(offline.send(orjson.dumps(body), headers={"authorization": "Bearer sk-a"}))
     assert again.role == "continuation" and where == [not heavy] * 2
