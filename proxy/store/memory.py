@@ -90,7 +90,7 @@ class MemoryStore:
         self.bounds = bounds
         self.clock = clock
         self._data: OrderedDict[Key, tuple[float, Any, int]] = OrderedDict()  # expires, value, held(value)
-        self._bytes = 0  # total size of the blobs held
+        self._bytes = 0  # what the entries held are charged (held())
         self._shares: dict[str, _Share] = {}
         # Per tenant, each lineage every link naming it names alone (see _owners): when the
         # first of those links expires, and its origin (its first link), by which
