@@ -4,7 +4,8 @@ A failure that repeats (a full queue, a store down, an upstream without the rout
 would log a line per request; each place that warns of one lets a few lines through
 per window instead and counts the ones it held back, which its next line tells.
 :class:`Throttle` is one such window; :class:`Throttles` keeps one per key (a kind of
-failure, a path), bounded in keys.  The caller reads its own clock and passes ``now``.
+failure, a path), bounded in keys (the least recently used forgotten first).  The
+caller reads its own clock and passes ``now``.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class Throttle:
 
 
 class Throttles:
-    """One :class:`Throttle` per key, at most ``max_keys`` (past it they all start
-    again: a key's window is forgotten, never another key's events let through more)."""
+    """One :class:`Throttle` per key, at most ``max_keys``: past it the key used least
+    recently is forgotten (its window starts again if it comes back), so a flood of
+    one key keeps its window however many other keys pass by."""
 
     __slots__ = ("_keys", "burst", "every_s", "max_keys")
 
@@ -55,14 +57,19 @@ class Throttles:
         self.every_s = every_s
         self.burst = burst
         self.max_keys = max_keys
-        self._keys: dict[Hashable, Throttle] = {}
+        self._keys: dict[Hashable, Throttle] = {}  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
     def __getitem__(self, key: Hashable) -> Throttle:
-        found = self._keys.get(key)
+        keys = self._keys
+        found = keys.pop(key, None)
         if found is None:
-            if len(self._keys) >= self.max_keys:
-                self._keys.clear()
-            found = self._keys[key] = Throttle(self.every_s, self.burst)
+            if len(keys) >= self.max_keys:
+                del keys[next(iter(keys))]
+            found = Throttle(self.every_s, self.burst)
+        keys[key] = found  # (the most recently used, last)
         return found
 
 

@@ -26,8 +26,23 @@ def test_one_window_per_key_and_the_keys_bounded() -> None:
     ts = Throttles(60.0, max_keys=2)
     assert ts["a"].allow(0.0) and ts["b"].allow(0.0)
     assert not ts["a"].allow(1.0) and ts["a"] is ts["a"]
-    assert ts["c"].allow(1.0)  # a third key: the windows start again (never fewer lines, never more keys)
-    assert len(ts._keys) == 1 and ts["a"].allow(2.0)
+    assert ts["c"].allow(1.0)  # a third key: "b", used least recently, is forgotten
+    assert len(ts) == 2
+    assert not ts["a"].allow(2.0)  # "a" kept its window
+    assert ts["b"].allow(2.0)  # "b" starts again ("c" goes)
+
+
+def test_a_flood_keeps_its_window_while_other_keys_cycle() -> None:
+    """The bound hit by many one-off keys (a client cycling paths) while one key
+    floods: the flood still gets one line a window, and the keys stay bounded."""
+    ts = Throttles(60.0, max_keys=8)
+    lines = 0
+    for n in range(10_000):
+        now = n * 0.001  # ten seconds: within one window
+        lines += ts["flood"].allow(now)
+        ts[f"once-{n}"].allow(now)
+        assert len(ts) <= 8
+    assert lines == 1 and ts["flood"].take_held() == 9_999
 
 
 def test_what_a_line_adds() -> None:
