@@ -18,7 +18,10 @@ a long prompt as a rule, by its first KiB and its length).  Each kept body
 is indexed by both, so a body whose system prompt moved finds its conversation by
 the first message, and a new conversation that shares another's system prompt
 finds that body (its prompt and tools parse are reused, the other conversation's
-body stays).  When neither matches, the tenant's newest body is tried.  A body
+body stays).  When neither matches, the tenant's newest body is tried.  An item
+the skim cannot cross in ``SKIM_TOKENS`` strings and brackets (a system message of
+thousands of text parts) gives no mark: skimmed whole it would cost the loop tens
+of ms before the parse, where an agent's items take a few finds.  A body
 replaces the one it continues: the same object at item 1 (or at item 0 of a body
 of one item), parsed from it.
 
@@ -76,6 +79,7 @@ MAX_BYTES = 16 * 2**20  # raw bytes remembered in all (a parse holds ~3x more, m
 PER_KEY = 4  # bodies found by one lead item: conversations that start alike, a conversation's forks
 TRIES = 4  # remembered bodies tried for one new body, best first
 LEAD_BYTES = 1024  # the first item's bytes hashed into its mark (with its length)
+SKIM_TOKENS = 512  # strings and brackets a lead item is skimmed through at most (~1 ms); past it, no mark
 
 # The tenant, the item's place (0 or 1) and the xxh3-128 of its bytes: what a body is found by
 # (the hash the chain's links use, so one hash's code is warm on the request path, not two).
@@ -305,7 +309,7 @@ def lead(raw: bytes, key: str, scope: str) -> tuple[Mark, ...]:
 
 def _skim(raw: bytes, pos: int) -> int:
     """The end of the object, array or string at ``pos`` as its brackets and quotes say
-    (nothing else checked), or -1."""
+    (nothing else checked), or -1 (also past ``SKIM_TOKENS`` strings and brackets)."""
     if raw.startswith(b'{"role":"', pos):  # a message written compactly: a few finds
         role = _string_end(raw, pos + 8)
         if role > 0 and raw.startswith(b',"content":"', role):
@@ -316,7 +320,10 @@ def _skim(raw: bytes, pos: int) -> int:
         return -1
     depth = 0
     search = _TOKEN.search
-    while (m := search(raw, pos)) is not None:
+    for _ in range(SKIM_TOKENS):
+        m = search(raw, pos)
+        if m is None:
+            return -1
         i = m.start()
         c = raw[i]
         if c == 0x22:  # a string: to the next quote that no odd run of backslashes escapes
@@ -388,4 +395,4 @@ def _handout(top: dict[str, Any], key: str, copies: list[int]) -> dict[str, Any]
     return body
 
 
-__all__ = ["LEAD_BYTES", "SHARED", "Bodies", "Kept", "lead", "shared_prefix"]
+__all__ = ["LEAD_BYTES", "SHARED", "SKIM_TOKENS", "Bodies", "Kept", "lead", "shared_prefix"]

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import xxhash
 
-from canonicalize.bodies import LEAD_BYTES, SHARED, Bodies, Kept, lead
+from canonicalize.bodies import LEAD_BYTES, SHARED, SKIM_TOKENS, Bodies, Kept, lead
 from canonicalize.jsonspan import JsonDoc, has_line_break
 
 
@@ -425,6 +425,38 @@ def test_the_lead_is_a_hint_never_a_parse() -> None:
         for _ in range(2):
             _check(bodies, raw)
     assert Bodies().parse(b'{"messages":["unterminated', "messages", "t") is None
+
+
+def test_the_skim_is_bounded_and_a_body_it_gives_up_on_still_continues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A system message of 5,000 text parts: the skim for its lead stops after
+    SKIM_TOKENS strings and brackets (walked whole, ~30,000 of them held the loop ~50 ms
+    at 1 MB) and the body has no mark; its next turn is still parsed by pieces of it,
+    the tenant's newest body."""
+    import re
+
+    import canonicalize.bodies as bodies_module
+
+    calls = 0
+    pattern = re.compile(rb'["\[\]{}]')
+
+    class Counted:
+        def search(self, raw: bytes, pos: int) -> Any:
+            nonlocal calls
+            calls += 1
+            return pattern.search(raw, pos)
+
+    monkeypatch.setattr(bodies_module, "_TOKEN", Counted())
+    parts = [{"type": "text", "text": f"rule {i}"} for i in range(5000)]
+    turn = [{"role": "system", "content": parts}, {"role": "user", "content": "hi"}]
+    raw = _compact({"model": "m", "messages": turn})
+    assert lead(raw, "messages", "t") == () and calls == SKIM_TOKENS
+    small = _compact({"messages": [{"role": "system", "content": parts[:3]}, {"role": "user", "content": "hi"}]})
+    assert [m[1] for m in lead(small, "messages", "t")] == [0, 1]  # a few parts: skimmed
+    bodies = Bodies()
+    _check(bodies, raw)
+    turn += [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    _check(bodies, _compact({"model": "m", "messages": turn}))
+    assert bodies.reused == 1 and len(bodies) == 1
 
 
 def test_bodies_that_are_not_objects_or_not_json() -> None:
