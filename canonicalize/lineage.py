@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Literal
 
 import orjson
@@ -75,7 +76,7 @@ class LineageRecord:
         # rebuild it ~10x faster than the dataclass' own __getstate__/__setstate__ (and
         # without the frozen __init__'s setattr per field: every write is applied in
         # every worker).
-        return (_record_from, tuple(getattr(self, name) for name in _FIELDS_LINEAGERECORD))
+        return (_record_from, _record_values(self))
 
     id: str
     kind: Kind = "root"
@@ -196,14 +197,20 @@ class LineageRecord:
         return self.root or self.id
 
     def evolve(self, **changes: Any) -> LineageRecord:
-        """A copy with ``changes`` (``dataclasses.replace``, without its per-field checks)."""
-        if not changes.keys() <= _RECORD_FIELD_SET:
-            raise TypeError(f"not LineageRecord fields: {sorted(changes.keys() - _RECORD_FIELD_SET)}")
-        return _build_record([changes[n] if n in changes else getattr(self, n) for n in _RECORD_FIELDS])
+        """A copy with ``changes`` (``dataclasses.replace``, without its per-field checks):
+        every value read in one call, the changed ones put in their places."""
+        values = list(_record_values(self))
+        for name, value in changes.items():
+            i = _RECORD_PLACE.get(name)
+            if i is None:
+                raise TypeError(f"not LineageRecord fields: {sorted(changes.keys() - _RECORD_PLACE.keys())}")
+            values[i] = value
+        return _build_record(values)
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(LineageRecord))
-_RECORD_FIELD_SET = frozenset(_RECORD_FIELDS)
+_RECORD_PLACE = {name: i for i, name in enumerate(_RECORD_FIELDS)}
+_record_values: Callable[[LineageRecord], tuple[Any, ...]] = attrgetter(*_RECORD_FIELDS)
 
 
 def _builder(cls: type[Any]) -> Callable[[Sequence[Any]], Any]:
@@ -445,5 +452,4 @@ def classify(sig: Signals, lookup: Lookup, policy: ForkPolicy) -> Decision:
 
 
 _FIELDS_FINGERPRINT = tuple(f.name for f in fields(Fingerprint))
-_FIELDS_LINEAGERECORD = tuple(f.name for f in fields(LineageRecord))
 _FIELDS_LOOKUP = tuple(f.name for f in fields(Lookup))
