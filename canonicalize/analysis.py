@@ -101,7 +101,11 @@ def prepare(
     base = kept.base if kept is not None and rules.system_lines else None
     near = base.system if base is not None else ()
     edited = kept.edited if base is not None and kept is not None else {}
-    spans, skeleton, head = _system_pass(rules, memos.texts, system_slots, scope, rewrites, originals, near, edited)
+    # (a body that continues its base's conversation: the base's prompts are its previous ones)
+    followed = base is not None and kept is not None and kept.continues
+    spans, skeleton, head = _system_pass(
+        rules, memos.texts, system_slots, scope, rewrites, originals, near, edited, followed
+    )
     if kept is not None:  # what the next body's texts are analysed from
         kept.system = tuple(originals[s.path][1] for s in system_slots)
         kept.edited = {}  # (the old values it holds were for this analysis only)
@@ -183,13 +187,15 @@ def _system_pass(
     originals: dict[Path, tuple[Slot, str]],
     near: Sequence[str],
     edited: Edits,
+    followed: bool = False,
 ) -> tuple[list[pins.Span], str, str]:
     """The static rules on each system slot, and the pin spans, skeleton and head of
     them all.  A text seen before in ``scope`` is found by comparing it whole, never
     by hashing it, and carries its analysis and its slot's spans; a new one is
     analysed from the previous body's text at its slot (``near``) where it can be,
     and where its parse made it from a text (``edited``: :attr:`Kept.edited`), from
-    the characters it kept of it."""
+    the characters it kept of it.  ``followed``: ``near`` are its conversation's previous
+    prompts (not another conversation's), superseded by the new ones (:meth:`Texts.supersede`)."""
     spans: list[pins.Span] = []
     masked_hashes, heads = [], []
     entry = None
@@ -202,7 +208,7 @@ def _system_pass(
         originals[slot.path] = (slot, text)
         res = derived.get("slot")
         if res is None:
-            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None, made)
+            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None, made, followed)
             res = texts.derive(entry, "slot", res, _held(res, text))
         slot.set(texts.intern(scope, res.text))
         rewrites.extend(n for n in res.fired if n not in rewrites)
@@ -234,18 +240,25 @@ def _analyse(
     text: str,
     near_text: str | None,
     made: tuple[str, int, int, Span] | None = None,
+    followed: bool = False,
 ) -> SystemText:
     """The analysis of a system text not seen before: from ``near_text``'s (the same
     slot of the body it was parsed from), kept in ``scope``, when it is there; else
     whole.  ``made``: the text the parse made this one from, and how many of its first
-    and last characters it kept (what ``rescan`` would otherwise compare for)."""
+    and last characters it kept (what ``rescan`` would otherwise compare for).  ``followed``:
+    ``near_text`` is its conversation's previous prompt, which then goes first from the
+    memo (with its rewritten form)."""
     if near_text is not None and near_text is not text:
         entry = texts.known(scope, near_text)
         near = entry.derived.get("slot") if entry is not None else None
-        if near is not None:
+        if entry is not None and near is not None:
             alike = made[1:3] if made is not None and made[0] == near_text else None  # (== is identity first)
             found = rescan(rules, near_text, near, text, alike)
             if found is not None:
+                if followed:
+                    texts.supersede(entry)
+                    if near.text is not near_text and (rewritten := texts.known(scope, near.text)) is not None:
+                        texts.supersede(rewritten)
                 return found
     return scan(rules, text)
 

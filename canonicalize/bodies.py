@@ -155,6 +155,7 @@ class Bodies:
             body.base, old.base = old, None  # a chain of two at most
             self.reused += 1
             if _continues(body, old):  # it takes the old one's place
+                body.continues = True
                 self._replace(old, body, marks)
                 return _handout(top, key, body.writable), doc, body
             self._touch(old)  # another conversation's body, which its own next turn will want

@@ -38,6 +38,7 @@ class Kept:
     __slots__ = (
         "base",
         "close",
+        "continues",
         "doc",
         "edited",
         "head",
@@ -70,6 +71,7 @@ class Kept:
         # the pipeline took what it needs of it; and what the pipeline found of this one:
         # where its history starts in ``items``, the history's links and sizes.
         self.base: Kept | None = None
+        self.continues = False  # it took its base's place: its conversation's next body (bodies)
         self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
         self.system: tuple[str, ...] = ()  # its system texts as the memo of texts keeps them (analysis)

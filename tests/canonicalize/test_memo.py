@@ -72,6 +72,31 @@ def test_texts_used_again_and_again_are_kept_longest() -> None:
     assert memo.known("t", texts[0]) is kept[0] and memo.known("t", texts[2]) is kept[2]
 
 
+def test_a_text_another_was_read_from_goes_first() -> None:
+    """Over the bound, a superseded text goes before the least recently used; used
+    again, it is the newest again; a key that holds other texts too is not moved."""
+    memo = Texts(max_entries=3)
+    texts = [f"{i}" * 3000 for i in range(5)]
+    kept = [memo.entry("t", t) for t in texts[:3]]
+    memo.supersede(kept[2])  # the newest
+    memo.entry("t", texts[3])
+    assert memo.known("t", texts[2]) is None  # before kept[0], the least recently used
+    assert memo.known("t", texts[0]) is kept[0] and memo.known("t", texts[1]) is kept[1]
+    memo.supersede(kept[0])
+    assert memo.entry("t", texts[0]) is kept[0]  # used again: the newest again
+    memo.entry("t", texts[4])
+    assert memo.known("t", texts[1]) is None and memo.known("t", texts[0]) is kept[0]
+
+    shared = Texts(max_entries=3, per_key=2)
+    head, tail = "h" * HEAD, "t" * TAIL
+    c = shared.entry("t", "c" * 3000)
+    a, b = (shared.entry("t", head + x * 1000 + tail) for x in "ab")  # one key, two texts
+    shared.supersede(b)
+    shared.entry("t", "d" * 3000)
+    assert shared.known("t", c.text) is None  # the least recently used went, not their key
+    assert shared.known("t", a.text) is a and shared.known("t", b.text) is b
+
+
 def test_one_scope_never_finds_anothers_texts() -> None:
     memo = Texts()
     text = "s" * 3000
@@ -512,3 +537,34 @@ def test_a_prompt_parsed_from_its_previous_one_is_analysed_from_its_lines_and_no
         assert kept is not None and kept.edited == {}
         history += [{"role": "assistant", "content": f"at {minute}"}, {"role": "user", "content": "next"}]
     assert memo.canon.memos.bodies.reused == 2 and made == [True, True]
+
+
+def test_a_conversations_previous_prompt_goes_first_and_another_conversations_stays() -> None:
+    """A prompt whose minute moved is read from the conversation's previous one, which
+    then goes first from the memo of texts; a new conversation read from another's
+    prompt (another session) leaves that one where it was."""
+    memo = Harness()
+    texts = memo.canon.memos.texts
+    history = [{"role": "user", "content": "hi"}]
+    sent = []
+    for minute in ("02:30 PM", "02:31 PM"):
+        prompt = hermes.system_prompt(minute=minute)
+        sent.append(prompt)
+        memo.send(hermes.request(prompt, list(history), hermes.tools_full()))
+        history += [{"role": "assistant", "content": f"at {minute}"}, {"role": "user", "content": "next"}]
+    first = next(iter(texts._buckets.values()))
+    assert [e.text for e in first] == [sent[0]]  # the previous prompt: first to go
+
+    other = Harness()
+    texts = other.canon.memos.texts
+    other.send(hermes.request(hermes.system_prompt(), [{"role": "user", "content": "hi"}], hermes.tools_full()))
+    kept = [e.text for bucket in texts._buckets.values() for e in bucket]
+    other.send(
+        hermes.request(
+            hermes.system_prompt(session="20260513_999999_ffffff"),
+            [{"role": "user", "content": "hey"}],
+            hermes.tools_full(),
+        )
+    )
+    assert other.canon.memos.bodies.reused == 1  # parsed from the other conversation's body
+    assert [e.text for bucket in texts._buckets.values() for e in bucket][: len(kept)] == kept  # in their order
