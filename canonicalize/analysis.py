@@ -22,23 +22,26 @@ else from the histories memo.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from canonicalize import chain, pins
+from canonicalize import chain, pins, strpiece
 from canonicalize.bodies import Kept, shared_prefix
 from canonicalize.histories import Histories
 from canonicalize.identity import ToolsId, hash_text
 from canonicalize.jsonspan import JsonDoc, Path
 from canonicalize.lineage import Origin, Signals, origin_of
 from canonicalize.memo import Memos
-from canonicalize.pieces import Edits, Span
+from canonicalize.pieces import Strings
 from canonicalize.rules import Rule
 from canonicalize.ruleset import RuleSet
 from canonicalize.scan import HEAD_CHARS, SystemText, rescan, scan
 from canonicalize.texts import Texts
 from canonicalize.wire.base import Exchange, Slot
+
+# A body's strings the parse read alone in place of its base's (Kept.strings), the base's bytes and its own.
+Made = tuple[Strings, bytes, bytes]
 
 _TIP = object()  # a previous response, standing first in a chain that starts from its tip
 SPAN_CHARS = 64  # what a pin span (or a slot's list of them) holds, in characters, for the texts memo's bound
@@ -100,15 +103,15 @@ def prepare(
     system_slots, history = exchange.split(body) if split is None else split
     base = kept.base if kept is not None and rules.system_lines else None
     near = base.system if base is not None else ()
-    edited = kept.edited if base is not None and kept is not None else {}
+    made = (kept.strings, base.raw, kept.raw) if base is not None and kept is not None and kept.strings else None
     # (a body that continues its base's conversation: the base's prompts are its previous ones)
     followed = base is not None and kept is not None and kept.continues
     spans, skeleton, head = _system_pass(
-        rules, memos.texts, system_slots, scope, rewrites, originals, near, edited, followed
+        rules, memos.texts, system_slots, scope, rewrites, originals, near, made, followed
     )
     if kept is not None:  # what the next body's texts are analysed from
         kept.system = tuple(originals[s.path][1] for s in system_slots)
-        kept.edited = {}  # (the old values it holds were for this analysis only)
+        kept.strings = {}  # (the old values it holds were for this analysis only)
     tool_slots = _static_pass(rules, body, exchange, rewrites, originals)
     tool_list, tools = _tools(rules, memos, exchange, body, scope, hold=kept is not None)
     if tool_slots and rules.pin_tools:
@@ -186,29 +189,28 @@ def _system_pass(
     rewrites: list[str],
     originals: dict[Path, tuple[Slot, str]],
     near: Sequence[str],
-    edited: Edits,
+    made: Made | None = None,
     followed: bool = False,
 ) -> tuple[list[pins.Span], str, str]:
     """The static rules on each system slot, and the pin spans, skeleton and head of
     them all.  A text seen before in ``scope`` is found by comparing it whole, never
     by hashing it, and carries its analysis and its slot's spans; a new one is
     analysed from the previous body's text at its slot (``near``) where it can be,
-    and where its parse made it from a text (``edited``: :attr:`Kept.edited`), from
-    the characters it kept of it.  ``followed``: ``near`` are its conversation's previous
+    and where the parse read it alone in place of that text (``made``: the body's
+    :attr:`Kept.strings` and the two bodies' bytes), from where their bytes differ.
+    ``followed``: ``near`` are its conversation's previous
     prompts (not another conversation's), superseded by the new ones (:meth:`Texts.supersede`)."""
     spans: list[pins.Span] = []
     masked_hashes, heads = [], []
     entry = None
     for i, slot in enumerate(slots):
-        made = edited.get(slot.path) if edited else None
-        value = slot.get()
-        # (a text the parse made from another differs from the kept ones, as a rule, where it was changed)
-        entry = texts.entry(scope, value, (made[1], len(value) - made[2]) if made is not None else None)
+        entry = texts.entry(scope, slot.get())
         text, derived = entry.text, entry.derived
         originals[slot.path] = (slot, text)
         res = derived.get("slot")
         if res is None:
-            res = _analyse(rules, texts, scope, text, near[i] if i < len(near) else None, made, followed)
+            near_text = near[i] if i < len(near) else None
+            res = _analyse(rules, texts, scope, text, near_text, _alike(made, slot.path, near_text), followed)
             res = texts.derive(entry, "slot", res, _held(res, text))
         slot.set(texts.intern(scope, res.text))
         rewrites.extend(n for n in res.fired if n not in rewrites)
@@ -239,21 +241,20 @@ def _analyse(
     scope: str,
     text: str,
     near_text: str | None,
-    made: tuple[str, int, int, Span] | None = None,
+    alike: Callable[[], tuple[int, int] | None] | None = None,
     followed: bool = False,
 ) -> SystemText:
     """The analysis of a system text not seen before: from ``near_text``'s (the same
     slot of the body it was parsed from), kept in ``scope``, when it is there; else
-    whole.  ``made``: the text the parse made this one from, and how many of its first
-    and last characters it kept (what ``rescan`` would otherwise compare for).  ``followed``:
+    whole.  ``alike``: how many characters the two are known to start and end with
+    alike, read when needed (what ``rescan`` would otherwise compare them for).  ``followed``:
     ``near_text`` is its conversation's previous prompt, which then goes first from the
     memo (with its rewritten form)."""
     if near_text is not None and near_text is not text:
         entry = texts.known(scope, near_text)
         near = entry.derived.get("slot") if entry is not None else None
         if entry is not None and near is not None:
-            alike = made[1:3] if made is not None and made[0] == near_text else None  # (== is identity first)
-            found = rescan(rules, near_text, near, text, alike)
+            found = rescan(rules, near_text, near, text, alike() if alike is not None else None)
             if found is not None:
                 if followed:
                     texts.supersede(entry)
@@ -261,6 +262,20 @@ def _analyse(
                         texts.supersede(rewritten)
                 return found
     return scan(rules, text)
+
+
+def _alike(made: Made | None, path: Path, near_text: str | None) -> Callable[[], tuple[int, int] | None] | None:
+    """How many characters the text at ``path`` starts and ends with alike with
+    ``near_text``, from the bytes the parse read it from (:func:`canonicalize.strpiece.alike`),
+    when it read it alone in place of that text; None: not known that way."""
+    if made is None or near_text is None:
+        return None
+    strings, old, raw = made
+    found = strings.get(path)
+    if found is None or found[0] != near_text:  # (!= is identity first)
+        return None
+    value, first, close, start, end = found
+    return lambda: strpiece.alike(value, old, first, close, raw, start, end)
 
 
 def shape_of(rules: RuleSet, texts: Texts, scope: str, system: Sequence[str]) -> tuple[str, str]:

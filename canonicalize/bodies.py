@@ -8,8 +8,9 @@ body of each conversation in flight with its parse and the byte span of each
 item of its item array (chat and Messages ``messages``, Responses ``input``), and
 parses a new body as a remembered one's items wherever the bytes are equal, with
 ``orjson.loads`` only of the gaps between them; a gap of one item where one old item
-stood that differs from it only inside a long string (a system prompt whose minute
-moved) is that item with the changed lines replaced (:mod:`canonicalize.strpiece`).
+stood that differs from it only inside its last member, a long string (a system
+prompt whose minute moved), is that item with only the string parsed
+(:mod:`canonicalize.strpiece`).
 
 A body finds its conversation's previous body by its *lead*: the bytes of the
 first two items of its item array (a system prompt and the first user message,
@@ -146,9 +147,9 @@ class Bodies:
             found = reuse(old, raw, key)
             if found is None:
                 continue
-            top, doc, layout, copies, edited = found
+            top, doc, layout, copies, strings = found
             body = Kept(raw, top, key, doc)
-            body.writable, body.edited = copies, edited
+            body.writable, body.strings = copies, strings
             if layout is not None:
                 body.open, body.close, body.head, body.tail = old.open, layout[0], old.head, old.tail
                 body.spans = layout[1]

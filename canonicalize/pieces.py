@@ -16,16 +16,17 @@ from typing import Any
 import orjson
 
 from canonicalize.jsonspan import JsonDoc, Path, has_line_break
-from canonicalize.strpiece import BIG, edited
+from canonicalize.strpiece import BIG, replaced
 
 # The roles of the items no request writes to (it writes system texts and date notes
 # on user messages): the only items shared between requests; every other is copied.
 SHARED = frozenset({"assistant", "tool"})
 
 Span = tuple[int, int]
-# Kept.edited: by path, the old value, the characters of its start and end the new one
-# kept, and the new value's span in the body.
-Edits = dict[Path, tuple[str, int, int, Span]]
+# Kept.strings: by path, a string parsed alone in place of the base's
+# (canonicalize.strpiece): the base's value, its literal's content in the base's
+# bytes, and the new literal's content in this body's.
+Strings = dict[Path, tuple[str, int, int, int, int]]
 _WS = b" \t\n\r"  # JSON's whitespace
 _ENDS = 32  # at most this many last bytes compared before a body's layout is found (it costs a serialization)
 
@@ -40,7 +41,6 @@ class Kept:
         "close",
         "continues",
         "doc",
-        "edited",
         "head",
         "hist",
         "items",
@@ -50,6 +50,7 @@ class Kept:
         "raw",
         "scope",
         "spans",
+        "strings",
         "system",
         "tail",
         "top",
@@ -75,9 +76,7 @@ class Kept:
         self.writable: list[int] = []  # the indices of the items a request gets copies of
         self.hist: tuple[int, tuple[bytes, ...], tuple[int, ...]] | None = None
         self.system: tuple[str, ...] = ()  # its system texts as the memo of texts keeps them (analysis)
-        # The string members parsed as an edit of the base's (canonicalize.strpiece), until
-        # the analysis read them (Edits).
-        self.edited: Edits = {}
+        self.strings: Strings = {}  # until the analysis read them
         self.scope = ""  # the tenant whose memo holds it
         self.marks: list[tuple[str, int, int]] = []  # what finds it there (canonicalize.bodies.lead)
 
@@ -148,13 +147,13 @@ def shared_prefix(body: Kept, start: int, base: Kept, base_start: int, most: int
     return len(list(takewhile(bool, pairs)))
 
 
-Assembled = tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int], Edits]
+Assembled = tuple[dict[str, Any], JsonDoc, tuple[int, list[Span]] | None, list[int], Strings]
 
 
 def reuse(old: Kept, raw: bytes, key: str) -> Assembled | None:
     """``raw``'s parse, doc, layout (its close and item spans, when all are known),
-    the items a request gets copies of, and the string members parsed as edits, as
-    ``old``'s items where the bytes are equal; or None."""
+    the items a request gets copies of and the strings parsed alone in place of
+    ``old``'s, as ``old``'s items where the bytes are equal; or None."""
     if old.key != key:
         return None
     if old.spans is None and not (_same_end(old.raw, raw) and old.layout()):
@@ -228,7 +227,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
     them (whole new items) parsed on their own (with no run: another conversation's
     body, whose head and tail, its model and tools, are reused); None when a gap is
     not items.  A gap of one item where one old item stood is first tried as that
-    item with a string member's lines changed (:mod:`canonicalize.strpiece`)."""
+    item with its last member's string replaced (:mod:`canonicalize.strpiece`)."""
     spans = old.spans
     assert spans is not None
     items: list[Any] = []
@@ -238,7 +237,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
     old_items, old_writable = old.items, old.writable
     copies: list[int] = []
     breaks = False  # a line break in the new bytes (the gaps): the rest are old's
-    edits: Edits = {}
+    strings: Strings = {}
     done = 0  # the old items before here: runs' and the gaps' they replaced
     several = False  # a gap of more than one item (only such a gap may leave a span unknown)
     try:
@@ -247,7 +246,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
                 n_before = len(items)
                 breaks = breaks or has_line_break(raw, pos, start)
                 like = done if first - done == 1 else -1
-                if not _gap(raw, pos, start, after_item, True, items, new_spans, (old, like, edits)):
+                if not _gap(raw, pos, start, after_item, True, items, new_spans, (old, like, strings)):
                     return None
                 if len(items) > n_before:
                     several = several or len(items) - n_before > 1
@@ -269,7 +268,7 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
         n_before = len(items)
         breaks = breaks or has_line_break(raw, pos, close)
         like = done if len(spans) - done == 1 else -1
-        if not _gap(raw, pos, close, after_item, False, items, new_spans, (old, like, edits)):
+        if not _gap(raw, pos, close, after_item, False, items, new_spans, (old, like, strings)):
             return None
         if len(items) > n_before:
             several = several or len(items) - n_before > 1
@@ -284,12 +283,12 @@ def _assemble(old: Kept, raw: bytes, runs: list[Run], close: int) -> Assembled |
     elif old.doc.is_flat():  # (its head and tail are old's too)
         doc.flat = True
     _carry(old, doc, moves, close)
-    for path, (_, _, _, span) in edits.items():
-        doc._quick[path] = span  # (as a scan of the new item would find it)
+    for path, (_, _, _, start, end) in strings.items():
+        doc._quick[path] = (start - 1, end + 1)  # (as a scan of the new item would find it)
     known = not several or (-1, -1) not in new_spans
     if known:
         doc.known_items = (old.key, new_spans)
-    return top, doc, ((close, new_spans) if known else None), copies, edits
+    return top, doc, ((close, new_spans) if known else None), copies, strings
 
 
 def _same_end(old: bytes, raw: bytes) -> bool:
@@ -325,20 +324,20 @@ def _gap(
     before: bool,
     items: list[Any],
     spans: list[Span],
-    like: tuple[Kept, int, Edits],
+    like: tuple[Kept, int, Strings],
 ) -> bool:
     """Parse ``raw[start:end]``, between a reused item (``after``) or the '[', and a
     reused item (``before``) or the ']': new whole items and their separators, or
     just one separator.  Appends the items and their spans (found by their compact
     serialization; unknown spans make the caller's body unusable later).  ``like``:
     the old body, the index of the one old item the gap stands in place of (-1:
-    none), and the edits to note one in (:func:`_edited`)."""
+    none), and where to note a string parsed alone (:func:`_replaced`)."""
     inner = _between(raw, start, end, after, before)
     if type(inner) is not tuple:
         return bool(inner)  # a separator alone (or nothing), or not one
     start, end = inner
     if like[1] >= 0 and end - start >= BIG:
-        item = _edited(raw, start, end, like, len(items))
+        item = _replaced(raw, start, end, like, len(items))
         if item is not None:
             items.append(item)
             spans.append((start, end))
@@ -394,18 +393,20 @@ def _between(raw: bytes, start: int, end: int, after: bool, before: bool) -> tup
     return (start, end) if start < end else False
 
 
-def _edited(raw: bytes, start: int, end: int, like: tuple[Kept, int, Edits], index: int) -> Any:
-    """The item ``raw[start:end]`` as the old item ``like`` names with a string member's
-    lines changed (:func:`canonicalize.strpiece.edited`), noted in ``like``'s edits at
-    its new ``index``; None: not that."""
-    old, j, edits = like
+def _replaced(raw: bytes, start: int, end: int, like: tuple[Kept, int, Strings], index: int) -> Any:
+    """The item ``raw[start:end]`` as the old item ``like`` names with its last member's
+    string replaced (:func:`canonicalize.strpiece.replaced`), noted in ``like``'s
+    strings at its path (at the new ``index``); None: not that."""
+    old, j, strings = like
     assert old.spans is not None
     item = old.items[j]
-    found = edited(item, old.raw, *old.spans[j], raw, start, end)
+    a0, a1 = old.spans[j]
+    found = replaced(item, old.raw, a0, a1, raw, start, end)
     if found is None:
         return None
-    new, key, kept_start, kept_end, span = found
-    edits[(old.key, index, key)] = (item[key], kept_start, kept_end, span)
+    new, key, (s, e) = found
+    # (the literals' contents: after the same bytes in both items, to the quote before '}')
+    strings[(old.key, index, key)] = (item[key], a0 + s + 1 - start, a1 - 2, s + 1, e - 1)
     return new
 
 

@@ -1,30 +1,33 @@
-"""A changed item parsed as its previous parse with one string member's lines replaced.
+"""A changed item parsed as its previous parse with its last member, a long string, replaced.
 
 An agent's next system prompt is, as a rule, its previous one with a line changed
-(a minute, a memory counter), and parsing the 10-50 KB message again is most of
-what parsing such a body by pieces costs: ``orjson.loads`` builds the whole string
-anew (~9 µs for 13 KB).  :func:`edited` builds it from the previous value instead:
-where the old item's bytes are its compact serialization (``orjson.dumps``, which
-:meth:`canonicalize.pieces.Kept.layout` proved) and the new item's bytes differ
-from them only inside one string member, the new value is the old one with the
-lines that differ replaced by the new bytes' lines, parsed on their own.
+(a minute, a memory counter): the message's bytes are the previous ones but inside
+its last member's string (``{"role":"system","content":"…"}``).  :func:`replaced`
+parses only that string, with ``orjson``, and takes every other member from the
+previous parse; and it knows where the string is in the new bytes, which the
+request's edits would otherwise look for in a 10-50 KB item.
 
-Why that is the parse.  In the old bytes the member's literal is the canonical
-escape of its value: a backslash always starts an escape, and every newline of
-the value is the escape ``\\n``.  The changed bytes are widened to whole lines:
-from just after a ``\\n`` escape (or the literal's first byte) to the start of one
-(or its closing quote), so both cuts fall between two whole escapes or characters
-of the old literal.  The new literal is the old one's bytes up to the first cut,
-the new bytes between, the old ones from the second: the first part reads as it
-did (the same bytes from the same place), the new bytes must parse on their own
-as a string's content (so no unescaped quote ends the literal early), and the
-backslashes right before the second cut must pair up in the new bytes (so the
-escape or quote there starts as it did, and the rest reads as it did, to the same
-closing quote and the same members after it).  The value is then the old value's
-characters up to the first cut, the new piece, and the old characters from the
-second; the old piece is checked to be where the counts put it.  Anything else
-(another spacing, a changed key, a change outside one string, most of the text
-changed) gives None, and the item is parsed whole.
+Why that is the parse.  The old item's bytes are its compact serialization
+(``orjson.dumps``, which :meth:`canonicalize.pieces.Kept.layout` proved): its
+members in order, no duplicate keys, the last member's literal right before the
+closing ``}``.  When the new bytes start with the old ones up to that literal's
+opening quote, end with a quote and ``}``, and the bytes from the opening quote to
+the last quote parse alone as one JSON string (so no unescaped quote ends the
+literal early: ``orjson`` refuses anything after a string's closing quote), the new
+item is the same members before it, the same key, that string and the end of the
+object: the old parse with that one value replaced.  Anything else (another spacing,
+a changed key or member, a member after the string, a value that is not a string)
+gives None, and the item is parsed whole; so does an item with a long string
+before its last member (it would be serialized again only to learn where the last
+starts).
+
+The string is parsed, not made from the old value's characters: by the next turn
+the old value and bytes have left the CPU's caches, where the new bytes were just
+read.  Where the two strings differ is found only when the analysis needs it, for a
+system text the memo of texts does not hold (:func:`alike`): from the two literals'
+bytes, compared without copying, and the characters of the lines around the change
+counted (:func:`canonicalize.scan.rescan` would otherwise compare the two texts,
+copying them).
 """
 
 from __future__ import annotations
@@ -33,79 +36,81 @@ from typing import Any
 
 import orjson
 
-BIG = 2048  # a string's bytes below this: its item is parsed whole (as cheap as the checks)
-_PROBE = 256  # bytes compared at once first when looking for where two items differ
+BIG = 2048  # an item's bytes below this: parsed whole (as cheap as the checks)
+SHORT = 256  # characters of a string member before the last one, at most (a role, a type, a name)
+_PROBE = 256  # bytes compared at once first when looking for where two literals differ
 _BACKSLASH = 0x5C
 
-# The new item, the member, the characters of the old value's start and end it kept,
-# and where the member's value (its literal, quotes included) is in the new bytes.
-Edited = tuple[dict[str, Any], str, int, int, tuple[int, int]]
+# The new item, the member replaced, and where its literal (quotes included) is in the new bytes.
+Replaced = tuple[dict[str, Any], str, tuple[int, int]]
 
 
-def edited(item: Any, old: bytes, a0: int, a1: int, raw: bytes, b0: int, b1: int) -> Edited | None:
+def replaced(item: Any, old: bytes, a0: int, a1: int, raw: bytes, b0: int, b1: int) -> Replaced | None:
     """``raw[b0:b1]``'s parse as ``item`` (whose compact serialization is ``old[a0:a1]``)
-    with one string member's lines replaced (module docstring): the new item (a new
-    dict), the member's key, how many characters of the old value's start and end the
-    new one keeps, and the span of the member's value in ``raw``; None when it is not
-    that."""
-    if type(item) is not dict:
+    with its last member's string replaced (module docstring): the new item (a new
+    dict), the member's key, and the span of its literal in ``raw``; None when it is
+    not that."""
+    if type(item) is not dict or not item:
         return None
-    n = min(a1 - a0, b1 - b0)
-    p = _prefix(old, a0, raw, b0, n)
-    if p == n:
-        return None  # equal, or one the other's start: no change inside a string
-    s = _suffix(old, a1, raw, b1, n - p)
-    found = _member(item, old, a0, a1, a0 + p, a1 - s)
-    if found is None:
+    *before, (key, value) = item.items()
+    if type(value) is not str or any(type(v) is str and len(v) > SHORT for _, v in before):
+        return None  # (a long member before it: another shape, not serialized again to learn so)
+    # The literal's opening quote: after '{', each member before it and its ',', the key and ':'.
+    quote = a0 + 1 + sum(len(orjson.dumps(k)) + len(orjson.dumps(v)) + 2 for k, v in before)
+    quote += len(orjson.dumps(key)) + 1
+    head = quote + 1 - a0  # the bytes the two items start alike with, through the quote
+    if b1 - b0 < head + 2 or raw[b1 - 2 : b1] != b'"}' or not raw.startswith(memoryview(old)[a0 : a0 + head], b0):
         return None
-    key, first, close = found  # the literal's first content byte, and its closing quote, in ``old``
-    value: str = item[key]
-    cut = _line_start(old, first, a0 + p)
-    end = _line_end(old, first, a1 - s, close)
-    if 2 * (end - cut) > close - first:
-        return None  # most of it changed: parsed whole
-    new_cut, new_end = cut - a0 + b0, end - a1 + b1  # the same places in the new bytes
-    if not _even_before(raw, new_end, new_cut):
-        return None  # the escape or quote at the second cut does not start there in the new bytes
+    start, end = b0 + head - 1, b1 - 1
     try:
-        piece = orjson.loads(b"".join((b'"', raw[new_cut:new_end], b'"')))
-        was = _chars(old, cut, end)
-        if close - end <= cut - first:  # the shorter of the two old parts is counted
-            kept_end = _count(old, end, close)
-            kept_start = len(value) - kept_end - len(was)
-        else:
-            kept_start = _count(old, first, cut)
-            kept_end = len(value) - kept_start - len(was)
+        text = orjson.loads(memoryview(raw)[start:end])
     except orjson.JSONDecodeError:
         return None
-    if kept_start < 0 or kept_end < 0 or value[kept_start : len(value) - kept_end] != was:
-        return None  # (never: the counts are the old literal's)
+    if type(text) is not str:
+        return None  # (never: the bytes open with a quote)
     new = dict(item)
-    text = value[:kept_start]  # (appended to in place: the kept start is copied once)
-    text += piece
-    text += value[len(value) - kept_end :]
     new[key] = text
-    return new, key, kept_start, kept_end, (first - 1 - a0 + b0, close + 1 - a1 + b1)
+    return new, key, (start, end)
 
 
-def _member(item: dict[str, Any], old: bytes, a0: int, a1: int, lo: int, hi: int) -> tuple[str, int, int] | None:
-    """The string member of ``item`` (serialized compactly as ``old[a0:a1]``) whose
-    literal's content and closing quote hold ``old[lo:hi]``, where nothing else
-    differs: its key, its first content byte and its closing quote; None: another
-    member, or a short one."""
-    pos = a0 + 1  # after '{'
-    last = len(item) - 1
-    for i, (key, value) in enumerate(item.items()):
-        start = pos + len(orjson.dumps(key)) + 1  # the literal's opening quote (after the key and ':')
-        if start > lo:
-            return None  # the change starts before this member's value
-        stop = a1 - 1 if i == last else start + len(orjson.dumps(value))  # after the literal
-        if lo < stop:
-            if type(value) is not str or stop - start < BIG or hi > stop - 1 or lo <= start:
-                return None
-            return key, start + 1, stop - 1
-        pos = stop + 1  # after ','
-    return None
+def alike(value: str, old: bytes, first: int, close: int, raw: bytes, start: int, end: int) -> tuple[int, int] | None:
+    """How many characters ``value`` (whose canonical literal's content is
+    ``old[first:close]``) and the string whose literal's content is ``raw[start:end]``
+    are known to start and to end with alike, at line boundaries (at most as many as
+    they do): what :func:`canonicalize.scan.rescan` would otherwise compare the two
+    texts for, read from their bytes; None when one holds the other whole.
+
+    The bytes alike are widened to whole lines: from just after a ``\\n`` escape (or
+    the literal's start) and to the start of one (or its end), so both cuts fall
+    between two whole escapes or characters of the old literal.  The new literal
+    reads its first part as the old one does (the same bytes from the same place);
+    its second part too when the backslashes right before it pair up in the new
+    bytes (so the escape there starts as it did).  The characters of the shorter
+    old part are counted, the other's from the value's length and the changed
+    lines' characters, read.  None also when most lines changed, or the second part
+    is not read as it was."""
+    n = min(close - first, end - start)
+    p = _prefix(old, first, raw, start, n)
+    if p == n:
+        return None  # equal, or one the other's start
+    s = _suffix(old, close, raw, end, n - p)
+    cut = _line_start(old, first, first + p)
+    stop = _line_end(old, first, close - s, close)
+    if 2 * (stop - cut) > close - first or not _even_before(raw, end - (close - stop), start + (cut - first)):
+        return None  # most of it changed, or the second part not read as it was: compared whole
+    try:
+        was = _chars(old, cut, stop)
+    except orjson.JSONDecodeError:
+        return None  # (never: the cuts are between whole escapes of a canonical literal)
+    if close - stop <= cut - first:  # the shorter of the two old parts is counted
+        kept_end = _count(old, stop, close)
+        kept_start = len(value) - kept_end - len(was)
+    else:
+        kept_start = _count(old, first, cut)
+        kept_end = len(value) - kept_start - len(was)
+    if kept_start < 0 or kept_end < 0:
+        return None  # (never: the counts are the old literal's)
+    return kept_start, kept_end
 
 
 def _line_start(buf: bytes, lo: int, at: int) -> int:
@@ -202,4 +207,4 @@ def _suffix(x: bytes, xe: int, y: bytes, ye: int, most: int) -> int:
     return lo + ((differ & -differ).bit_length() - 1) // 8 if differ else hi
 
 
-__all__ = ["BIG", "Edited", "edited"]
+__all__ = ["BIG", "Replaced", "alike", "replaced"]

@@ -93,12 +93,9 @@ class Texts:
         """Characters held."""
         return self._chars
 
-    def entry(self, scope: str, text: str, differs: tuple[int, int] | None = None) -> Entry:
+    def entry(self, scope: str, text: str) -> Entry:
         """The entry of ``text`` in ``scope``: the kept one if an equal text is kept, else
-        a new one (kept unless it is too big to, or the memo is off).  ``differs``: the
-        characters where ``text`` most likely differs from a kept text of its length
-        (the caller made it from one by replacing them): compared first, so a kept text
-        that differs there is passed over without reading the rest."""
+        a new one (kept unless it is too big to, or the memo is off)."""
         if not self.enabled:
             return Entry((scope, len(text), "", ""), text)
         found = self._ids.get(id(text))
@@ -110,12 +107,11 @@ class Texts:
                         self._newest = found
             return found  # the kept object itself: nothing to compare
         key = (scope, len(text), text[:HEAD], text[-TAIL:])
-        lo, hi = differs if differs is not None else (0, 0)
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is not None:
                 for i, found in enumerate(bucket):
-                    if (lo == hi or found.text[lo:hi] == text[lo:hi]) and found.text == text:
+                    if found.text == text:
                         if i:
                             bucket.insert(0, bucket.pop(i))
                         self._buckets.move_to_end(key)

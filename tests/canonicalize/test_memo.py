@@ -45,20 +45,6 @@ def test_texts_sharing_the_key_are_told_apart_by_their_whole_text() -> None:
     assert memo.entry("t", copy_of(b.text)) is b
 
 
-def test_where_a_text_differs_is_only_where_it_is_compared_first() -> None:
-    """``differs`` (where a text made from another was changed) passes over a kept text
-    that differs there, and never finds one that differs elsewhere."""
-    memo = Texts()
-    head, tail = "h" * HEAD, "t" * TAIL
-    a = memo.entry("t", head + "a" * 500 + "M1" + "a" * 500 + tail)
-    b = memo.entry("t", head + "a" * 500 + "M2" + "a" * 500 + tail)
-    at = (HEAD + 500, HEAD + 502)
-    assert memo.entry("t", copy_of(b.text), at) is b and memo.entry("t", copy_of(a.text), at) is a
-    other = head + "b" + "a" * 499 + "M1" + "a" * 500 + tail  # alike where it was changed, not elsewhere
-    assert memo.entry("t", other, at).text is other
-    assert memo.entry("t", copy_of(a.text), (0, len(a.text))) is a  # (all of it: the whole compare)
-
-
 def test_texts_used_again_and_again_are_kept_longest() -> None:
     """The least recently used text goes first, however often the newest was used."""
     memo = Texts(max_entries=3)
@@ -514,27 +500,25 @@ def test_the_no_memo_form_remembers_nothing() -> None:
     assert off.bodies.reused == 0
 
 
-def test_a_prompt_parsed_from_its_previous_one_is_analysed_from_its_lines_and_not_held_after(
+def test_a_prompt_parsed_as_its_previous_ones_item_is_analysed_as_a_fresh_canonicalizer_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The next requests' prompts (the minute moved) are made from the previous ones by
-    their lines (canonicalize.strpiece); their analysis is the one a canonicalizer that
-    remembers nothing gives; the previous prompt the parse noted is not held past it."""
+    """The next requests' prompts (the minute moved) are parsed as the previous ones'
+    items with only the string parsed (canonicalize.strpiece); their analysis is the
+    one a canonicalizer that remembers nothing gives."""
     made: list[bool] = []
 
-    def edited(*args: Any) -> Any:
-        found = strpiece.edited(*args)
+    def replaced(*args: Any) -> Any:
+        found = strpiece.replaced(*args)
         made.append(found is not None)
         return found
 
-    monkeypatch.setattr(pieces, "edited", edited)
+    monkeypatch.setattr(pieces, "replaced", replaced)
     memo, fresh = Harness(), Harness(memos=Memos.off())
     history = [{"role": "user", "content": "hi"}]
     for minute in ("02:30 PM", "02:31 PM", "02:32 PM"):
         body = hermes.request(hermes.system_prompt(minute=minute), list(history), hermes.tools_full())
         assert memo.send(body).raw == fresh.send(body).raw
-        kept = memo.canon.memos.bodies.newest(next(iter(memo.canon.memos.bodies._scopes)))
-        assert kept is not None and kept.edited == {}
         history += [{"role": "assistant", "content": f"at {minute}"}, {"role": "user", "content": "next"}]
     assert memo.canon.memos.bodies.reused == 2 and made == [True, True]
 

@@ -1,5 +1,5 @@
-"""A changed item parsed as its previous parse with a string member's lines replaced:
-whenever :func:`canonicalize.strpiece.edited` answers, its item is the one
+"""A changed item parsed as its previous parse with its last member's string replaced:
+whenever :func:`canonicalize.strpiece.replaced` answers, its item is the one
 ``orjson.loads`` gives for the new bytes (and it answers None for bytes that are not
 JSON), whatever the escapes, characters, member order and writing of the new bytes."""
 
@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from canonicalize import strpiece
-from canonicalize.strpiece import edited
+from canonicalize.strpiece import replaced
 
 PIECES = ["a", "b", " ", "\n", "\\", '"', "—", "═", "\t", "\x01", "é", "😀", "\\n", "n", "u", "/", "\r", "\u2028"]
 BYTES = [b"\\", b'"', b"n", b"\n", b"u", b"0", b"\xe2", b"\x80", b"}", b",", b" ", b"\\n", b"\\\\"]
@@ -31,7 +31,7 @@ def _item(rng: random.Random, text: str) -> dict[str, Any]:
         return {"content": text, "role": "system"}
     if shape == 2:
         return {"role": "system", "content": text, "name": "x"}
-    return {"a": [1, {"b": "c"}], "content": text, "z": None}
+    return {"a": [1, {"b": "c"}], "z": None, "content": text}
 
 
 def _changed(rng: random.Random, text: str) -> str:
@@ -76,14 +76,16 @@ def _written(rng: random.Random, item: dict[str, Any]) -> bytes:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_an_edit_is_the_parse_of_the_new_bytes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(strpiece, "BIG", 16)  # short texts: many shapes of edit per second
+def test_a_replaced_string_is_the_parse_of_the_new_bytes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(strpiece, "BIG", 16)  # short texts: many shapes of change per second
     rng = random.Random(seed)
     answered = refused = 0
     for _ in range(4000):
         text = _text(rng, 200)
         item = _item(rng, text)
         new_item = {**item, "content": _changed(rng, text)}
+        if rng.random() < 0.1:
+            new_item[next(iter(new_item))] = "other"  # (another member changed too)
         before, after = orjson.dumps(item), _written(rng, new_item)
         pad_a, pad_b = rng.randint(0, 3), rng.randint(0, 3)  # the items sit inside bodies
         old = b"[" * pad_a + before + b"]"
@@ -92,45 +94,72 @@ def test_an_edit_is_the_parse_of_the_new_bytes(seed: int, monkeypatch: pytest.Mo
             want = orjson.loads(after)
         except orjson.JSONDecodeError:
             want = None
-        got = edited(item, old, pad_a, pad_a + len(before), raw, pad_b, pad_b + len(after))
+        got = replaced(item, old, pad_a, pad_a + len(before), raw, pad_b, pad_b + len(after))
         if got is None:
             refused += 1
             continue
-        new, key, kept_start, kept_end, (start, end) = got
+        new, key, (start, end) = got
         assert want is not None, after
-        assert orjson.loads(raw[start:end]) == new[key] and raw[start] == raw[end - 1] == ord('"')
+        assert key == list(item)[-1] and raw[start] == raw[end - 1] == ord('"')
+        assert orjson.loads(raw[start:end]) == new[key]
         assert new == want and list(new) == list(want), after
         assert new is not item and item["content"] == text  # the old parse is not touched
-        value, was = new[key], item[key]
-        assert value[:kept_start] == was[:kept_start]
-        assert value[len(value) - kept_end :] == was[len(was) - kept_end :]
         answered += 1
     assert answered > 300 and refused > 300
 
 
-def test_only_a_long_string_member_is_parsed_as_an_edit() -> None:
+def test_only_a_last_string_member_after_the_same_bytes_is_replaced() -> None:
     text = "\n".join(f"line {i}: some words" for i in range(200))
     item = {"role": "system", "content": text}
     old = orjson.dumps(item)
 
-    def of(new: dict[str, Any]) -> Any:
-        raw = orjson.dumps(new)
-        return edited(item, old, 0, len(old), raw, 0, len(raw))
+    def of(new: Any, was: Any = item) -> Any:
+        before, raw = orjson.dumps(was), orjson.dumps(new)
+        return replaced(was, before, 0, len(before), raw, 0, len(raw))
 
-    found = of({"role": "system", "content": text.replace("line 150:", "line 150!")})
-    assert found is not None and found[1:4] == (
-        "content",
-        text.index("line 150:"),
-        len(text) - text.index("\nline 151"),
-    )
+    changed = text.replace("line 150:", "line 150!")
+    found = of({"role": "system", "content": changed})
+    assert found is not None and found[0] == {"role": "system", "content": changed} and found[1] == "content"
+    assert found[2] == (len(b'{"role":"system","content":'), len(old) - 1)  # (the same length)
+    assert of({"role": "system", "content": text.upper()}) is not None  # however much of it changed
+    assert of({"role": "system", "content": ""}) is not None
     assert of({"role": "user", "content": text}) is None  # another member changed
-    assert of({"role": "system", "content": text, "name": "x"}) is None  # a member added
-    assert of({"role": "system", "content": text}) is None  # nothing changed
-    assert of({"role": "system", "content": text.upper()}) is None  # most of it changed
-    short = {"role": "system", "content": "one line, changed here"}
-    raw = orjson.dumps({"role": "system", "content": "one line, changed there"})
-    assert edited(short, orjson.dumps(short), 0, len(orjson.dumps(short)), raw, 0, len(raw)) is None
-    assert edited(["a"], b'["a"]', 0, 5, b'["b"]', 0, 5) is None  # not an object
+    assert of({"role": "system", "content": text, "name": "x"}) is None  # a member added after it
+    assert of({"role": "system", "content": [{"type": "text", "text": text}]}) is None  # not a string
+    first = {"content": text, "role": "system"}
+    assert of({"content": changed, "role": "system"}, first) is None  # a long member before the last
+    spaced = b'{"role": "system", "content": "x"}'
+    assert replaced(item, old, 0, len(old), spaced, 0, len(spaced)) is None  # written otherwise
+    early = b'{"role":"system","content":"a","content":"b"}'  # the literal ends before the last quote
+    assert replaced(item, old, 0, len(old), early, 0, len(early)) is None
+    assert replaced(["a"], b'["a"]', 0, 5, b'["b"]', 0, 5) is None  # not an object
+    assert replaced({"n": 1}, b'{"n":1}', 0, 7, b'{"n":2}', 0, 7) is None  # the last member not a string
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_where_two_strings_differ_is_read_from_their_bytes_at_line_boundaries(seed: int) -> None:
+    """``alike`` never claims more characters alike than the two strings start and end
+    with, cuts at line boundaries, and answers for most changes of a few lines."""
+    rng = random.Random(seed)
+    answered = 0
+    for _ in range(3000):
+        text = _text(rng, 300)
+        new = _changed(rng, text)
+        old = b"xx" + orjson.dumps(text) + b"}"
+        style = rng.randrange(3)
+        literal = orjson.dumps(new) if style == 0 else json.dumps(new, ensure_ascii=style == 1).encode()
+        raw = b"{" * rng.randint(0, 3) + literal + b"}"
+        at = len(raw) - 1 - len(literal)  # the new literal's opening quote
+        got = strpiece.alike(text, old, 3, len(old) - 2, raw, at + 1, at + len(literal) - 1)
+        if got is None:
+            continue
+        p, s = got
+        assert p >= 0 and s >= 0 and p + s <= min(len(text), len(new))
+        assert text[:p] == new[:p] and text[len(text) - s :] == new[len(new) - s :], (text, new)
+        assert p == 0 or text[p - 1] == "\n"
+        assert s == 0 or text[len(text) - s] == "\n"
+        answered += 1
+    assert answered > 500
 
 
 @pytest.mark.parametrize("seed", range(3))
