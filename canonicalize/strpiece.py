@@ -17,8 +17,8 @@ literal early: ``orjson`` refuses anything after a string's closing quote), the 
 item is the same members before it, the same key, that string and the end of the
 object: the old parse with that one value replaced.  Anything else (another spacing,
 a changed key or member, a member after the string, a value that is not a string)
-gives None, and the item is parsed whole; so does an item with a long string
-before its last member (it would be serialized again only to learn where the last
+gives None, and the item is parsed whole; so does an item whose last string is
+short, or with a long string before its last member (it would be serialized again only to learn where the last
 starts).
 
 The string is parsed, not made from the old value's characters: by the next turn
@@ -37,7 +37,8 @@ from typing import Any
 import orjson
 
 BIG = 2048  # an item's bytes below this: parsed whole (as cheap as the checks)
-SHORT = 256  # characters of a string member before the last one, at most (a role, a type, a name)
+SHORT = 256  # characters of a string member before the last one, at most (a role, a type, a name);
+# the last one is longer
 _PROBE = 256  # bytes compared at once first when looking for where two literals differ
 _BACKSLASH = 0x5C
 
@@ -53,7 +54,9 @@ def replaced(item: Any, old: bytes, a0: int, a1: int, raw: bytes, b0: int, b1: i
     if type(item) is not dict or not item:
         return None
     *before, (key, value) = item.items()
-    if type(value) is not str or any(type(v) is str and len(v) > SHORT for _, v in before):
+    if type(value) is not str or len(value) <= SHORT:
+        return None  # (its last member is not the long string: nothing before it is serialized again)
+    if any(type(v) is str and len(v) > SHORT for _, v in before):
         return None  # (a long member before it: another shape, not serialized again to learn so)
     # The literal's opening quote: after '{', each member before it and its ',', the key and ':'.
     quote = a0 + 1 + sum(len(orjson.dumps(k)) + len(orjson.dumps(v)) + 2 for k, v in before)

@@ -78,6 +78,7 @@ def _written(rng: random.Random, item: dict[str, Any]) -> bytes:
 @pytest.mark.parametrize("seed", range(6))
 def test_a_replaced_string_is_the_parse_of_the_new_bytes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(strpiece, "BIG", 16)  # short texts: many shapes of change per second
+    monkeypatch.setattr(strpiece, "SHORT", 8)  # and a string longer than 8 characters is a long one
     rng = random.Random(seed)
     answered = refused = 0
     for _ in range(4000):
@@ -134,6 +135,8 @@ def test_only_a_last_string_member_after_the_same_bytes_is_replaced() -> None:
     assert replaced(item, old, 0, len(old), early, 0, len(early)) is None
     assert replaced(["a"], b'["a"]', 0, 5, b'["b"]', 0, 5) is None  # not an object
     assert replaced({"n": 1}, b'{"n":1}', 0, 7, b'{"n":2}', 0, 7) is None  # the last member not a string
+    ends_short = {"content": [{"type": "text", "text": text}], "role": "system"}
+    assert of({"content": [{"type": "text", "text": changed}], "role": "system"}, ends_short) is None
 
 
 @pytest.mark.parametrize("seed", range(6))
