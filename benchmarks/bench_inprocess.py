@@ -4,6 +4,7 @@
     python -m benchmarks.bench_inprocess --profile mix    # and where the mix's time goes (cProfile)
     python -m benchmarks.bench_inprocess --evict 0,2,8,32 # the same with N MiB of other memory written between requests
     python -m benchmarks.bench_inprocess --evict 0,2 --compare-ref f56259b   # and revision f56259b, the same way
+    python -m benchmarks.bench_inprocess --evict 0 --rounds 8 --compare-ref f56259b --compare-ref 7e54566  # in turns
     python -m benchmarks.bench_inprocess --stages         # and how much of it each step of the request takes
     python -m benchmarks.bench_inprocess --gc --requests 20000   # the cyclic collector's pauses meanwhile
 
@@ -27,7 +28,12 @@ With ``--compare-ref REF`` each workload goes through this tree and through
 revision REF (``git archive`` exported), each in a process of its own running the
 same loop (:mod:`benchmarks.inprocess_ref`, which needs of a tree only
 ``proxy.offline``): what the two request paths cost cold and warm, side by side,
-without a live server's noise.
+without a live server's noise.  ``--compare-ref`` may be given several times (a
+revision per row: where along the history a cost came).  One process's figure
+moves by up to ~8% from one process to the next here (another hash seed and memory
+layout, the host's drift), as much as a difference worth finding; ``--rounds N``
+measures every tree N times, in turns (the order reversed every other round, so a
+drift weighs on all alike), and reports each tree's median.
 
 ``--stages`` splits the same CPU time by the request's steps and roles
 (:data:`STAGES`): the body parsed by pieces, the analysis (and the part of it that
@@ -57,6 +63,7 @@ import inspect
 import json
 import os
 import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -159,13 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--compare-ref",
         metavar="REF",
-        help="with --evict: also git revision REF (both trees through benchmarks/inprocess_ref.py, a process each)",
+        action="append",
+        help="with --evict: also git revision REF (each tree through benchmarks/inprocess_ref.py, a process each); "
+        "repeatable",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=positive,
+        default=1,
+        help="with --compare-ref: each tree measured this many times, in turns; the median reported",
     )
     ap.add_argument("--stages", action="store_true", help="instead: CPU µs per request in each step of it")
     ap.add_argument("--gc", action="store_true", help="instead: the cyclic collector's collections and pauses")
     args = ap.parse_args(argv)
     if args.compare_ref and not args.evict:
         ap.error("--compare-ref goes with --evict")
+    if args.rounds > 1 and not args.compare_ref:
+        ap.error("--rounds goes with --compare-ref")
     tune_gc()
     if args.gc:
         return _gc_table(args)
@@ -197,6 +214,17 @@ def mib_list(text: str) -> list[float]:
     if any(not 0 <= mib <= MAX_EVICT_MIB for mib in sizes):
         raise argparse.ArgumentTypeError(f"each amount must be from 0 to {MAX_EVICT_MIB} MiB, got {text!r}")
     return sizes
+
+
+def positive(text: str) -> int:
+    """``--rounds``: a whole number from 1 on (argparse names a bad one)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
 
 
 def _gc_table(args: argparse.Namespace) -> int:
@@ -323,30 +351,66 @@ def _timer(label: str, fn: Any, spent: dict[str, float]) -> Any:
 
 def _evict_table(args: argparse.Namespace) -> int:
     """``--evict``: CPU µs per request of each workload, one column per amount; with
-    ``--compare-ref``, each workload through this tree and through revision REF, each
-    in a process of its own running the same loop (:mod:`benchmarks.inprocess_ref`)."""
+    ``--compare-ref``, each workload through this tree and through each revision, each
+    in a process of its own running the same loop (:mod:`benchmarks.inprocess_ref`),
+    ``--rounds`` times in turns, the median reported."""
     sizes: list[float] = args.evict
+    refs: list[str] = args.compare_ref or []
     with tempfile.TemporaryDirectory(prefix="prefixpin-inprocess-") as tmp:
         work = Path(tmp)
         named = loads(work, args.conversations, args.turns)
         trees = {"": REPO}
-        if args.compare_ref:
-            trees[f"@{args.compare_ref}"] = checkout(args.compare_ref, work / "ref")
-        print("| workload | " + " | ".join(f"{mib:g} MiB written between requests" for mib in sizes) + " |")
+        for n, ref in enumerate(refs):
+            trees.setdefault(f"@{ref}", checkout(ref, work / f"ref{n}"))
+        rounds = f", median of {args.rounds} rounds" if args.rounds > 1 else ""
+        print(f"| workload{rounds} | " + " | ".join(f"{mib:g} MiB written between requests" for mib in sizes) + " |")
         print("|---|" + "---:|" * len(sizes))
         for name, w in named.items():
-            for suffix, tree in trees.items():
-                if args.compare_ref:
-                    cells = _in_process_of(tree, w, args.requests, sizes, work / f"{name}.json")
-                else:
-                    cells = [asyncio.run(run(w, args.requests, evict_mib=mib))[0] for mib in sizes]
+            if refs:
+                rows = _in_turns(trees, w, args.requests, sizes, args.rounds, work / f"{name}.json")
+            else:
+                rows = {"": [asyncio.run(run(w, args.requests, evict_mib=mib))[0] for mib in sizes]}
+            for suffix, cells in rows.items():
                 print(f"| {name}{suffix} | " + " | ".join(f"{us:,.0f}" for us in cells) + " |")
     return 0
 
 
+def _in_turns(
+    trees: dict[str, Path], w: workloads.Workload, count: int, sizes: list[float], rounds: int, job: Path
+) -> dict[str, list[float]]:
+    """Each tree's median µs per request for each of ``sizes`` over ``rounds`` rounds, the
+    trees taking turns (in reverse order every other round)."""
+    found: dict[str, list[list[float]]] = {suffix: [] for suffix in trees}
+    order = list(trees)
+    for n in range(rounds):
+        for suffix in order if n % 2 == 0 else order[::-1]:
+            found[suffix].append(_in_process_of(trees[suffix], w, count, sizes, job))
+    return {suffix: [statistics.median(col) for col in zip(*runs, strict=True)] for suffix, runs in found.items()}
+
+
 def _in_process_of(tree: Path, w: workloads.Workload, count: int, sizes: list[float], job: Path) -> list[float]:
     """``w``'s µs per request through ``tree``'s request path, for each of ``sizes``, in a
-    process of its own (:mod:`benchmarks.inprocess_ref`)."""
+    process of its own (:mod:`benchmarks.inprocess_ref`); the job file ``job`` written
+    once, read by every tree."""
+    if not job.exists():
+        _write_job(job, w, count, sizes)
+    done = subprocess.run(
+        # (-P: the driver's own directory, benchmarks/, is not put on sys.path: its http/ would hide the stdlib's)
+        [sys.executable, "-P", str(Path(inprocess_ref.__file__)), str(job)],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: the request path failed:\n{done.stderr[-2000:]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return [found[f"{mib:g}"] for mib in sizes]
+
+
+def _write_job(job: Path, w: workloads.Workload, count: int, sizes: list[float]) -> None:
+    """The job :mod:`benchmarks.inprocess_ref` reads: ``w``'s first ``count`` bodies (a
+    quarter warm-up), the headers, the reply, the collector's thresholds, the amounts."""
     job.write_text(
         json.dumps(
             {
@@ -360,18 +424,6 @@ def _in_process_of(tree: Path, w: workloads.Workload, count: int, sizes: list[fl
         ),
         encoding="utf-8",
     )
-    done = subprocess.run(
-        # (-P: the driver's own directory, benchmarks/, is not put on sys.path: its http/ would hide the stdlib's)
-        [sys.executable, "-P", str(Path(inprocess_ref.__file__)), str(job)],
-        env={**os.environ, "PYTHONPATH": str(tree)},
-        cwd=tree,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{tree}: the request path failed:\n{done.stderr[-2000:]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    return [found[f"{mib:g}"] for mib in sizes]
 
 
 if __name__ == "__main__":
