@@ -8,6 +8,8 @@
     python -m benchmarks.bench_paired --smoke                  # two slices each: proves it works (CI)
     python -m benchmarks.bench_paired --without proxy.addons.measure:Measure.done   # a part switched off
     python -m benchmarks.bench_paired --compare-ref f56259b --bypass   # the HTTP shell alone, both sides
+    python -m benchmarks.bench_paired --env PYTHONMALLOC=malloc        # against itself, another environment
+    python -m benchmarks.bench_paired --compare-ref f56259b --warm-up 120   # processes that served 2 minutes
 
 ``bench_overhead`` measures each target for 10 s in a round; on a shared host whose
 speed moves by up to a quarter from one 10-s run to the next, its rounds spread
@@ -35,6 +37,17 @@ what that part of a request's life costs live, an upper bound of what making it
 cheaper can give (``without/sitecustomize.py`` replaces it, in that process only;
 the run stops if a name is not there).  What it leaves out must leave the requests
 what they were: switch off a counting hook, not a step whose answer the next needs.
+
+``--env NAME=VALUE`` (repeatable) starts the second prefixpin (this tree) with these
+environment variables: against itself when neither ``--compare-ref`` nor
+``--without`` is given, so an interpreter's or a library's setting is measured.
+
+``--warm-up SECONDS`` (default 3) is how long each process serves before its first
+slice, at the slices' connections, on request numbers no slice uses.  A fresh
+process serves faster than one that has run a while: on the body, its store fills
+up to the tenant's bound (``store.tenant_max_entries``, two entries a request) in
+its first ~20-30 s of load, and its memos and the interpreter's heap grow with it;
+``--warm-up 120`` measures both past that, as a server that has been up.
 
 ``--bypass`` sends every request to both with ``x-prefixpin-bypass: 1``: the HTTP
 shell alone (front, routing, the upstream, the response), no canonicalization.
@@ -196,9 +209,24 @@ def main(argv: list[str] | None = None) -> int:
         help="against itself with this function doing nothing (repeatable)",
     )
     ap.add_argument("--bypass", action="store_true", help="both sent x-prefixpin-bypass: 1 (the HTTP shell alone)")
+    ap.add_argument(
+        "--env",
+        action="append",
+        type=env_spec,
+        default=[],
+        metavar="NAME=VALUE",
+        help="in the second prefixpin's environment (this tree's; against itself when alone) (repeatable)",
+    )
+    ap.add_argument(
+        "--warm-up",
+        type=int,
+        default=3,
+        metavar="SECONDS",
+        help="each process serves this long before its first slice (default 3)",
+    )
     args = ap.parse_args(argv)
-    if args.runs < 1 or args.slices < 1:
-        ap.error("--runs and --slices: at least 1")
+    if args.runs < 1 or args.slices < 1 or args.warm_up < 1:
+        ap.error("--runs, --slices and --warm-up: at least 1")
     if args.without and args.compare_ref:
         ap.error("--without pairs this tree with itself: not with --compare-ref")
     slices = 2 if args.smoke else args.slices
@@ -213,21 +241,25 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for n in range(args.runs):
                 check = None
+                env = dict(args.env)
                 if args.without:  # this tree over itself with parts switched off
-                    env, check = without_env(args.without, work / f"without-{n}.txt")
-                    pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-without", env=env)))
+                    off, check = without_env(args.without, work / f"without-{n}.txt")
+                    pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-without", env={**env, **off})))
                 elif ref is not None:  # this tree over the revision
                     pair = (
                         Slices(prefixpin(up, name=f"prefixpin@{args.compare_ref}", source=ref)),
-                        Slices(prefixpin(up)),
+                        Slices(prefixpin(up, env=env or None)),
                     )
+                elif env:  # this tree over itself in another environment
+                    pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-env", env=env)))
                 else:  # recording over not
                     config = recording_config(work, args.trace_path)
                     pair = (Slices(prefixpin(up)), Slices(prefixpin(up, name="prefixpin-trace", config=config)))
                 if args.bypass:
                     for s in pair:
                         s.target.headers["x-prefixpin-bypass"] = "1"
-                if not one_run(pair, load, logs, slices, smoke=args.smoke, check=check):
+                warm_s = 1 if args.smoke else args.warm_up
+                if not one_run(pair, load, logs, slices, smoke=args.smoke, warm_s=warm_s, check=check):
                     return 1
                 runs.append(pair)
                 if args.runs > 1:
@@ -236,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             up_proc.stop()
     if args.without:
         print("prefixpin-without: prefixpin where these do nothing: " + ", ".join(_said(w) for w in args.without))
+    if args.env:
+        print("the second prefixpin's environment: " + " ".join(f"{k}={v}" for k, v in args.env))
     if args.runs == 1:
         print("\n".join(report(*runs[0], args.workload)))
     else:
@@ -244,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 Without = tuple[str, str, object]  # module, qualified name, the value it returns
+WARM_RATE = 20_000  # request numbers a second of warm-up may use, at most (prefixpin serves ~1,000-7,000)
 
 
 def without_spec(text: str) -> Without:
@@ -257,6 +292,14 @@ def without_spec(text: str) -> Without:
     except (ValueError, SyntaxError):
         raise argparse.ArgumentTypeError(f"{value!r} is not a Python literal") from None
     return module, name, returned
+
+
+def env_spec(text: str) -> tuple[str, str]:
+    """``--env``'s ``NAME=VALUE``."""
+    name, eq, value = text.partition("=")
+    if not eq or not name:
+        raise argparse.ArgumentTypeError(f"NAME=VALUE, e.g. PYTHONMALLOC=malloc (got {text!r})")
+    return name, value
 
 
 def _said(w: Without) -> str:
@@ -294,9 +337,10 @@ def one_run(
     slices: int,
     *,
     smoke: bool,
+    warm_s: int = 3,
     check: Check | None = None,
 ) -> bool:
-    """The pair started, warmed up, measured ``slices`` times each in turns, stopped;
+    """The pair started, warmed up (``warm_s`` each), measured ``slices`` times each in turns, stopped;
     False (said why) when a target cannot start, or ``check`` (called once both are
     up, before the warm-up) says what is wrong with them."""
     try:
@@ -310,8 +354,12 @@ def one_run(
             print(wrong, file=sys.stderr)
             return False
         stretch = PASSES_PER_RUN * len(load.templates)  # request numbers per run: each starts at turn 0
-        for n, s in enumerate(pair, start=1):  # warmed up on request numbers no slice uses
-            roles.warm_up(s.target, load, conns=CONNS, start=n * stretch, seconds=1 if smoke else 3)
+        # Each warm-up on request numbers no slice (nor the other's warm-up) uses: past the
+        # slices', a span of stretches wide enough for WARM_RATE requests a second.
+        first = len(pair) * (slices + 1) + 1
+        span = 1 + warm_s * WARM_RATE // stretch
+        for n, s in enumerate(pair):
+            roles.warm_up(s.target, load, conns=CONNS, start=(first + n * span) * stretch, seconds=warm_s)
         run = len(pair)
         for i in range(slices):
             for s in turns(list(pair), i):

@@ -34,6 +34,21 @@ def test_specs() -> None:
             bench_paired.without_spec(bad)
 
 
+def test_env_specs() -> None:
+    assert bench_paired.env_spec("PYTHONMALLOC=malloc") == ("PYTHONMALLOC", "malloc")
+    assert bench_paired.env_spec("GLIBC_TUNABLES=a=1:b=2") == ("GLIBC_TUNABLES", "a=1:b=2")
+    assert bench_paired.env_spec("EMPTY=") == ("EMPTY", "")
+    for bad in ("PYTHONMALLOC", "=malloc", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_paired.env_spec(bad)
+
+
+def test_a_warm_up_of_less_than_a_second_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_paired.main(["--warm-up", "0"])
+    assert "--warm-up" in capsys.readouterr().err
+
+
 def test_without_and_compare_ref_do_not_go_together(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         bench_paired.main(["--without", "m:f", "--compare-ref", "HEAD"])
