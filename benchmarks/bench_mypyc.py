@@ -271,7 +271,7 @@ def _live_workload(
             bench_paired.Slices(prefixpin(upstream, name="prefixpin (compiled core)", source=trees["compiled"])),
         )
         slices = 2 if args.smoke else args.slices
-        if not bench_paired.one_run(pair, load, logs, slices, smoke=args.smoke, check=check):
+        if not bench_paired.one_run(pair, load, logs, slices, warm_s=1 if args.smoke else 3, check=check):
             return None
         runs.append(pair)
     return bench_paired.report(*runs[0], load.name) if len(runs) == 1 else bench_paired.summary(runs)

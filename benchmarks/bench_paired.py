@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     for s in pair:
                         s.target.headers["x-prefixpin-bypass"] = "1"
                 warm_s = 1 if args.smoke else args.warm_up
-                if not one_run(pair, load, logs, slices, smoke=args.smoke, warm_s=warm_s, check=check):
+                if not one_run(pair, load, logs, slices, warm_s=warm_s, check=check):
                     return 1
                 runs.append(pair)
                 if args.runs > 1:
@@ -336,8 +336,7 @@ def one_run(
     logs: Path,
     slices: int,
     *,
-    smoke: bool,
-    warm_s: int = 3,
+    warm_s: int,
     check: Check | None = None,
 ) -> bool:
     """The pair started, warmed up (``warm_s`` each), measured ``slices`` times each in turns, stopped;
