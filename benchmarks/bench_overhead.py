@@ -42,13 +42,22 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overhead import litellm, nginx, report, roles, targets, tools, workloads, wrk
+from benchmarks.overhead import floor, litellm, nginx, report, roles, targets, tools, workloads, wrk
 from benchmarks.overhead.rounds import Phase, Plan, Runner, log, medians
 from benchmarks.overhead.targets import Target
 from benchmarks.overhead.tools import BIN_DIR, Unavailable, prioritize
 from tests.infra.procs import REPO, Proc
 
-TARGETS = ("direct", "nginx", "prefixpin", "prefixpin-bypass", "prefixpin-trace", "prefixpin-auto", "litellm")
+TARGETS = (
+    "direct",
+    "nginx",
+    "python-floor",
+    "prefixpin",
+    "prefixpin-bypass",
+    "prefixpin-trace",
+    "prefixpin-auto",
+    "litellm",
+)
 DEFAULT = ("direct", "nginx", "prefixpin")
 WORKLOADS = ("body", "mix")
 
@@ -138,6 +147,8 @@ def make_targets(args: argparse.Namespace, upstream: Proc, up: str, work: Path) 
     out = [targets.direct(upstream, up)]
     if "nginx" in wanted:
         out.append(nginx.proxy(up, work))
+    if "python-floor" in wanted:
+        out.append(floor.target(up))
     pp = targets.prefixpin(up)
     if "prefixpin" in wanted or "prefixpin-bypass" in wanted:
         out.append(pp)

@@ -4,6 +4,8 @@ Every target is a set of real child processes on loopback (``tests.infra.procs``
 
     direct            load generator -> upstream (the generator's and upstream's ceiling)
     nginx             proxy_pass, upstream keepalive, proxy_buffering off, one worker (nginx.py)
+    python-floor      a bare proxy on uvloop and httptools: what Python costs to forward (floor.py;
+                      on request)
     prefixpin         ``prefixpin serve --upstream <upstream>`` (default config), from this tree
     prefixpin@REF     the same, running the code of git revision REF (``--compare-ref``)
     prefixpin-trace   the default config, every request recorded (``trace.path``, rotated at

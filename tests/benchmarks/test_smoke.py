@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
     [
         ["-m", "benchmarks.bench_cache", "--smoke"],
         ["-m", "benchmarks.bench_overhead", "--smoke", "--no-install"],
+        ["-m", "benchmarks.bench_overhead", "--smoke", "--targets", "direct,nginx,python-floor,prefixpin-bypass"],
         ["-m", "benchmarks.bench_paired", "--smoke", "--runs", "2"],
         ["-m", "benchmarks.bench_paired", "--smoke", "--without", "proxy.addons.measure:Measure.done"],
         ["-m", "benchmarks.bench_paired", "--smoke", "--bypass"],
@@ -62,6 +63,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
     ids=[
         "cache",
         "overhead",
+        "overhead-floor",
         "paired",
         "paired-without",
         "paired-bypass",
