@@ -19,7 +19,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -59,6 +59,12 @@ class Connection(asyncio.Protocol):
         self.uses = 0  # exchanges started on it (above 1: a reused connection)
         self.chunked = False  # the last response's body was chunked (a stream, as a rule)
         self.head: asyncio.Future[Head] | None = None  # None: idle, between exchanges
+        # The read timeout (see wait): the future waited on, its timeout and deadline, the timer.
+        self._waiting: asyncio.Future[Any] | None = None
+        self._wait_s = 0.0
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._clear(head_only=False)
 
     def start(self, *, head_only: bool) -> asyncio.Future[Head]:
@@ -114,6 +120,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()  # (the loop's timer would hold the connection until it fires)
         self.reusable = False
         if self.head is None:
             self.lost_at = time.monotonic()  # idle in the pool (the pool reads when)
@@ -253,18 +260,45 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     async def wait(self, fut: asyncio.Future[Any], timeout: float | None) -> Any:
-        if timeout is None:
+        """``fut``'s result, or UpstreamTimeout after ``timeout`` seconds without it.
+
+        One timer per connection, armed lazily: a wait sets its deadline and arms the
+        timer only when none is due by then, and the timer, when it fires, fails the
+        wait that has passed its deadline or re-arms for the one that has not.  A
+        request's waits (its head, its body's pieces) so make no timer of their own
+        (each one a handle made and cancelled on the event loop)."""
+        if timeout is None or fut.done():
             return await fut
-        timer = self.loop.call_later(timeout, self._on_timeout, fut, timeout)
+        deadline = self.loop.time() + timeout
+        self._waiting, self._wait_s, self._deadline = fut, timeout, deadline
+        if self._timer is None or self._timer_at > deadline:
+            self._arm(deadline)
         try:
             return await fut
         finally:
-            timer.cancel()
+            self._waiting = None
 
-    def _on_timeout(self, fut: asyncio.Future[Any], timeout: float) -> None:
-        if not fut.done():
-            detail = f"{self.where}: nothing in {timeout:g} s"
-            fut.set_exception(UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail))
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._check_timeout)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        fut = self._waiting
+        if fut is None or fut.done():
+            return  # nothing waits: the next wait arms it again
+        if self.loop.time() < self._deadline:
+            self._arm(self._deadline)  # a later wait moved the deadline
+            return
+        detail = f"{self.where}: nothing in {self._wait_s:g} s"
+        fut.set_exception(UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail))
 
     async def next_chunk(self, timeout: float | None) -> bytes | None:
         """The body bytes received so far (joined), or None at its end."""
@@ -292,7 +326,9 @@ class Connection(asyncio.Protocol):
 
 class Body:
     """A response body (proxy.upstream.message.Body) read off a :class:`Connection`;
-    ``release(conn, keep)`` gives the connection back to its pool."""
+    ``release(conn, keep)`` gives the connection back to its pool.  Its own async
+    iterator: an async generator would cost the event loop's bookkeeping of one (a
+    weak reference registered and dropped) on every response."""
 
     __slots__ = ("_conn", "_release", "_timeout")
 
@@ -301,16 +337,18 @@ class Body:
         self._release = release
         self._timeout = timeout
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
         conn = self._conn
         if conn is None:
-            return
-        while True:
-            chunk = await conn.next_chunk(self._timeout)
-            if chunk is None:
-                break
-            yield chunk
-        await self.aclose()
+            raise StopAsyncIteration
+        chunk = await conn.next_chunk(self._timeout)
+        if chunk is None:
+            await self.aclose()  # read to its end: the connection goes back to its pool
+            raise StopAsyncIteration
+        return chunk
 
     def at_end(self) -> bool:
         conn = self._conn

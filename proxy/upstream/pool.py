@@ -41,15 +41,18 @@ from proxy.upstream.transport import open_transport
 class _Tracked:
     """The response body; closing it ends the request's time in flight (once)."""
 
-    __slots__ = ("_inner", "_release")
+    __slots__ = ("_inner", "_pieces", "_release")
 
     def __init__(self, inner: Body, release: Callable[[], None]) -> None:
         self._inner = inner
+        self._pieces: AsyncIterator[bytes] = aiter(inner)
         self._release: Callable[[], None] | None = release
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
+    def __aiter__(self) -> _Tracked:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await anext(self._pieces)  # (its own iterator: an async generator costs the loop's bookkeeping)
 
     def at_end(self) -> bool:
         return self._inner.at_end()

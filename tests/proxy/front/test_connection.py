@@ -305,6 +305,28 @@ def test_an_idle_keep_alive_connection_is_closed() -> None:
         assert closed(sock, 3)
 
 
+def test_a_keep_alive_connection_in_use_stays_open_past_its_idle_timeout() -> None:
+    """Each request moves the idle deadline: requests 0.1 s apart keep a connection whose
+    keep-alive timeout is 0.3 s open for longer than that, and once they stop it closes."""
+    with serving(Echo(), limits=Limits(keepalive_timeout_s=0.3)) as server, _connect(server.port) as sock:  # type: ignore[attr-defined]
+        for _ in range(6):
+            sock.sendall(_post(b"{}"))
+            head, _ = read_response(sock, bytearray())
+            assert head.startswith(b"HTTP/1.1 200")
+            time.sleep(0.1)
+        assert closed(sock, 3)
+
+
+def test_a_head_that_starts_on_an_idle_connection_gets_its_own_shorter_deadline() -> None:
+    """An idle connection's timer is due later than a head's deadline: the head's comes first."""
+    limits = Limits(keepalive_timeout_s=30, header_timeout_s=0.2)
+    with serving(Echo(), limits=limits) as server, _connect(server.port) as sock:  # type: ignore[attr-defined]
+        sock.sendall(b"POST /v1/x HTTP/1.1\r\nhost: x\r\n")
+        sock.settimeout(5)
+        head, body = read_response(sock, bytearray())
+        assert head.startswith(b"HTTP/1.1 408") and b"header_timeout_s" in body
+
+
 def test_a_new_connection_that_sends_nothing_is_closed_as_an_idle_one() -> None:
     """``header_timeout_s`` runs from a head's first byte; before it, a new connection
     is idle and gets ``keepalive_timeout_s``, and is closed without a response."""
