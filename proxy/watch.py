@@ -20,7 +20,9 @@ from types import TracebackType
 
 from starlette.types import Receive, Scope
 
-WATCH = "prefixpin.watch"  # scope["extensions"][WATCH](callback): call it when the client leaves
+# scope["extensions"][WATCH](callback): call it when the client leaves; it returns the task
+# that serves the request (None: the one running, looked up here)
+WATCH = "prefixpin.watch"
 
 
 class ClientGone(Exception):
@@ -33,16 +35,19 @@ class ClientWatch:
     __slots__ = ("_cancelled", "_receive", "_task", "_watcher", "armed", "gone")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
-        self._task = asyncio.current_task()
         self._receive: Receive | None = receive
         self._watcher: asyncio.Task[None] | None = None
         self._cancelled = False
         self.armed = False
         self.gone = False
+        task = None
         register = (scope.get("extensions") or {}).get(WATCH)
         if register is not None:
-            register(self._left)
+            task = register(self._left)
             self._receive = None  # the server tells us: no watcher needed
+        # (asyncio.current_task() asks the kernel for the process id on every call: the
+        # server says which task it is when it can)
+        self._task = task if task is not None else asyncio.current_task()
 
     def _left(self) -> None:
         self.gone = True

@@ -66,7 +66,7 @@ class Host(Protocol):
 
     def forget(self, conn: Connection) -> None: ...
 
-    def start(self, cycle: Cycle) -> None:
+    def start(self, cycle: Cycle, loop: asyncio.AbstractEventLoop) -> None:
         """Run the app on ``cycle``."""
 
     def log_access(self, cycle: Cycle) -> None: ...
@@ -335,7 +335,7 @@ class Connection(asyncio.BufferedProtocol):
         }
         keep_alive = req.keep_alive and not self.server.stopping
         self.cycle = cycle = Cycle(self, scope, body, keep_alive=keep_alive)
-        self.server.start(cycle)
+        self.server.start(cycle, self.loop)
 
     def cycle_done(self, cycle: Cycle) -> None:
         """``cycle``'s app has returned: the next request, or the end of the connection."""

@@ -107,6 +107,10 @@ class Cycle:
         self._watch = _Watch()
         scope["extensions"] = {WATCH: self._watch}
 
+    def serving(self, task: asyncio.Task[None]) -> None:
+        """``task`` runs the app for this request (the one a client that leaves cancels)."""
+        self._watch.task = task
+
     # -- the client -------------------------------------------------------------------
     def connection_lost(self) -> None:
         self.lost = True
@@ -267,19 +271,22 @@ class Cycle:
 
 class _Watch:
     """``scope["extensions"]["prefixpin.watch"]``: registers the callback to call once
-    when the client's connection is lost (at once if it already is)."""
+    when the client's connection is lost (at once if it already is), and says which
+    task serves the request (the one to cancel)."""
 
-    __slots__ = ("gone", "on_lost")
+    __slots__ = ("gone", "on_lost", "task")
 
     def __init__(self) -> None:
         self.gone = False
         self.on_lost: Callable[[], None] | None = None
+        self.task: asyncio.Task[None] | None = None
 
-    def __call__(self, on_lost: Callable[[], None]) -> None:
+    def __call__(self, on_lost: Callable[[], None]) -> asyncio.Task[None] | None:
         if self.gone:
             on_lost()
         else:
             self.on_lost = on_lost
+        return self.task
 
     def lost(self) -> None:
         self.gone = True

@@ -121,8 +121,11 @@ class Server:
             self._closed.set()
 
     # -- requests ---------------------------------------------------------------------
-    def start(self, cycle: Cycle) -> None:
-        task = asyncio.get_running_loop().create_task(cycle.run(self.app))
+    def start(self, cycle: Cycle, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve ``cycle`` in a task of its own on ``loop`` (its connection's: looked up
+        once per connection, not per request)."""
+        task = loop.create_task(cycle.run(self.app))
+        cycle.serving(task)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

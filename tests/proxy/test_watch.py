@@ -47,6 +47,35 @@ def test_the_servers_callback_cancels_only_an_armed_wait() -> None:
     asyncio.run(main())
 
 
+def test_the_task_the_server_names_is_the_one_cancelled() -> None:
+    """prefixpin's server says which task serves the request (the extension returns it):
+    that one is cancelled, whichever task made the watch."""
+
+    async def main() -> None:
+        told: list[Any] = []
+        started = asyncio.Event()
+
+        async def serving_task() -> None:
+            started.set()
+            await asyncio.sleep(30)
+
+        serving = asyncio.get_running_loop().create_task(serving_task())
+        await started.wait()
+
+        def register(on_lost: Any) -> asyncio.Task[None]:
+            told.append(on_lost)
+            return serving
+
+        watch = ClientWatch({"extensions": {WATCH: register}}, _never)
+        watch.armed = True  # as inside ``with watch:`` in the serving task
+        told[0]()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        assert serving.cancelled()
+
+    asyncio.run(main())
+
+
 def test_a_client_gone_while_unarmed_cancels_nothing() -> None:
     async def main() -> None:
         told: list[Any] = []
