@@ -43,6 +43,7 @@ import httptools
 
 from proxy import heads
 from proxy.config import Limits
+from proxy.deadline import Deadline
 from proxy.front.cycle import Cycle
 from proxy.responses import refusal
 
@@ -135,10 +136,8 @@ class Connection(asyncio.BufferedProtocol):
         self.refusal: bytes | None = None  # the last response, once the requests before it are answered
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self.loop, self._due)
         self._timer_key: Any = None  # the state the deadline is for (None: no deadline)
-        self._timer_at = 0.0  # when the timer fires
-        self._deadline = 0.0  # when the state expires (the timer may fire before: _due)
         self.received = 0  # the connection's bytes so far, the read being parsed included
         self.read_start = 0  # ... and before the read being parsed
 
@@ -453,13 +452,9 @@ class Connection(asyncio.BufferedProtocol):
     def _rearm(self) -> None:
         """The deadline the connection's state calls for: none while a request is served
         or waits; the keep-alive timeout when idle; the header deadline from a head's
-        first bytes; the body deadline from each piece of a body.
-
-        The timer is armed lazily: a new deadline arms it only when it is not due by
-        then, and when it fires it expires the state whose deadline has passed, or
-        re-arms for a later one, or does nothing while a request is served.  A
-        keep-alive connection so makes no timer per request (a handle made and
-        cancelled on the event loop for each)."""
+        first bytes; the body deadline from each piece of a body.  Kept by one
+        :class:`~proxy.deadline.Deadline`: a keep-alive connection makes no timer per
+        request."""
         req = self.incoming or self.reframing
         if self.cycle is not None or self.queue or self.refusal is not None or self.lost:
             key: Any = None
@@ -473,42 +468,24 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._timer_key = key
         if key is None:
-            return  # (an armed timer finds nothing due)
-        if key == "idle":
-            delay = self.limits.keepalive_timeout_s
+            self._deadline.clear()
+        elif key == "idle":
+            self._deadline.set(self.limits.keepalive_timeout_s)
         elif key is req:
-            delay = self.limits.header_timeout_s
+            self._deadline.set(self.limits.header_timeout_s)
         else:
-            delay = self.limits.body_timeout_s
-        self._deadline = deadline = self.loop.time() + delay
-        if self._timer is None or self._timer_at > deadline:
-            self._arm(deadline)
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = when
-        self._timer = self.loop.call_at(when, self._due)
-
-    def _due(self) -> None:
-        self._timer = None
-        key = self._timer_key
-        if key is None:
-            return
-        if self.loop.time() < self._deadline:
-            self._arm(self._deadline)
-            return
-        self._expired(key)
+            self._deadline.set(self.limits.body_timeout_s)
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline.cancel()
         self._timer_key = None
 
+    def _due(self) -> None:
+        key, self._timer_key = self._timer_key, None
+        if key is not None:
+            self._expired(key)
+
     def _expired(self, key: Any) -> None:
-        self._timer = None
-        self._timer_key = None
         if key == "idle":
             self.close()
         elif isinstance(key, _Request):

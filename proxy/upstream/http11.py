@@ -25,6 +25,7 @@ from typing import Any
 import httptools
 
 from proxy import heads
+from proxy.deadline import Deadline
 from proxy.errors import UpstreamError, UpstreamProtocol, UpstreamReset, UpstreamTimeout, UpstreamTLS
 from proxy.redact import scrub
 from proxy.upstream.tls import describe as tls_describe
@@ -59,12 +60,10 @@ class Connection(asyncio.Protocol):
         self.uses = 0  # exchanges started on it (above 1: a reused connection)
         self.chunked = False  # the last response's body was chunked (a stream, as a rule)
         self.head: asyncio.Future[Head] | None = None  # None: idle, between exchanges
-        # The read timeout (see wait): the future waited on, its timeout and deadline, the timer.
+        # The read timeout (see wait): the future waited on, its timeout, its deadline.
         self._waiting: asyncio.Future[Any] | None = None
         self._wait_s = 0.0
-        self._deadline = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._deadline = Deadline(loop, self._timed_out)
         self._clear(head_only=False)
 
     def start(self, *, head_only: bool) -> asyncio.Future[Head]:
@@ -120,7 +119,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._disarm()  # (the loop's timer would hold the connection until it fires)
+        self._deadline.cancel()  # (the loop's timer would hold the connection until it fires)
         self.reusable = False
         if self.head is None:
             self.lost_at = time.monotonic()  # idle in the pool (the pool reads when)
@@ -261,44 +260,23 @@ class Connection(asyncio.Protocol):
 
     async def wait(self, fut: asyncio.Future[Any], timeout: float | None) -> Any:
         """``fut``'s result, or UpstreamTimeout after ``timeout`` seconds without it.
-
-        One timer per connection, armed lazily: a wait sets its deadline and arms the
-        timer only when none is due by then, and the timer, when it fires, fails the
-        wait that has passed its deadline or re-arms for the one that has not.  A
-        request's waits (its head, its body's pieces) so make no timer of their own
-        (each one a handle made and cancelled on the event loop)."""
+        The connection's one :class:`~proxy.deadline.Deadline` keeps the time: a
+        request's waits (its head, its body's pieces) make no timer of their own."""
         if timeout is None or fut.done():
             return await fut
-        deadline = self.loop.time() + timeout
-        self._waiting, self._wait_s, self._deadline = fut, timeout, deadline
-        if self._timer is None or self._timer_at > deadline:
-            self._arm(deadline)
+        self._waiting, self._wait_s = fut, timeout
+        self._deadline.set(timeout)
         try:
             return await fut
         finally:
             self._waiting = None
+            self._deadline.clear()
 
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = when
-        self._timer = self.loop.call_at(when, self._check_timeout)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _check_timeout(self) -> None:
-        self._timer = None
+    def _timed_out(self) -> None:
         fut = self._waiting
-        if fut is None or fut.done():
-            return  # nothing waits: the next wait arms it again
-        if self.loop.time() < self._deadline:
-            self._arm(self._deadline)  # a later wait moved the deadline
-            return
-        detail = f"{self.where}: nothing in {self._wait_s:g} s"
-        fut.set_exception(UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail))
+        if fut is not None and not fut.done():
+            detail = f"{self.where}: nothing in {self._wait_s:g} s"
+            fut.set_exception(UpstreamTimeout("prefixpin timed out waiting for the upstream's response", detail=detail))
 
     async def next_chunk(self, timeout: float | None) -> bytes | None:
         """The body bytes received so far (joined), or None at its end."""

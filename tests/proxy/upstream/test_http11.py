@@ -72,8 +72,8 @@ def test_a_lost_connection_drops_its_timer() -> None:
         done: asyncio.Future[None] = ev.create_future()
         ev.call_soon(done.set_result, None)
         await conn.wait(done, 600)
-        assert conn._timer is not None
+        assert conn._deadline.armed
         conn.connection_lost(None)
-        assert conn._timer is None
+        assert not conn._deadline.armed
 
     asyncio.run(main())
